@@ -1,0 +1,186 @@
+"""Command line: `python -m explainers <command>`. The app calls the same library functions."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _class_names_for(data: str) -> list | None:
+    for candidate in (Path(data) / "classes.txt", Path(data).parent / "classes.txt", Path(data).parent.parent / "classes.txt"):
+        if candidate.exists():
+            return [line.strip() for line in candidate.read_text().splitlines() if line.strip()]
+    return None
+
+
+def cmd_train_classifier(args) -> int:
+    from .training import train_classifier
+
+    card = train_classifier(name=args.name, data=args.data, preset=args.preset, epochs=args.epochs,
+                            batch_size=args.batch_size, lr=args.lr, seed=args.seed, out_dir=args.out_dir,
+                            test_data=args.test_data, val_data=args.val_data,
+                            class_names=_class_names_for(args.data))
+    print(json.dumps({k: card[k] for k in ("name", "data", "epochs", "seed")}, indent=2))
+    return 0
+
+
+def _method_options(args) -> dict:
+    options = {}
+    if getattr(args, "refine_steps", None) is not None:
+        options["aha"] = {"refine_steps": args.refine_steps}
+    if getattr(args, "alpha", None) is not None:
+        options["gradskip"] = {"alpha": args.alpha}
+    if getattr(args, "rise_masks", None) is not None:
+        options["rise"] = {"n_masks": args.rise_masks}
+    return options
+
+
+def cmd_explain(args) -> int:
+    import numpy as np
+
+    from .evaluate import explain_image, parse_method_spec, predict
+    from .images import load_image, map_to_original, overlay, prepare_for_model
+    from .models import load_model
+
+    bundle = load_model(args.model)
+    original = load_image(args.image)
+    tensor, geometry = prepare_for_model(original, bundle)
+    name, options, _ = parse_method_spec(args.method)
+    options = {**_method_options(args).get(name, {}), **options}
+    top = predict(bundle, tensor)[0]
+    result = explain_image(bundle, tensor, name, args.target, steps=args.steps, reference=args.reference, **options)
+    attribution = map_to_original(result.maps[0].cpu().numpy(), geometry)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".npy":
+        np.save(out, attribution)
+    else:
+        overlay(original, attribution, opacity=args.opacity).save(out)
+    summary = result.curves.summary()
+    print(f"model {bundle.name}; prediction: " + ", ".join(f"{n} {p:.3f}" for _, n, p in top[:3]))
+    print(f"{result.method} for class {result.target} ({bundle.class_name(result.target)}): "
+          f"deletion AUC {summary['deletion_auc']:.4f} (lower is better), insertion AUC "
+          f"{summary['insertion_auc']:.4f} (higher is better), {1000 * result.seconds:.1f} ms; wrote {out}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from .evaluate import evaluate_methods, format_table
+    from .models import load_model
+
+    torch_threads = args.threads
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    bundle = load_model(args.model)
+    report = evaluate_methods(bundle, args.data, [m for m in args.methods.split(",") if m], split=args.split,
+                              limit=args.limit, steps=args.steps, reference=args.reference, seed=args.seed,
+                              batch_size=args.batch_size, method_options=_method_options(args))
+    print(format_table(report))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _add_method_options(parser) -> None:
+    parser.add_argument("--steps", type=int, default=20, help="K: curve points at 0, 1/K, ..., 1 (default 20)")
+    parser.add_argument("--reference", choices=["mean", "black", "blur"], default="mean")
+    parser.add_argument("--refine-steps", type=int, default=None, help="AHA test-time refinement steps T")
+    parser.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
+    parser.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
+
+
+def cmd_camal(args) -> int:
+    from .camal import cli_main
+
+    return cli_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m explainers", description="Saliency Lab: faithful visual explanations.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train-classifier", help="train a bundled classifier (resumable)")
+    train.add_argument("--name", required=True)
+    train.add_argument("--data", required=True, help="train folder with labels.csv")
+    train.add_argument("--val-data", default=None, help="default: the sibling 'val' folder")
+    train.add_argument("--test-data", default=None, help="measured once at the end, on the stored weights")
+    train.add_argument("--preset", choices=["vit", "cnn"], default="cnn")
+    train.add_argument("--epochs", type=int, default=20)
+    train.add_argument("--batch-size", type=int, default=128)
+    train.add_argument("--lr", type=float, default=2e-3)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--out-dir", default="weights")
+    train.set_defaults(handler=cmd_train_classifier)
+
+    explain = commands.add_parser("explain", help="explain one image: overlay PNG or raw .npy map")
+    explain.add_argument("--model", required=True)
+    explain.add_argument("--method", required=True, help="e.g. gradcam, rise, chefer, gradskip, aha")
+    explain.add_argument("--image", required=True)
+    explain.add_argument("--target", type=int, default=None, help="class index (default: the prediction)")
+    explain.add_argument("--out", required=True, help="FILE.png (overlay) or FILE.npy (map at image size)")
+    explain.add_argument("--opacity", type=float, default=0.5)
+    _add_method_options(explain)
+    explain.set_defaults(handler=cmd_explain)
+
+    evaluate = commands.add_parser("evaluate", help="deletion/insertion of several methods over a data set")
+    evaluate.add_argument("--model", required=True)
+    evaluate.add_argument("--methods", required=True,
+                          help="comma-separated; options per method as name:key=value (e.g. aha:refine_steps=3)")
+    evaluate.add_argument("--data", required=True, help="folder with labels.csv, or a MedMNIST-layout .npz")
+    evaluate.add_argument("--split", default="test", help="npz split (or sub-folder)")
+    evaluate.add_argument("--limit", type=int, default=None, help="first N images")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--batch-size", type=int, default=16)
+    evaluate.add_argument("--threads", type=int, default=None)
+    evaluate.add_argument("--out", default=None, help="JSON report")
+    _add_method_options(evaluate)
+    evaluate.set_defaults(handler=cmd_evaluate)
+
+    camal = commands.add_parser("camal", help="CAMAL: fine-tune a model so its CAM lies inside trusted masks")
+    camal.add_argument("--model", required=True, help="model-zoo name, or a card NAME.json")
+    camal.add_argument("--data", required=True, help="training images: a folder (a mask set's folder)")
+    camal.add_argument("--masks", default=None, help="mask set: masks.csv or its folder (default: --data)")
+    camal.add_argument("--eval-data", action="append", default=None,
+                       help="mask set evaluated before and after (repeatable; default: the sibling 'val')")
+    camal.add_argument("--out", required=True, help="weights/NAME: where the fine-tuned model is written")
+    camal.add_argument("--epochs", type=int, default=3)
+    camal.add_argument("--lambda", dest="lam", type=float, default=1.0,
+                       help="weight of sum_b (beta_b - alpha_b); 0 = plain fine-tuning")
+    camal.add_argument("--lr", type=float, default=1e-4)
+    camal.add_argument("--weight-decay", type=float, default=0.05)
+    camal.add_argument("--batch-size", type=int, default=32, help="global batch size (all ranks together)")
+    camal.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable")
+    camal.add_argument("--freeze-early", type=float, default=0.0, help="fraction of early units frozen (0 = none)")
+    camal.add_argument("--no-augment", dest="augment", action="store_false")
+    camal.add_argument("--limit", type=int, default=None, help="use the first N training images")
+    camal.add_argument("--eval-limit", type=int, default=512)
+    camal.add_argument("--curve-limit", type=int, default=128, help="images with deletion/insertion curves")
+    camal.add_argument("--device", default=None)
+    camal.add_argument("--no-bf16", dest="bf16", action="store_false")
+    camal.add_argument("--checkpoint", default=None, help="resume file (default: OUT.camal.ckpt)")
+    camal.add_argument("--seed", type=int, default=0)
+    camal.set_defaults(handler=cmd_camal)
+
+    from .aha.train import add_train_aha_parser  # AHA explainer training (explainers/aha/train.py)
+
+    add_train_aha_parser(commands)
+    return parser
+
+
+def main(argv=None) -> int:
+    from .images import ImageError
+    from .methods import MethodNotApplicable
+    from .models import ModelUnavailableError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ModelUnavailableError, MethodNotApplicable, ImageError, FileNotFoundError, KeyError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,100 @@
+"""Labelled image sets: a folder with `labels.csv` (`file,class_index`), or a MedMNIST-layout npz.
+
+Both yield (image in [0, 1] as 3 x H x W float tensor, class index), in file order.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+
+class LabelledFolder(Dataset):
+    """A folder of images with labels.csv, processed in the csv's order."""
+
+    def __init__(self, root, transform=None, limit: int | None = None):
+        self.root = Path(root)
+        labels = self.root / "labels.csv"
+        if not labels.exists():
+            raise FileNotFoundError(f"{self.root} has no labels.csv (expected columns: file,class_index)")
+        with labels.open(newline="") as handle:
+            rows = [(r["file"], int(r["class_index"])) for r in csv.DictReader(handle)]
+        for file_name, _ in rows:
+            if Path(file_name).is_absolute() or ".." in Path(file_name).parts:
+                raise ValueError(f"labels.csv names a path outside the folder: {file_name}")
+        self.items = rows[:limit] if limit else rows
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.items)
+
+    @property
+    def labels(self) -> list:
+        return [label for _, label in self.items]
+
+    def path(self, index: int) -> Path:
+        return self.root / self.items[index][0]
+
+    def image(self, index: int) -> Image.Image:
+        with Image.open(self.path(index)) as image:
+            return image.convert("RGB")
+
+    def __getitem__(self, index):
+        image = self.image(index)
+        tensor = self.transform(image) if self.transform else pil_to_tensor(image)
+        return tensor, self.items[index][1]
+
+
+class NpzSplit(Dataset):
+    """MedMNIST's npz layout: keys `{split}_images` (N x H x W [x 3] uint8) and `{split}_labels` (N x 1)."""
+
+    def __init__(self, path, split: str = "test", transform=None, limit: int | None = None):
+        with np.load(path, allow_pickle=False) as data:
+            key = f"{split}_images"
+            if key not in data:
+                raise KeyError(f"{path} has no '{key}'; keys: {sorted(data.keys())}")
+            self.images = data[key][:limit] if limit else data[key]
+            self.labels = data[f"{split}_labels"].reshape(-1)[: len(self.images)].astype(int)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.images)
+
+    def image(self, index: int) -> Image.Image:
+        array = self.images[index]
+        return Image.fromarray(array).convert("RGB")
+
+    def __getitem__(self, index):
+        image = self.image(index)
+        tensor = self.transform(image) if self.transform else pil_to_tensor(image)
+        return tensor, int(self.labels[index])
+
+
+def pil_to_tensor(image: Image.Image) -> torch.Tensor:
+    array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def open_dataset(path, split: str = "test", transform=None, limit: int | None = None) -> Dataset:
+    path = Path(path)
+    if path.suffix == ".npz":
+        return NpzSplit(path, split=split, transform=transform, limit=limit)
+    if path.is_dir():
+        if not (path / "labels.csv").exists() and (path / split / "labels.csv").exists():
+            path = path / split
+        return LabelledFolder(path, transform=transform, limit=limit)
+    raise FileNotFoundError(f"No data set at {path}: expected a folder with labels.csv or a .npz file")
+
+
+def mean_colour(dataset: Dataset, limit: int = 2000) -> tuple:
+    """The data set's mean RGB in [0, 1]: the default deletion/insertion reference."""
+    total = torch.zeros(3)
+    count = min(limit, len(dataset))
+    for index in range(count):
+        image, _ = dataset[index]
+        total += image.mean(dim=(1, 2))
+    return tuple((total / max(count, 1)).tolist())

@@ -1,0 +1,155 @@
+"""Evaluation over a labelled data set, and single-image explanation: the functions the CLI and the app share."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .data import open_dataset
+from .methods import as_targets, get_method
+from .metrics import REFERENCES, deletion_insertion, pointing_game
+
+
+@torch.no_grad()
+def predict(bundle, images: torch.Tensor, top_k: int = 5) -> list:
+    """Top-k (class index, class name, probability) per image."""
+    probabilities = bundle(images).softmax(dim=1)
+    values, indices = probabilities.topk(min(top_k, probabilities.shape[1]), dim=1)
+    return [[(int(i), bundle.class_name(int(i)), float(v)) for v, i in zip(vs, ix)]
+            for vs, ix in zip(values, indices)]
+
+
+@dataclass
+class Explanation:
+    method: str
+    target: int
+    maps: torch.Tensor  # 1 x H x W in model-input space
+    seconds: float
+    curves: object = None  # metrics.Curves
+    options: dict = field(default_factory=dict)
+
+
+def explain_image(bundle, image: torch.Tensor, method: str, target: int | None = None, *, curves: bool = True,
+                  steps: int = 20, reference: str = "mean", **options) -> Explanation:
+    """Explain one image (1 x 3 x H x W in [0, 1]) for `target` (default: the predicted class)."""
+    if target is None:
+        target = predict(bundle, image, 1)[0][0][0]
+    method_obj = get_method(method, **options)
+    method_obj.check(bundle)
+    targets = as_targets(int(target), 1, image.device)
+    started = time.perf_counter()
+    maps = method_obj.attribute(bundle, image, targets).detach()
+    seconds = time.perf_counter() - started
+    result = Explanation(method=method, target=int(target), maps=maps, seconds=seconds, options=options)
+    if curves:
+        result.curves = deletion_insertion(bundle, image, maps, targets, steps=steps, reference=reference)
+    return result
+
+
+def parse_method_spec(spec: str) -> tuple:
+    """'aha:refine_steps=3' -> ('aha', {'refine_steps': 3}, 'aha:refine_steps=3')."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return name, options, spec
+
+
+def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", limit: int | None = None,
+                     steps: int = 20, reference: str = "mean", seed: int = 0, batch_size: int = 16,
+                     method_options: dict | None = None, masks=None, progress: bool = True) -> dict:
+    """Deletion/insertion (and pointing game where masks exist) for each method over a data set.
+
+    Targets are the model's predicted classes. `ms_per_image` is each method's own time to produce maps
+    (curves excluded), measured in this run so that methods compare as ratios.
+    """
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {REFERENCES}")
+    torch.manual_seed(seed)
+    dataset = open_dataset(data, split=split, limit=limit)
+    size = bundle.input_size
+
+    def load(index):
+        from .images import prepare_image
+
+        tensor, _ = prepare_image(dataset.image(index), size, bundle.crop_pct, bundle.interpolation)
+        return tensor[0]
+
+    method_objects = []
+    for spec in methods:
+        name, options, label = parse_method_spec(spec)
+        options = {**(method_options or {}).get(name, {}), **options}
+        method_obj = get_method(name, **options)
+        method_obj.check(bundle)
+        method_objects.append((label, method_obj))
+
+    totals = {label: {"deletion": [], "insertion": [], "seconds": 0.0, "pointing": []} for label, _ in method_objects}
+    correct = 0
+    indices = list(range(len(dataset)))
+    bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress, file=sys.stderr)
+    for start in range(0, len(indices), batch_size):
+        batch_indices = indices[start:start + batch_size]
+        images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
+        labels = torch.tensor([int(dataset.labels[i]) for i in batch_indices])
+        with torch.no_grad():
+            targets = bundle(images).argmax(dim=1)
+        correct += int((targets.cpu() == labels).sum())
+        for label, method_obj in method_objects:
+            started = time.perf_counter()
+            maps = method_obj.attribute(bundle, images, targets).detach()
+            totals[label]["seconds"] += time.perf_counter() - started
+            curves = deletion_insertion(bundle, images, maps, targets, steps=steps, reference=reference)
+            totals[label]["deletion"].extend(curves.deletion_auc.tolist())
+            totals[label]["insertion"].extend(curves.insertion_auc.tolist())
+            if masks is not None:
+                batch_masks = torch.stack([torch.as_tensor(masks[i]) for i in batch_indices])
+                totals[label]["pointing"].extend(pointing_game(maps.cpu(), batch_masks).tolist())
+        bar.update(len(batch_indices))
+    bar.close()
+
+    n = len(indices)
+    report = {
+        "model": bundle.name,
+        "n_images": n,
+        "accuracy": correct / max(n, 1),
+        "protocol": {"data": str(data), "split": split, "limit": limit, "steps": steps, "reference": reference,
+                     "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
+                     "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
+                     "torch": torch.__version__, "python": platform.python_version(),
+                     "threads": torch.get_num_threads(), "device": str(bundle.device)},
+        "methods": {},
+    }
+    for label, method_obj in method_objects:
+        stats = totals[label]
+        deletion, insertion = np.mean(stats["deletion"]), np.mean(stats["insertion"])
+        report["methods"][label] = {
+            "deletion_auc": float(deletion),
+            "insertion_auc": float(insertion),
+            "ins_minus_del": float(insertion - deletion),
+            "pointing_game": float(np.nanmean(stats["pointing"])) if stats["pointing"] else None,
+            "ms_per_image": 1000.0 * stats["seconds"] / max(n, 1),
+            "options": method_obj.options,
+        }
+    return report
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{report['model']}: {report['n_images']} images, accuracy {report['accuracy']:.4f}, "
+             f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps",
+             f"{'method':<28}{'deletion (lower better)':>25}{'insertion (higher better)':>27}{'ins-del':>10}"
+             f"{'pointing':>10}{'ms/image':>11}"]
+    for label, row in report["methods"].items():
+        pointing = "-" if row["pointing_game"] is None else f"{row['pointing_game']:.3f}"
+        lines.append(f"{label:<28}{row['deletion_auc']:>25.4f}{row['insertion_auc']:>27.4f}"
+                     f"{row['ins_minus_del']:>10.4f}{pointing:>10}{row['ms_per_image']:>11.1f}")
+    return "\n".join(lines)

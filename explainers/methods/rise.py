@@ -1,0 +1,72 @@
+"""RISE (Petsiuk et al. 2018): the class probability under N random masks, averaged per pixel.
+
+Batched: masks go through the model `batch_size` at a time, and each chunk of masks is generated once
+(from a fixed seed) and applied to every image. Masked pixels take the reference colour (the data
+set's mean, which is what a zero in normalised space meant in the original code)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import register
+from .base import Method
+
+
+def rise_mask_plan(count: int, cells: int, cell_hw: tuple, keep_probability: float, seed: int) -> tuple:
+    """Random binary grids and shifts for all masks at once (tiny), so chunking never changes the masks."""
+    generator = torch.Generator().manual_seed(seed)
+    grids = (torch.rand(count, 1, cells, cells, generator=generator) < keep_probability).float()
+    shifts_y = torch.randint(0, cell_hw[0], (count,), generator=generator)
+    shifts_x = torch.randint(0, cell_hw[1], (count,), generator=generator)
+    return grids, shifts_y, shifts_x
+
+
+def rise_masks(grids, shifts_y, shifts_x, image_hw: tuple, cell_hw: tuple) -> torch.Tensor:
+    """count x H x W soft masks: each cells x cells grid bilinear-upsampled, then cropped at its shift."""
+    height, width = image_hw
+    cells = grids.shape[-1]
+    up = F.interpolate(grids, size=((cells + 1) * cell_hw[0], (cells + 1) * cell_hw[1]), mode="bilinear",
+                       align_corners=False)
+    return torch.stack([up[i, 0, shifts_y[i]:shifts_y[i] + height, shifts_x[i]:shifts_x[i] + width]
+                        for i in range(grids.shape[0])])
+
+
+@register
+class RISE(Method):
+    name = "rise"
+    label = "RISE"
+    description = ("Hides random parts of the image thousands of times and averages the masks weighted by the "
+                   "class probability. Model-agnostic and faithful, but slow: N forward passes.")
+
+    def __init__(self, n_masks: int = 4000, cells: int = 8, keep_probability: float = 0.5, batch_size: int = 200,
+                 seed: int = 0):
+        super().__init__(n_masks=n_masks, cells=cells, keep_probability=keep_probability, batch_size=batch_size,
+                         seed=seed)
+        self.n_masks, self.cells, self.keep_probability = n_masks, cells, keep_probability
+        self.batch_size, self.seed = batch_size, seed
+
+    @torch.no_grad()
+    def attribute(self, bundle, images, targets, progress=None):
+        b, _, height, width = images.shape
+        reference = torch.tensor(bundle.reference_color, device=images.device).view(1, 3, 1, 1)
+        saliency = torch.zeros(b, height * width, device=images.device)
+        cell_hw = (math.ceil(height / self.cells), math.ceil(width / self.cells))
+        grids, shifts_y, shifts_x = rise_mask_plan(self.n_masks, self.cells, cell_hw, self.keep_probability, self.seed)
+        done = 0
+        while done < self.n_masks:
+            count = min(self.batch_size, self.n_masks - done)
+            chunk = slice(done, done + count)
+            masks = rise_masks(grids[chunk], shifts_y[chunk], shifts_x[chunk], (height, width), cell_hw)
+            masks = masks.to(images.device)
+            flat_masks = masks.view(count, -1)
+            masks = masks.unsqueeze(1)
+            for index in range(b):
+                masked = images[index:index + 1] * masks + reference * (1 - masks)
+                probabilities = bundle(masked).softmax(dim=1)[:, targets[index]]
+                saliency[index] += probabilities @ flat_masks
+            done += count
+            if progress is not None:
+                progress(done / self.n_masks)
+        return (saliency / (self.n_masks * self.keep_probability)).view(b, height, width)

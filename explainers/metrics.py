@@ -1,0 +1,212 @@
+"""The deletion/insertion engine and the other faithfulness and localisation metrics (spec section 1).
+
+Deletion: replace the top-p pixels (by the map) with the reference and watch the target's softmax
+probability fall; insertion: start from the reference and restore the top-p pixels. All 2(K+1)
+images of all B curves go through the model in as few batched forward passes as `batch_size` allows.
+AUC by the trapezoid rule over p in [0, 1]. Lower deletion and higher insertion are better.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REFERENCES = ("mean", "black", "blur")
+TIE_BREAK_SEED = 0
+
+
+@dataclass
+class Curves:
+    fractions: np.ndarray  # K+1
+    deletion: np.ndarray  # B x (K+1)
+    insertion: np.ndarray  # B x (K+1)
+
+    @property
+    def deletion_auc(self) -> np.ndarray:
+        return trapezoid_auc(self.deletion, self.fractions)
+
+    @property
+    def insertion_auc(self) -> np.ndarray:
+        return trapezoid_auc(self.insertion, self.fractions)
+
+    @property
+    def ins_minus_del(self) -> np.ndarray:
+        return self.insertion_auc - self.deletion_auc
+
+    def average_drop(self, keep_fraction: float = 0.5) -> np.ndarray:
+        """Average drop % (ADP) when only the top `keep_fraction` of pixels is kept (the insertion image)."""
+        index = int(np.argmin(np.abs(self.fractions - keep_fraction)))
+        full = self.insertion[:, -1]
+        kept = self.insertion[:, index]
+        return 100.0 * np.clip(full - kept, 0, None) / np.clip(full, 1e-12, None)
+
+    def summary(self) -> dict:
+        return {"deletion_auc": float(self.deletion_auc.mean()), "insertion_auc": float(self.insertion_auc.mean()),
+                "ins_minus_del": float(self.ins_minus_del.mean())}
+
+
+def trapezoid_auc(scores: np.ndarray, fractions: np.ndarray) -> np.ndarray:
+    scores = np.asarray(scores, dtype=np.float64)
+    widths = np.diff(fractions)
+    return ((scores[..., 1:] + scores[..., :-1]) * 0.5 * widths).sum(axis=-1)
+
+
+def gaussian_blur(images: torch.Tensor, kernel_size: int = 11, sigma: float = 5.0) -> torch.Tensor:
+    """Separable Gaussian blur with reflect padding (RISE/TIS's reference: kernel 11, sigma 5)."""
+    radius = kernel_size // 2
+    coords = torch.arange(kernel_size, dtype=images.dtype, device=images.device) - radius
+    kernel = torch.exp(-(coords ** 2) / (2 * sigma ** 2))
+    kernel = kernel / kernel.sum()
+    channels = images.shape[1]
+    pad_mode = "reflect" if min(images.shape[-2:]) > radius else "replicate"
+    out = F.pad(images, (radius, radius, 0, 0), mode=pad_mode)
+    out = F.conv2d(out, kernel.view(1, 1, 1, -1).repeat(channels, 1, 1, 1), groups=channels)
+    out = F.pad(out, (0, 0, radius, radius), mode=pad_mode)
+    return F.conv2d(out, kernel.view(1, 1, -1, 1).repeat(channels, 1, 1, 1), groups=channels)
+
+
+def reference_images(images: torch.Tensor, reference: str = "mean", mean_color=(0.5, 0.5, 0.5)) -> torch.Tensor:
+    """The image every deleted pixel takes (in [0, 1] space, before normalisation)."""
+    if reference == "mean":
+        color = torch.tensor(mean_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
+        return color.expand_as(images)
+    if reference == "black":
+        return torch.zeros_like(images)
+    if reference == "blur":
+        return gaussian_blur(images)
+    raise ValueError(f"Unknown reference '{reference}': choose one of {', '.join(REFERENCES)}")
+
+
+def pixel_ranks(maps: torch.Tensor) -> torch.Tensor:
+    """B x (H*W) rank of each pixel (0 = most important). Ties are broken by a fixed-seed random order."""
+    b, h, w = maps.shape
+    generator = torch.Generator().manual_seed(TIE_BREAK_SEED)
+    tie_order = torch.randperm(h * w, generator=generator).to(maps.device)
+    flat = maps.reshape(b, h * w).float()[:, tie_order]
+    order = torch.argsort(flat, dim=1, descending=True, stable=True)
+    order = tie_order[order]  # pixel indices, most important first
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(h * w, device=maps.device).expand(b, -1))
+    return ranks
+
+
+def fraction_counts(steps: int, num_pixels: int) -> tuple:
+    fractions = np.linspace(0.0, 1.0, steps + 1)
+    counts = torch.as_tensor(np.round(fractions * num_pixels).astype(np.int64))
+    return fractions, counts
+
+
+@torch.no_grad()
+def deletion_insertion(bundle, images: torch.Tensor, maps: torch.Tensor, targets, *, steps: int = 20,
+                       reference: str = "mean", batch_size: int = 256) -> Curves:
+    """Deletion and insertion curves for B images at once (spec section 1)."""
+    b, _, h, w = images.shape
+    maps = torch.as_tensor(maps, device=images.device)
+    if maps.shape != (b, h, w):
+        raise ValueError(f"maps must be B x H x W = {(b, h, w)}, got {tuple(maps.shape)}")
+    targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
+    fractions, counts = fraction_counts(steps, h * w)
+    counts = counts.to(images.device)
+    ranks = pixel_ranks(maps)  # B x HW
+    base = reference_images(images, reference, bundle.reference_color)
+    points = steps + 1
+    total = b * points * 2
+    scores = torch.empty(total, device=images.device)
+
+    def make(indices: torch.Tensor) -> torch.Tensor:
+        """Build the perturbed images for flat indices over (image, curve, step) without storing them all."""
+        image_index = indices // (2 * points)
+        curve = (indices // points) % 2  # 0 = deletion, 1 = insertion
+        step = indices % points
+        top = (ranks[image_index] < counts[step].unsqueeze(1)).view(-1, 1, h, w).to(images.dtype)
+        original, ref = images[image_index], base[image_index]
+        deleted = original * (1 - top) + ref * top
+        inserted = ref * (1 - top) + original * top
+        is_insertion = (curve == 1).view(-1, 1, 1, 1)
+        return torch.where(is_insertion, inserted, deleted), image_index
+
+    for start in range(0, total, batch_size):
+        indices = torch.arange(start, min(start + batch_size, total), device=images.device)
+        batch, image_index = make(indices)
+        probabilities = bundle(batch).softmax(dim=1)
+        scores[indices] = probabilities.gather(1, targets[image_index].view(-1, 1)).squeeze(1)
+    scores = scores.view(b, 2, points).cpu().numpy().astype(np.float64)
+    return Curves(fractions=fractions, deletion=scores[:, 0], insertion=scores[:, 1])
+
+
+def pointing_game(maps: torch.Tensor, masks: torch.Tensor, tolerance: int = 15) -> np.ndarray:
+    """1 where the map's maximum falls inside the mask or within `tolerance` px of it (TorchRay's convention)."""
+    maps = torch.as_tensor(maps, dtype=torch.float32)
+    masks = torch.as_tensor(masks).bool()
+    b, h, w = maps.shape
+    peaks = maps.view(b, -1).argmax(dim=1)
+    ys, xs = peaks // w, peaks % w
+    hits = []
+    for index in range(b):
+        mask_ys, mask_xs = torch.nonzero(masks[index], as_tuple=True)
+        if len(mask_ys) == 0:
+            hits.append(np.nan)
+            continue
+        distance = torch.sqrt(((mask_ys - ys[index]) ** 2 + (mask_xs - xs[index]) ** 2).float()).min()
+        hits.append(float(distance <= tolerance))
+    return np.array(hits)
+
+
+def top_pixel_iou(maps: torch.Tensor, masks: torch.Tensor) -> np.ndarray:
+    """IoU between the map's top-k pixels (k = mask area) and the mask."""
+    maps = torch.as_tensor(maps, dtype=torch.float32)
+    masks = torch.as_tensor(masks).bool()
+    ranks = pixel_ranks(maps)
+    ious = []
+    for index in range(maps.shape[0]):
+        mask = masks[index].flatten()
+        area = int(mask.sum())
+        if area == 0:
+            ious.append(np.nan)
+            continue
+        top = ranks[index] < area
+        ious.append(float((top & mask).sum()) / float((top | mask).sum()))
+    return np.array(ious)
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation of two maps (ties broken as in the deletion engine)."""
+    ra = pixel_ranks(torch.as_tensor(a).reshape(1, *a.shape[-2:])).double().flatten()
+    rb = pixel_ranks(torch.as_tensor(b).reshape(1, *b.shape[-2:])).double().flatten()
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()).clamp_min(1e-12))
+
+
+def randomization_sanity_check(bundle, method, images: torch.Tensor, targets, *, seed: int = 0,
+                               max_layers: int | None = None) -> list:
+    """Adebayo et al. 2018: re-initialise parameterised layers from the top down (cascading) and measure
+    the Spearman correlation of each new map with the original. Returns [(layer name, mean rho)].
+    Runs on a copy: the caller's model is untouched."""
+    import copy
+
+    from .methods import as_targets
+
+    targets = as_targets(targets, images.shape[0], images.device)
+    original = method.attribute(bundle, images, targets).detach()
+    randomized = copy.copy(bundle)
+    randomized.network = copy.deepcopy(bundle.network)
+    layers = [(name, module) for name, module in randomized.network.named_modules()
+              if any(True for _ in module.parameters(recurse=False))]
+    layers.reverse()
+    if max_layers:
+        layers = layers[:max_layers]
+    torch.manual_seed(seed)
+    results = []
+    for name, module in layers:
+        for parameter in module.parameters(recurse=False):
+            with torch.no_grad():
+                if parameter.dim() > 1:
+                    torch.nn.init.kaiming_normal_(parameter)
+                else:
+                    parameter.normal_(0, 0.1) if "norm" not in name and "bn" not in name else parameter.uniform_(0.5, 1.5)
+        maps = method.attribute(randomized, images, targets).detach()
+        rho = float(np.mean([spearman(original[i], maps[i]) for i in range(images.shape[0])]))
+        results.append((name, rho))
+    return results

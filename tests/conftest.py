@@ -1,0 +1,78 @@
+"""Shared fixtures: tiny models built in the test (no network, no ../shared)."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest  # noqa: E402
+import timm  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+from explainers.models import ModelBundle, bundle_from_timm  # noqa: E402
+
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
+
+
+def tiny_vit(name="tiny-vit", seed=0, **kwargs):
+    torch.manual_seed(seed)
+    options = dict(img_size=32, patch_size=8, depth=2, num_heads=2, embed_dim=32, num_classes=4)
+    options.update(kwargs)
+    model_name = options.pop("timm_name", "vit_tiny_patch16_224")
+    network = timm.create_model(model_name, pretrained=False, **options)
+    size = options["img_size"] if isinstance(options["img_size"], tuple) else (options["img_size"],) * 2
+    return bundle_from_timm(name, network, input_size=size)
+
+
+def tiny_cnn(name="tiny-cnn", seed=0, size=32, num_classes=4):
+    torch.manual_seed(seed)
+    network = timm.create_model("resnet18", pretrained=False, num_classes=num_classes, channels=(8, 16, 16, 16),
+                                output_stride=8)
+    return bundle_from_timm(name, network, input_size=(size, size))
+
+
+class QuadrantNet(nn.Module):
+    """Class 0's logit depends only on the top-left quadrant's brightness (a known answer)."""
+
+    def __init__(self, size=32, scale=8.0):
+        super().__init__()
+        self.layer4 = nn.Conv2d(3, 2, 1, bias=False)
+        with torch.no_grad():
+            self.layer4.weight.fill_(1.0)
+        mask = torch.zeros(1, 1, size, size)
+        mask[..., : size // 2, : size // 2] = 1
+        self.register_buffer("quadrant", mask)
+        self.scale = scale
+
+    def forward(self, x):  # x normalised with mean 0.5, std 1: x = image - 0.5
+        features = self.layer4(x)
+        evidence = (features * self.quadrant).sum(dim=(2, 3)) / self.quadrant.sum()
+        logit = self.scale * evidence[:, :1]
+        return torch.cat([logit, -logit], dim=1)
+
+
+def quadrant_bundle(size=32, scale=8.0):
+    return ModelBundle(name="quadrant", network=QuadrantNet(size, scale).eval(), mean=(0.5, 0.5, 0.5), std=(1.0, 1.0, 1.0),
+                       input_size=(size, size), class_names=["top-left bright", "not"], family="cnn",
+                       reference_color=(0.5, 0.5, 0.5), cam_layer_name="layer4")
+
+
+@pytest.fixture
+def vit_bundle():
+    return tiny_vit()
+
+
+@pytest.fixture
+def cnn_bundle():
+    return tiny_cnn()
+
+
+@pytest.fixture
+def quadrant():
+    return quadrant_bundle()
+
+
+@pytest.fixture
+def images():
+    generator = torch.Generator().manual_seed(1)
+    return torch.rand(3, 3, 32, 32, generator=generator)

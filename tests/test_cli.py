@@ -1,0 +1,87 @@
+"""The command line, end to end, on a tiny model registered in-process and on tiny data the test writes."""
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from explainers import models
+from explainers.cli import main
+
+from conftest import DATA_DIR, tiny_cnn, tiny_vit
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    folder = tmp_path / "cells"
+    folder.mkdir()
+    with (folder / "labels.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", "class_index"])
+        for c in range(6):
+            shutil.copy(f"{DATA_DIR}/cell_{c}.jpg", folder / f"cell_{c}.jpg")
+            writer.writerow([f"cell_{c}.jpg", c % 4])
+    return folder
+
+
+@pytest.fixture
+def registered():
+    vit = models.register_bundle(tiny_vit(name="cli-tiny-vit", num_classes=4))
+    cnn = models.register_bundle(tiny_cnn(name="cli-tiny-cnn"))
+    return vit, cnn
+
+
+def test_evaluate_writes_the_documented_json(tiny_folder, tmp_path, registered, capsys):
+    out = tmp_path / "report.json"
+    code = main(["evaluate", "--model", "cli-tiny-vit", "--methods", "gradcam,rollout,chefer,rise,random",
+                 "--data", str(tiny_folder), "--limit", "5", "--steps", "10", "--rise-masks", "50",
+                 "--out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == "cli-tiny-vit" and report["n_images"] == 5
+    assert 0 <= report["accuracy"] <= 1
+    assert report["protocol"]["steps"] == 10 and report["protocol"]["reference"] == "mean"
+    for method in ("gradcam", "rollout", "chefer", "rise", "random"):
+        row = report["methods"][method]
+        assert set(row) >= {"deletion_auc", "insertion_auc", "ins_minus_del", "pointing_game", "ms_per_image"}
+        assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
+        assert row["ins_minus_del"] == pytest.approx(row["insertion_auc"] - row["deletion_auc"])
+        assert row["pointing_game"] is None and row["ms_per_image"] > 0
+    table = capsys.readouterr().out
+    assert "deletion (lower better)" in table and "chefer" in table
+
+
+def test_evaluate_reads_medmnist_npz(tmp_path, registered):
+    images = np.stack([np.asarray(Image.open(f"{DATA_DIR}/cell_{c}.jpg").resize((32, 32))) for c in range(4)])
+    np.savez(tmp_path / "blood.npz", test_images=images, test_labels=np.arange(4).reshape(4, 1))
+    out = tmp_path / "npz.json"
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam,random", "--data",
+                 str(tmp_path / "blood.npz"), "--split", "test", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["n_images"] == 4
+
+
+def test_explain_writes_overlay_and_npy(tmp_path, registered, capsys):
+    png, npy = tmp_path / "overlay.png", tmp_path / "map.npy"
+    assert main(["explain", "--model", "cli-tiny-cnn", "--method", "gradcam", "--image",
+                 f"{DATA_DIR}/cell_3.jpg", "--out", str(png)]) == 0
+    assert Image.open(png).size == (64, 64)
+    assert main(["explain", "--model", "cli-tiny-vit", "--method", "chefer", "--image",
+                 f"{DATA_DIR}/cell_3.jpg", "--target", "2", "--out", str(npy)]) == 0
+    attribution = np.load(npy)
+    assert attribution.shape == (64, 64) and np.isfinite(attribution).all() and attribution.max() > 0
+    assert "deletion AUC" in capsys.readouterr().out
+
+
+def test_clear_errors_not_tracebacks(tmp_path, registered, capsys):
+    bad = tmp_path / "not-an-image.png"
+    bad.write_text("hello")
+    assert main(["explain", "--model", "cli-tiny-cnn", "--method", "gradcam", "--image", str(bad),
+                 "--out", str(tmp_path / "x.png")]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert main(["explain", "--model", "cli-tiny-cnn", "--method", "rollout", "--image",
+                 f"{DATA_DIR}/cell_0.jpg", "--out", str(tmp_path / "x.png")]) == 2
+    assert "cannot explain" in capsys.readouterr().err
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data",
+                 str(tmp_path / "missing")]) == 2

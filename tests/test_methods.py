@@ -1,0 +1,143 @@
+import numpy as np
+import pytest
+import torch
+
+from explainers.data import pil_to_tensor
+from explainers.images import load_image
+from explainers.methods import METHODS, MethodNotApplicable, available_methods, explain, get_method
+from explainers.methods.gradcam import gradcam_maps
+
+from conftest import DATA_DIR, quadrant_bundle, tiny_cnn, tiny_vit
+
+BASELINES = ["gradcam", "rollout", "chefer", "rise", "random"]
+
+
+def hook_state(network):
+    return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks), getattr(m, "fused_attn", None))
+            for m in network.modules()]
+
+
+def real_cells(size):
+    images = [pil_to_tensor(load_image(f"{DATA_DIR}/cell_{c}.jpg").resize((size, size))) for c in range(4)]
+    return torch.stack(images)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_every_method_returns_b_h_w_maps(name, vit_bundle, images):
+    options = {"n_masks": 64, "batch_size": 32} if name == "rise" else {}
+    maps = explain(vit_bundle, images, [0, 1, 2], name, **options)
+    assert maps.shape == (3, 32, 32) and maps.dtype == torch.float32
+    assert torch.isfinite(maps).all()
+    assert not maps.requires_grad
+
+
+def test_vit_only_methods_refuse_cnns(cnn_bundle, images):
+    for name in ("rollout", "chefer"):
+        with pytest.raises(MethodNotApplicable, match="cannot explain 'tiny-cnn'"):
+            explain(cnn_bundle, images, 0, name)
+    assert "rollout" not in available_methods(cnn_bundle) and "gradcam" in available_methods(cnn_bundle)
+
+
+def test_unknown_method_is_a_clear_error():
+    with pytest.raises(KeyError, match="Unknown method 'nope'"):
+        get_method("nope")
+
+
+@pytest.mark.parametrize("make", [tiny_cnn, tiny_vit])
+def test_gradcam_batch_level_equals_per_sample(make, images):
+    bundle = make()
+    targets = torch.tensor([0, 1, 3])
+    batch = gradcam_maps(bundle, images, targets)
+    single = torch.cat([gradcam_maps(bundle, images[i:i + 1], targets[i:i + 1]) for i in range(3)])
+    assert (batch - single).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("make", [tiny_cnn, tiny_vit])
+def test_gradcam_agrees_with_pytorch_grad_cam(make):
+    from pytorch_grad_cam import GradCAM as PeerGradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    bundle = make()
+    images = real_cells(32)
+    targets = [0, 1, 2, 3]
+    ours = gradcam_maps(bundle, images, torch.tensor(targets)).numpy()
+
+    def reshape(tokens):  # the peer's documented ViT recipe: drop prefix tokens, tokens -> grid
+        grid = tokens[:, bundle.num_prefix_tokens:, :]
+        gh, gw = bundle.patch_grid()
+        return grid.reshape(grid.shape[0], gh, gw, grid.shape[2]).permute(0, 3, 1, 2)
+
+    with PeerGradCAM(model=bundle.network, target_layers=[bundle.cam_layer],
+                     reshape_transform=reshape if bundle.is_vit else None) as peer:
+        theirs = peer(input_tensor=bundle.normalize(images), targets=[ClassifierOutputTarget(t) for t in targets])
+    for i in range(len(targets)):
+        if ours[i].std() < 1e-6 and theirs[i].std() < 1e-6:
+            continue  # both empty
+        correlation = np.corrcoef(ours[i].ravel(), theirs[i].ravel())[0, 1]
+        assert correlation >= 0.99, (i, correlation)
+
+
+def test_differentiable_gradcam_trains_through(cnn_bundle, images):
+    maps = get_method("gradcam", differentiable=True).attribute(cnn_bundle, images, torch.tensor([0, 1, 2]))
+    assert maps.requires_grad
+    maps[:, :16, :16].mean().backward()
+    first_conv = cnn_bundle.network.conv1.weight
+    assert first_conv.grad is not None and first_conv.grad.abs().sum() > 0
+    detached = gradcam_maps(cnn_bundle, images, torch.tensor([0, 1, 2]), differentiable=True, detach_weights=True)
+    assert torch.allclose(detached, maps.detach(), atol=1e-6)
+
+
+def test_rise_finds_the_quadrant_and_is_deterministic():
+    bundle = quadrant_bundle(scale=4.0)
+    # slightly brighter than the reference everywhere: unsaturated, so hiding part of the quadrant shows
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 0.2 + 0.5
+    method = get_method("rise", n_masks=400, cells=4, batch_size=100)
+    maps = method.attribute(bundle, image, torch.tensor([0]))
+    inside, outside = maps[0, :16, :16].mean(), torch.cat([maps[0, 16:].flatten(), maps[0, :16, 16:].flatten()]).mean()
+    assert inside > outside
+    top_quarter = maps[0].flatten() >= maps[0].flatten().quantile(0.75)
+    in_quadrant = torch.zeros(32, 32, dtype=torch.bool)
+    in_quadrant[:16, :16] = True
+    assert (top_quarter & in_quadrant.flatten()).sum() / top_quarter.sum() > 0.6
+    again = get_method("rise", n_masks=400, cells=4, batch_size=57).attribute(bundle, image, torch.tensor([0]))
+    assert torch.allclose(maps, again, atol=1e-5)  # chunking does not change the result
+
+
+@pytest.mark.parametrize("variant", [
+    dict(),  # class token
+    dict(timm_name="deit_tiny_distilled_patch16_224"),  # class + distillation token
+    dict(reg_tokens=4),  # register tokens
+    dict(class_token=False, global_pool="avg"),  # no class token
+    dict(img_size=(32, 48)),  # non-square input
+])
+@pytest.mark.parametrize("name", ["rollout", "chefer", "gradcam"])
+def test_vit_variants_and_no_leaked_hooks(variant, name):
+    bundle = tiny_vit(**variant)
+    h, w = bundle.input_size
+    images = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(2))
+    before = hook_state(bundle.network)
+    maps = explain(bundle, images, [0, 1], name)
+    assert maps.shape == (2, h, w) and torch.isfinite(maps).all() and maps.min() >= 0
+    assert maps.flatten(1).amax(1).gt(0).all()
+    assert hook_state(bundle.network) == before  # hooks removed, fused attention restored
+
+
+def test_prefix_tokens_and_cam_layers():
+    assert tiny_vit(timm_name="deit_tiny_distilled_patch16_224").num_prefix_tokens == 2
+    assert tiny_vit(reg_tokens=4).num_prefix_tokens == 5
+    assert tiny_vit(class_token=False, global_pool="avg").has_class_token is False
+    vit = tiny_vit(img_size=(32, 48))
+    assert vit.patch_grid() == (4, 6) and vit.cam_layer_name == "blocks.1.norm1"
+    assert tiny_cnn().cam_layer_name == "layer4"
+
+
+def test_chefer_is_class_specific_and_rollout_is_not(vit_bundle, images):
+    a = explain(vit_bundle, images[:1], [0], "chefer")
+    b = explain(vit_bundle, images[:1], [1], "chefer")
+    assert not torch.allclose(a, b)
+    assert torch.allclose(explain(vit_bundle, images[:1], [0], "rollout"), explain(vit_bundle, images[:1], [1], "rollout"))
+
+
+def test_registry_has_labels_and_descriptions():
+    for name, cls in METHODS.items():
+        assert cls.label and cls.description, name

@@ -1,0 +1,124 @@
+import json
+import time
+
+import numpy as np
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from explainers import models
+from explainers.data import NpzSplit, open_dataset
+from explainers.models import ModelUnavailableError, load_model, safe_name
+
+from conftest import tiny_vit
+
+
+def test_safe_names_refuse_paths():
+    assert safe_name("bloodmnist-vit") == "bloodmnist-vit"
+    for bad in ("../etc/passwd", "a/b", "", ".hidden", "x" * 200, "a..b"):
+        with pytest.raises(ValueError):
+            safe_name(bad)
+
+
+def test_hub_model_offline_fails_fast_with_a_clear_message(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(models, "HUB_CACHE_DIR", tmp_path / "hub-cache")
+    started = time.perf_counter()
+    with pytest.raises(ModelUnavailableError) as error:
+        load_model("vit_small_patch16_224")
+    assert time.perf_counter() - started < 30
+    message = str(error.value)
+    assert "vit_small_patch16_224" in message and "bundled model" in message
+    assert "HF_HUB_OFFLINE" in message or "could not be downloaded" in message
+
+
+def test_unknown_model_name():
+    with pytest.raises(ModelUnavailableError, match="Unknown model 'not-a-model'"):
+        load_model("not-a-model")
+
+
+def test_timm_loading_path_with_a_local_checkpoint(tmp_path):
+    """The real timm pretrained-loading code, fed a checkpoint a test wrote (no hub needed)."""
+    kwargs = dict(img_size=32, patch_size=8, depth=1, num_heads=2, embed_dim=32, num_classes=5)
+    torch.manual_seed(3)
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, **kwargs)
+    path = tmp_path / "tiny.safetensors"
+    save_file(source.state_dict(), str(path))
+    bundle = load_model("vit_tiny_patch16_224", weights_file=str(path), **kwargs)
+    for key, value in source.state_dict().items():
+        assert torch.equal(bundle.network.state_dict()[key], value), key
+    assert bundle.family == "vit" and bundle.num_prefix_tokens == 1 and bundle.num_classes == 5
+    assert bundle.input_size == (32, 32)
+    assert not bundle.network.training
+
+
+def test_bundled_cards_are_complete():
+    for name in models.BUNDLED_MODELS:
+        if not models.card_path(name).exists():
+            continue  # checked by the load test below, which names the missing model
+        card = json.loads(models.card_path(name).read_text())
+        for key in ("kind", "input_size", "mean", "std", "reference_color"):
+            assert key in card, (name, key)
+
+
+@pytest.mark.parametrize("name", ["bloodmnist-cnn", "bloodmnist-vit"])
+def test_bundled_bloodmnist_models_load_offline(name):
+    if not models.card_path(name).exists():
+        pytest.skip(f"{name} not trained in this checkout")
+    bundle = load_model(name)
+    assert bundle.num_classes == 8 and bundle.class_names[0] == "basophil"
+    assert bundle.input_size == (64, 64)
+    assert len(bundle.reference_color) == 3 and all(0 < c < 1 for c in bundle.reference_color)
+    assert load_model(name) is bundle  # shared cache
+    with torch.no_grad():
+        assert bundle(torch.rand(2, 3, 64, 64)).shape == (2, 8)
+
+
+def test_efficientnet_lite0_from_the_pip_package():
+    bundle = load_model("efficientnet-lite0")
+    assert bundle.family == "efficientnet" and bundle.cam_layer_name == "bn2"
+    assert bundle.mean == (0.5, 0.5, 0.5) and bundle.num_classes == 1000
+    assert "goldfish" in bundle.class_names[1]
+    # the mapping is real: no tensor is left at timm's random initialisation
+    state = bundle.network.state_dict()
+    assert float(state["bn2.running_var"].mean()) != pytest.approx(1.0)
+
+
+def test_list_models_puts_bundled_first():
+    names = models.list_models()
+    assert names[: len(models.BUNDLED_MODELS)] == list(models.BUNDLED_MODELS)
+    assert "vit_base_patch16_224" in names
+
+
+def test_activations_to_grid_for_vit_tokens():
+    bundle = tiny_vit(img_size=(32, 48), reg_tokens=2)
+    tokens = torch.randn(2, bundle.num_prefix_tokens + 4 * 6, 32)
+    grid = bundle.activations_to_grid(tokens)
+    assert grid.shape == (2, 32, 4, 6)
+    assert torch.equal(grid[:, :, 0, 1], tokens[:, bundle.num_prefix_tokens + 1, :])
+
+
+def test_npz_in_medmnist_layout(tmp_path):
+    images = (np.random.default_rng(0).random((5, 28, 28, 3)) * 255).astype(np.uint8)
+    labels = np.arange(5).reshape(5, 1)
+    path = tmp_path / "bloodmnist.npz"
+    np.savez(path, train_images=images, train_labels=labels, test_images=images[:3], test_labels=labels[:3])
+    test = open_dataset(path, split="test")
+    assert isinstance(test, NpzSplit) and len(test) == 3
+    tensor, label = test[2]
+    assert tensor.shape == (3, 28, 28) and label == 2
+    assert torch.allclose(tensor, torch.from_numpy(images[2]).permute(2, 0, 1).float() / 255)
+    with pytest.raises(KeyError, match="val_images"):
+        open_dataset(path, split="val")
+    gray = tmp_path / "gray.npz"
+    np.savez(gray, test_images=images[:2, :, :, 0], test_labels=labels[:2])
+    assert open_dataset(gray, split="test")[0][0].shape == (3, 28, 28)
+
+
+def test_labelled_folder_refuses_paths_outside(tmp_path):
+    (tmp_path / "labels.csv").write_text("file,class_index\n../secret.png,0\n")
+    with pytest.raises(ValueError, match="outside"):
+        open_dataset(tmp_path)
