@@ -1,0 +1,348 @@
+"""GradSkip (docs/methods.md section 3): tiny random-weight ViT-family models built here, CPU, fast."""
+import pytest
+import timm
+import torch
+
+from conftest import tiny_cnn, tiny_vit
+from explainers.attention import AttentionRecorder
+from explainers.methods import MethodNotApplicable, available_methods, explain, get_method
+from explainers.methods.gradskip import GradSkip, GradSkipState, gini, prepare
+from explainers.models import bundle_from_timm
+
+VARIANTS = {
+    "vit": {},
+    "deit_distilled": {"timm_name": "deit_tiny_distilled_patch16_224"},
+    "registers": {"reg_tokens": 4},
+    "no_class_token": {"class_token": False, "global_pool": "avg"},
+    "registers_no_class_token_non_square": {"reg_tokens": 2, "class_token": False, "global_pool": "avg",
+                                            "img_size": (48, 64)},
+    "layer_scale_non_square": {"init_values": 1e-1, "img_size": (40, 24)},
+}
+
+
+def _images(bundle, count=3, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(count, 3, *bundle.input_size, generator=generator)
+
+
+def _hook_snapshot(network):
+    return [(name, len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks),
+             len(getattr(m, "_forward_hooks_with_kwargs", {})), len(getattr(m, "_forward_pre_hooks_with_kwargs", {})),
+             len(getattr(m, "_backward_pre_hooks", {})), getattr(m, "fused_attn", None))
+            for name, m in network.named_modules()]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_maps_shape_finite_non_negative(variant):
+    bundle = tiny_vit(**VARIANTS[variant])
+    images = _images(bundle)
+    maps = get_method("gradskip").attribute(bundle, images, torch.tensor([0, 1, 3]))
+    assert maps.shape == (3, *bundle.input_size)
+    assert torch.isfinite(maps).all() and (maps >= 0).all()
+    assert torch.allclose(maps.flatten(1).amax(1), torch.ones(3))  # max-normalised, never all zero
+    assert maps.flatten(1).std(1).min() > 0
+
+
+def test_prefix_tokens_are_the_ones_the_model_reports():
+    assert tiny_vit(**VARIANTS["deit_distilled"]).num_prefix_tokens == 2
+    assert tiny_vit(**VARIANTS["registers"]).num_prefix_tokens == 5
+    bundle = tiny_vit(**VARIANTS["registers_no_class_token_non_square"])
+    state = prepare(bundle, _images(bundle, 1), [0])
+    assert state.grid == (6, 8) and state.num_prefix_tokens == 2 and not state.has_class_token
+    assert state.attention_flow.shape[-1] == 2 + 6 * 8
+
+
+@pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square"])
+def test_batch_equals_per_sample(variant):
+    bundle = tiny_vit(**VARIANTS[variant])
+    images, targets = _images(bundle), torch.tensor([2, 0, 1])
+    method = GradSkip()
+    batch_state = method.prepare(bundle, images, targets)
+    for alpha in (0.5, 0.0, 1.0):
+        batch = batch_state.map(alpha)
+        single = torch.cat([method.prepare(bundle, images[i:i + 1], targets[i:i + 1]).map(alpha) for i in range(3)])
+        assert torch.allclose(batch, single, atol=1e-5)
+    singles = [method.prepare(bundle, images[i:i + 1], targets[i:i + 1]) for i in range(3)]
+    relevance = torch.cat([s.relevance() for s in singles])
+    assert torch.allclose(batch_state.relevance(), relevance, atol=1e-5, rtol=1e-4)
+    head_weights = torch.cat([s.head_weights() for s in singles])
+    assert torch.allclose(batch_state.head_weights(), head_weights, atol=1e-5)
+
+
+def test_alpha_recombination_runs_no_model_pass(monkeypatch):
+    bundle = tiny_vit()
+    state = prepare(bundle, _images(bundle), [0, 1, 2])
+    calls = []
+    handle = bundle.network.register_forward_hook(lambda *_: calls.append("forward"))
+    for name in ("grad", "backward"):
+        monkeypatch.setattr(torch.autograd, name, lambda *a, **k: calls.append(name))
+    monkeypatch.setattr(torch.Tensor, "backward", lambda *a, **k: calls.append("Tensor.backward"))
+    try:
+        maps = {alpha: state.map(alpha) for alpha in (0.0, 0.25, 0.5, 0.75, 1.0)}
+        state.map(0.3, normalize=False)
+        state.head_weights(0.7)
+        state.diagnostics(0.2)
+        state.map(0.5, head_selection="sparsest")
+    finally:
+        handle.remove()
+    assert calls == []
+    assert not torch.allclose(maps[0.0], maps[1.0], atol=1e-4)
+    assert all(m.shape == (3, 32, 32) for m in maps.values())
+    # the forward hook does count a real pass (the check above can fail)
+    handle = bundle.network.register_forward_hook(lambda *_: calls.append("forward"))
+    try:
+        with torch.no_grad():
+            bundle(_images(bundle, 1))
+    finally:
+        handle.remove()
+    assert calls == ["forward"]
+
+
+def test_attribute_equals_prepare_then_map_and_explain():
+    bundle = tiny_vit()
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    direct = get_method("gradskip", alpha=0.25).attribute(bundle, images, targets)
+    assert torch.allclose(direct, prepare(bundle, images, targets).map(0.25), atol=1e-6)
+    assert torch.allclose(direct, explain(bundle, images, targets, "gradskip", alpha=0.25), atol=1e-6)
+    assert "gradskip" in available_methods(bundle)
+
+
+def test_alpha_extremes_use_one_metric():
+    bundle = tiny_vit(depth=3, num_heads=4)
+    state = prepare(bundle, _images(bundle), [0, 1, 2])
+    assert state.head_weights(0.0).shape == (3, 3, 4)
+    assert torch.allclose(state.head_weights(0.0), state.normalized_sparsity())
+    assert torch.allclose(state.head_weights(1.0), state.normalized_gradient_flow())
+    mid = state.head_weights(0.5)
+    assert torch.allclose(mid, 0.5 * state.normalized_sparsity() + 0.5 * state.normalized_gradient_flow())
+    assert torch.allclose(mid.sum(-1), torch.ones(3, 3), atol=1e-5)
+
+
+def test_gradient_flow_and_sparsity_match_an_independent_capture():
+    bundle = tiny_vit(**VARIANTS["registers"])
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    state = prepare(bundle, images, targets)
+    with AttentionRecorder(bundle, gradients=True) as recorder:
+        with torch.enable_grad():
+            inputs = images.clone().requires_grad_(True)
+            bundle(inputs).gather(1, targets.view(-1, 1)).sum().backward()
+    bundle.network.zero_grad(set_to_none=True)
+    for layer, (attention, gradient) in enumerate(zip(recorder.attentions, recorder.gradients)):
+        product = attention.detach() * gradient
+        assert torch.allclose(state.gradient_flow[:, layer], product.abs().mean(dim=(-2, -1)), rtol=1e-4, atol=1e-9)
+        assert torch.allclose(state.attention_flow[:, layer], product.clamp_min(0), rtol=1e-4, atol=1e-9)
+        expected = gini(attention.detach()[:, :, 0, bundle.num_prefix_tokens:])
+        assert torch.allclose(state.sparsity[:, layer], expected, atol=1e-6)
+    assert ((state.beta_main >= 0) & (state.beta_main <= 1)).all()
+
+
+def test_head_threshold_zeroes_weak_heads():
+    bundle = tiny_vit(num_heads=4)
+    state = prepare(bundle, _images(bundle, 1), [0])
+    state.gradient_flow = torch.tensor([[[1.0, 0.5, 0.05, 0.2]] * 2])
+    expected = torch.tensor([1.0, 0.5, 0.0, 0.2]) / 1.7
+    assert torch.allclose(state.normalized_gradient_flow()[0, 0], expected)
+    assert torch.allclose(state.normalized_gradient_flow(head_threshold=0.0)[0, 0], state.gradient_flow[0, 0] / 1.75)
+
+
+def test_head_selection_ablation_keeps_a_quarter_of_the_heads():
+    bundle = tiny_vit(num_heads=8, embed_dim=64)
+    state = prepare(bundle, _images(bundle, 2), [0, 1])
+    sparse = state.head_mask(head_selection="sparsest")
+    dense = state.head_mask(head_selection="least_sparse")
+    assert (sparse.sum(-1) == 2).all() and (dense.sum(-1) == 2).all()
+    ranked = state.sparsity.argsort(dim=-1, descending=True)
+    assert (sparse.gather(-1, ranked[..., :2]) == 1).all() and (dense.gather(-1, ranked[..., -2:]) == 1).all()
+    weights = state.head_weights(0.5, head_selection="sparsest")
+    assert ((weights > 0).float() <= sparse).all()
+    maps = GradSkip(head_selection="least_sparse").attribute(bundle, _images(bundle, 2), torch.tensor([0, 1]))
+    assert torch.isfinite(maps).all()
+
+
+def test_gini_known_vectors():
+    assert gini(torch.ones(7)).item() == pytest.approx(0.0, abs=1e-7)
+    for n in (2, 5, 196):
+        one_hot = torch.zeros(n)
+        one_hot[n // 2] = 3.0
+        assert gini(one_hot).item() == pytest.approx((n - 1) / n, abs=1e-6)
+    assert gini(torch.zeros(4)).item() == 0.0
+    assert gini(torch.tensor([1.0, 0.0, 0.0, 1.0])).item() == pytest.approx(0.5, abs=1e-6)
+    rows = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 2.0]])
+    assert torch.allclose(gini(rows.t(), dim=0), torch.tensor([0.0, 2 / 3]))
+
+
+@pytest.mark.parametrize("variant", ["vit", "deit_distilled", "no_class_token"])
+def test_rescale_gives_completeness(variant):
+    bundle = tiny_vit(**VARIANTS[variant])
+    state = prepare(bundle, _images(bundle), [0, 1, 2])
+    assert torch.allclose(state.relevance().sum(dim=(1, 2)), state.target_logits, atol=1e-5)
+    assert torch.allclose(state.map(normalize=False).sum(dim=(1, 2)), state.target_logits, atol=1e-4)
+    logits = bundle(_images(bundle)).gather(1, torch.tensor([[0], [1], [2]])).squeeze(1)
+    assert torch.allclose(state.target_logits, logits.detach(), atol=1e-5)
+    unscaled = state.relevance(rescale=False).sum(dim=(1, 2))
+    assert (unscaled > 0).all() and (unscaled <= 1 + 1e-5).all()  # relevance is conserved, prefix part dropped
+    assert torch.allclose(state.token_relevance().sum(-1), torch.ones(3), atol=1e-5)
+
+
+def test_hooks_removed_and_fused_attention_restored():
+    bundle = tiny_vit(**VARIANTS["registers"])
+    before = _hook_snapshot(bundle.network)
+    assert any(flag is True for *_, flag in before)  # timm's fused attention is on by default here
+    prepare(bundle, _images(bundle), [0, 1, 2])
+    assert _hook_snapshot(bundle.network) == before
+    assert all(p.grad is None for p in bundle.network.parameters())  # parameters' gradients untouched
+
+
+def test_hooks_removed_when_the_pass_fails():
+    bundle = tiny_vit()
+    before = _hook_snapshot(bundle.network)
+    mlp = bundle.network.blocks[1].mlp
+
+    def broken(_x):
+        raise RuntimeError("boom")
+
+    mlp.forward = broken
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            prepare(bundle, _images(bundle, 2), [0, 1])
+    finally:
+        del mlp.forward
+    assert _hook_snapshot(bundle.network) == before
+
+
+def test_targets_validated():
+    bundle = tiny_vit()
+    with pytest.raises(ValueError, match="target"):
+        prepare(bundle, _images(bundle, 2), [0, 9])
+    with pytest.raises(ValueError):
+        prepare(bundle, _images(bundle, 2), [0])
+
+
+def test_propagation_by_hand():
+    """One block, one head, class token + 2 patches: R_0 = W~^T (b * R_1) + (1 - b) * R_1."""
+    flow = torch.tensor([[0.0, 2.0, 2.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # last row all zero -> identity
+    values = torch.tensor([1.0, 1.0, 3.0])
+    state = GradSkipState(
+        attention_flow=flow.view(1, 1, 1, 3, 3), value_norms=values.view(1, 1, 1, 3),
+        gradient_flow=torch.ones(1, 1, 1), sparsity=torch.ones(1, 1, 1),
+        main_flow=torch.tensor([[[3.0, 1.0, 0.0]]]), skip_flow=torch.tensor([[[-1.0, 1.0, 0.0]]]),
+        end_gradient_norm=torch.tensor([[2.0, 0.0, 0.0]]), logits=torch.tensor([[4.0, 0.0]]),
+        targets=torch.tensor([0]), num_prefix_tokens=1, has_class_token=True, grid=(1, 2), image_hw=(2, 4),
+        options={"alpha": 0.5, "head_threshold": 0.1, "beta_reduction": "token", "rescale": True,
+                 "head_selection": None, "head_fraction": 0.25, "start": "auto"})
+    # b_main = 3 / (3 + 1) = 0.75 at the class token; W~ row 0 = [0, 2, 6] / 8
+    expected = torch.tensor([0.25, 0.75 * 0.25, 0.75 * 0.75])
+    assert torch.allclose(state.token_relevance(), expected.view(1, 3))
+    assert torch.allclose(state.relevance(), (torch.tensor([0.1875, 0.5625]) * 4 / 0.75).view(1, 1, 2))
+    # layer reduction: b_main = |3 + 1 + 0| / (|4| + |0|) = 1
+    assert torch.allclose(state.token_relevance(beta_reduction="layer"), torch.tensor([[0.0, 0.25, 0.75]]))
+    maps = state.map()
+    assert maps.shape == (1, 2, 4) and maps.max().item() == pytest.approx(1.0)
+    assert maps[0, :, :2].mean() < maps[0, :, 2:].mean()
+
+
+def test_start_options():
+    bundle = tiny_vit(**VARIANTS["deit_distilled"])
+    state = prepare(bundle, _images(bundle, 1), [0])
+    start = state.start_relevance()
+    assert start[0, :2].sum() == pytest.approx(1.0, abs=1e-5)  # class + distillation tokens carry the head's input
+    assert start[0, 0] > 0 and start[0, 1] > 0
+    assert state.start_relevance(start="class_token")[0, 0] == 1.0
+    bundle = tiny_vit(**VARIANTS["no_class_token"])
+    state = prepare(bundle, _images(bundle, 1), [0])
+    start = state.start_relevance(start="gradient_norm")
+    assert torch.allclose(start, torch.full_like(start, 1 / start.shape[1]), atol=1e-5)  # average pooling
+    contributions = state.end_contribution.clamp_min(0)
+    assert torch.allclose(state.start_relevance(), contributions / contributions.sum(), atol=1e-6)  # auto
+    assert state.pooled_head and (contributions == 0).any() and (contributions > 0).any()
+
+
+def _train_bright_square_vit(seed, **kwargs):
+    """A tiny ViT trained (~150 steps) to say class 1 when an 8 px white square lies in the top-left quadrant."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bundle = tiny_vit(num_classes=2, seed=seed, **kwargs)
+        generator = torch.Generator().manual_seed(seed)
+
+        def batch(n):
+            x = torch.rand(n, 3, 32, 32, generator=generator) * 0.5 + 0.25
+            y = torch.randint(0, 2, (n,), generator=generator)
+            for i in range(n):
+                if y[i] == 1:
+                    r, c = torch.randint(0, 9, (2,), generator=generator)
+                    x[i, :, r:r + 8, c:c + 8] = 1.0
+            return x, y
+
+        optimizer = torch.optim.AdamW(bundle.network.parameters(), lr=3e-3)
+        bundle.network.train()
+        for _ in range(150):
+            x, y = batch(32)
+            loss = torch.nn.functional.cross_entropy(bundle(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        bundle.network.eval()
+        x, y = batch(64)
+        return bundle, x[y == 1]
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed, kwargs", [(2, {}), (1, {"class_token": False, "global_pool": "avg", "reg_tokens": 2})])
+def test_known_answer_relevance_lands_on_the_evidence(seed, kwargs):
+    bundle, images = _train_bright_square_vit(seed, **kwargs)
+    targets = torch.ones(images.shape[0], dtype=torch.long)
+    assert (bundle(images).argmax(1) == 1).float().mean() > 0.9
+    maps = get_method("gradskip").attribute(bundle, images, targets)
+    ratio = maps[:, :16, :16].mean(dim=(1, 2)) / maps.mean(dim=(1, 2))  # 1 = no preference, 4 = all there
+    assert ratio.mean() > 2.0 and (ratio > 1).float().mean() > 0.9
+
+
+def test_diagnostics_for_the_ui():
+    bundle = tiny_vit(depth=3, num_heads=2)
+    state = prepare(bundle, _images(bundle, 2), [0, 1])
+    info = state.diagnostics(0.3, index=1)
+    assert len(info["head_weights"]) == 3 and len(info["head_weights"][0]) == 2
+    assert len(info["beta_main"]) == 3 and all(0 <= b <= 1 for b in info["beta_main"])
+    assert info["alpha"] == 0.3 and info["target"] == 1
+    assert state.beta_main_per_layer.shape == (2, 3)
+    assert state.head_weights(0.3).shape == (2, 3, 2)
+
+
+def test_options_validated():
+    for bad in ({"alpha": 1.5}, {"beta_reduction": "mean"}, {"head_selection": "random"}, {"head_fraction": 0},
+                {"start": "cls"}, {"head_threshold": -1}):
+        with pytest.raises(ValueError):
+            GradSkip(**bad)
+    bundle = tiny_vit()
+    state = prepare(bundle, _images(bundle, 1), [0])
+    with pytest.raises(ValueError):
+        state.map(-0.1)
+    with pytest.raises(TypeError, match="head_threshold"):
+        state.map(0.5, head_treshold=0.2)
+
+
+def test_cnn_refused_with_a_clear_message():
+    bundle = tiny_cnn()
+    assert "gradskip" not in available_methods(bundle)
+    with pytest.raises(MethodNotApplicable, match="ViT-family"):
+        get_method("gradskip").attribute(bundle, torch.rand(1, 3, 32, 32), torch.tensor([0]))
+    with pytest.raises(MethodNotApplicable, match="CNN"):
+        explain(bundle, torch.rand(1, 3, 32, 32), 0, "gradskip")
+
+
+def test_swin_refused_with_a_clear_message():
+    torch.manual_seed(0)
+    try:
+        network = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=64, window_size=4,
+                                    embed_dim=24, depths=(1, 1), num_heads=(1, 1), num_classes=4)
+    except Exception as error:  # pragma: no cover - depends on the timm version
+        pytest.skip(f"tiny Swin does not build with this timm: {error}")
+    bundle = bundle_from_timm("tiny-swin", network, input_size=(64, 64))
+    assert bundle.family == "swin"
+    with pytest.raises(MethodNotApplicable, match="Swin"):
+        get_method("gradskip").check(bundle)
+    with pytest.raises(MethodNotApplicable, match="Swin"):
+        prepare(bundle, torch.rand(1, 3, 64, 64), [0])
