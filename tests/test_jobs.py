@@ -1,0 +1,260 @@
+"""Background job runner: real job processes (tiny), SQLite records, restart recovery, HF Jobs with fakes."""
+import gc
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from explainers import jobs
+from explainers.jobs import JobRunner, atomic_torch_save, atomic_write_bytes, hf_job_command
+
+
+class Runners:
+    """Makes JobRunners on one root; shuts down (kills the jobs of) those still held at the end."""
+
+    def __init__(self, root):
+        self.root, self.made = root, []
+
+    def __call__(self, **kwargs):
+        kwargs.setdefault("poll_s", 0.05)
+        self.made.append(JobRunner(self.root, **kwargs))
+        return self.made[-1]
+
+
+@pytest.fixture
+def runners(tmp_path):
+    made = Runners(tmp_path / "jobs")
+    yield made
+    for runner in made.made:
+        runner.shutdown()
+
+
+def wait_until(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.03)
+    raise AssertionError("condition not reached")
+
+
+def pid_gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return not jobs._pid_runs_job(pid, "")  # zombie of a dropped runner: no cmdline any more
+
+
+def test_job_runs_to_done_with_progress_and_history(runners, tmp_path):
+    runner = runners()
+    job_id = runner.submit("sleep-steps", {"steps": 4, "dt": 0.01})
+    assert runner.get(job_id)["status"] in ("queued", "running")
+    job = runner.wait(job_id, timeout=30)
+    assert job["status"] == "done", job
+    assert job["result"] == {"steps": 4, "final_loss": 0.25}
+    assert job["progress"] == {"step": 4, "total": 4}
+    assert job["device"] in ("cpu", "cuda") and job["pid"] and job["backend"] == "local"
+    assert job["started"] >= job["created"] and job["finished"] >= job["started"]
+    history = runner.history(job_id)
+    assert [point["step"] for point in history] == [1, 2, 3, 4]
+    assert [point["loss"] for point in history] == [1.0, 0.5, 1 / 3, 0.25]
+    assert (tmp_path / "jobs" / "jobs.sqlite").exists() and os.path.isdir(job["work_dir"])
+    assert runner.list(10)[0]["id"] == job_id
+
+
+def test_failing_job_is_failed_with_message_and_traceback_in_log(runners):
+    runner = runners()
+    job = runner.wait(runner.submit("sleep-steps", {"steps": 5, "dt": 0.01, "fail_at": 2}), timeout=30)
+    assert job["status"] == "failed"
+    assert job["error"] == "ValueError: failing at step 2 as asked"
+    assert job["progress"]["step"] == 1
+    log = open(job["log"]).read()
+    assert "Traceback" in log and "failing at step 2" in log
+
+
+def test_cancel_stops_running_job(runners):
+    runner = runners()
+    job_id = runner.submit("sleep-steps", {"steps": 500, "dt": 0.02})
+    wait_until(lambda: (runner.get(job_id)["progress"]["step"] or 0) >= 1)
+    runner.cancel(job_id)
+    job = runner.wait(job_id, timeout=20)
+    assert job["status"] == "cancelled" and job["result"]["stopped_at"] < 500
+    assert pid_gone(job["pid"])
+
+
+def test_cancel_kills_job_that_ignores_it_after_grace(runners):
+    runner = runners(cancel_grace_s=0.3)
+    job_id = runner.submit("sleep-steps", {"steps": 500, "dt": 0.02, "ignore_cancel": True})
+    wait_until(lambda: runner.get(job_id)["pid"] and runner.get(job_id)["progress"]["step"])
+    runner.cancel(job_id)
+    job = runner.wait(job_id, timeout=20)
+    assert job["status"] == "cancelled" and "did not stop" in job["error"]
+    assert wait_until(lambda: pid_gone(job["pid"]), timeout=5)
+
+
+def test_cancel_queued_job(runners):
+    runner = runners()
+    first = runner.submit("sleep-steps", {"steps": 500, "dt": 0.02})
+    second = runner.submit("sleep-steps", {"steps": 1})
+    assert runner.cancel(second)["status"] == "cancelled"
+    runner.cancel(first)
+    assert runner.wait(first, timeout=20)["status"] == "cancelled"
+
+
+def test_job_process_killed_while_runner_alive_is_failed(runners):
+    runner = runners()
+    job_id = runner.submit("sleep-steps", {"steps": 500, "dt": 0.02})
+    pid = wait_until(lambda: runner.get(job_id)["progress"]["step"] and runner.get(job_id)["pid"])
+    os.kill(pid, signal.SIGKILL)
+    job = runner.wait(job_id, timeout=20)
+    assert job["status"] == "failed" and "exited with code -9 without reporting a result" in job["error"]
+
+
+def test_timeout_kills_and_fails(runners):
+    runner = runners(default_timeout_s=0.5)
+    job = runner.wait(runner.submit("sleep-steps", {"steps": 500, "dt": 0.02, "ignore_cancel": True}), timeout=20)
+    assert job["status"] == "failed" and job["error"] == "timed out after 0.5 s"
+    assert wait_until(lambda: pid_gone(job["pid"]), timeout=5)
+
+
+def test_max_concurrent_one_queues_second_job(runners):
+    runner = runners(max_concurrent=1)
+    first = runner.submit("sleep-steps", {"steps": 10, "dt": 0.03})
+    second = runner.submit("sleep-steps", {"steps": 2, "dt": 0.01})
+    wait_until(lambda: runner.get(first)["status"] == "running")
+    for _ in range(5):
+        if runner.get(first)["status"] == "running":
+            assert runner.get(second)["status"] == "queued"
+        time.sleep(0.05)
+    a, b = runner.wait(first, timeout=30), runner.wait(second, timeout=30)
+    assert a["status"] == b["status"] == "done"
+    assert b["started"] >= a["finished"]
+
+
+def _start_then_crash(runners, kind, params, min_step):
+    """Start a job, then 'crash the app': drop the runner (no cleanup) and SIGKILL its job process."""
+    runner = runners()
+    job_id = runner.submit(kind, params)
+    wait_until(lambda: (runner.get(job_id)["progress"]["step"] or 0) >= min_step, timeout=30)
+    pid, thread = runner.get(job_id)["pid"], runner._thread
+    runners.made.remove(runner)
+    del runner
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: pid_gone(pid), timeout=5)
+    return job_id
+
+
+def test_restart_marks_dead_running_job_interrupted(runners):
+    job_id = _start_then_crash(runners, "sleep-steps", {"steps": 500, "dt": 0.02}, 1)
+    runner = runners()
+    job = runner.get(job_id)
+    assert job["status"] == "interrupted" and "pid" in job["error"] and "gone" in job["error"]
+    assert job["finished"] is not None
+
+
+def test_restart_starts_queued_jobs(runners, tmp_path):
+    runner = runners(max_concurrent=1)
+    runner.shutdown()  # scheduler stopped: the job stays queued
+    job_id = runner.submit("sleep-steps", {"steps": 1, "dt": 0.01})
+    assert runner.get(job_id)["status"] == "queued"
+    assert runners().wait(job_id, timeout=30)["status"] == "done"
+
+
+def test_tiny_train_resumes_from_checkpoint_after_interruption(runners):
+    params = {"steps": 40, "checkpoint_every": 5, "step_sleep": 0.02}
+    job_id = _start_then_crash(runners, "tiny-train", params, 8)
+    runner = runners()
+    assert runner.get(job_id)["status"] == "interrupted"
+    runner.resume(job_id)
+    job = runner.wait(job_id, timeout=60)
+    assert job["status"] == "done", job
+    assert 5 <= job["result"]["resumed_from"] < 40 and job["result"]["resumed_from"] % 5 == 0
+    history = runner.history(job_id)
+    assert history[-1]["step"] == 40 and history[0]["loss"] > job["result"]["final_loss"]
+    assert "resuming from step" in open(job["log"]).read()
+    assert [p.name for p in os.scandir(job["work_dir"]) if p.name.endswith(".tmp")] == []
+
+
+def test_atomic_writes_leave_no_temp_files(tmp_path):
+    import torch
+    target = tmp_path / "ckpt" / "model.pt"
+    atomic_write_bytes(target, b"old")
+    atomic_torch_save({"w": torch.ones(3)}, target)
+    assert torch.equal(torch.load(target)["w"], torch.ones(3))
+    with pytest.raises(TypeError):
+        atomic_write_bytes(target, "not bytes")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.pt"]
+
+
+def test_unknown_kind_and_backend_are_clear_errors(runners):
+    runner = runners()
+    with pytest.raises(KeyError, match="unknown job kind 'nope'"):
+        runner.submit("nope", {})
+    with pytest.raises(ValueError, match="unknown backend"):
+        runner.submit("sleep-steps", {}, backend="slurm")
+
+
+# ----------------------------------------------------------------------------------------- HF Jobs
+def test_hf_job_command_for_camal():
+    command = hf_job_command("camal", {"model": "vit-tiny", "data": "data/pets", "epochs": 3, "lambda": 0.5,
+                                       "out": "weights/camal.pt"})
+    assert command == ["python", "-m", "explainers", "camal", "--model", "vit-tiny", "--data", "data/pets",
+                       "--epochs", "3", "--lambda", "0.5", "--out", "weights/camal.pt"]
+    assert hf_job_command("camal", {"model": "m", "data": "d"}) == ["python", "-m", "explainers", "camal",
+                                                                    "--model", "m", "--data", "d"]
+    with pytest.raises(ValueError, match="missing params \\['data'\\]"):
+        hf_job_command("camal", {"model": "m"})
+    with pytest.raises(ValueError, match="unsupported params \\['bogus'\\]"):
+        hf_job_command("camal", {"model": "m", "data": "d", "bogus": 1})
+    with pytest.raises(ValueError, match="cannot run on HF Jobs"):
+        hf_job_command("tiny-train", {})
+
+
+def test_hf_jobs_without_token_is_a_clear_error(runners, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    runner = runners()
+    with pytest.raises(RuntimeError, match="HF_TOKEN"):
+        runner.submit("camal", {"model": "m", "data": "d"}, backend="hf-jobs")
+    assert runner.list() == []
+
+
+def test_hf_jobs_submit_refresh_cancel_with_fakes(runners, monkeypatch):
+    import huggingface_hub
+    calls, stages = [], {}
+
+    def fake_run_job(**kwargs):
+        calls.append(("run", kwargs))
+        return SimpleNamespace(id=f"hf-{len(calls)}")
+
+    def fake_inspect_job(*, job_id, token=None):
+        stage, message = stages.get(job_id, ("RUNNING", None))
+        return SimpleNamespace(id=job_id, status=SimpleNamespace(stage=stage, message=message))
+
+    monkeypatch.setattr(huggingface_hub, "run_job", fake_run_job)
+    monkeypatch.setattr(huggingface_hub, "inspect_job", fake_inspect_job)
+    monkeypatch.setattr(huggingface_hub, "cancel_job", lambda *, job_id, token=None: calls.append(("cancel", job_id)))
+    runner = runners(hf_token="hf_secret", hf_image="img:1", hf_flavor="a10g-small", hf_poll_s=None)
+    params = {"model": "m", "data": "d", "epochs": 2}
+    ids = [runner.submit("camal", params, timeout_s=3600, backend="hf-jobs") for _ in range(4)]
+    kind, kwargs = calls[0]
+    assert kwargs["image"] == "img:1" and kwargs["flavor"] == "a10g-small" and kwargs["timeout"] == 3600
+    assert kwargs["secrets"] == {"HF_TOKEN": "hf_secret"}
+    assert kwargs["command"] == hf_job_command("camal", params)
+    job = runner.get(ids[0])
+    assert job["backend"] == "hf-jobs" and job["external_id"] == "hf-1" and job["status"] == "running"
+
+    from huggingface_hub import JobStage
+    stages.update({"hf-1": (JobStage.COMPLETED, None), "hf-2": ("ERROR", "CUDA out of memory"),
+                   "hf-3": ("CANCELED", None)})
+    runner.refresh()
+    assert [runner.get(i)["status"] for i in ids] == ["done", "failed", "cancelled", "running"]
+    assert "CUDA out of memory" in runner.get(ids[1])["error"]
+    assert runner.cancel(ids[3])["status"] == "cancelled"
+    assert calls[-1] == ("cancel", "hf-4")
