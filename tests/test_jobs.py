@@ -152,7 +152,7 @@ def _start_then_crash(runners, kind, params, min_step):
 
 
 def test_restart_marks_dead_running_job_interrupted(runners):
-    job_id = _start_then_crash(runners, "sleep-steps", {"steps": 500, "dt": 0.02}, 1)
+    job_id = _start_then_crash(runners, "sleep-steps", {"steps": 5000, "dt": 0.02}, 1)
     runner = runners()
     job = runner.get(job_id)
     assert job["status"] == "interrupted" and "pid" in job["error"] and "gone" in job["error"]
@@ -168,16 +168,16 @@ def test_restart_starts_queued_jobs(runners, tmp_path):
 
 
 def test_tiny_train_resumes_from_checkpoint_after_interruption(runners):
-    params = {"steps": 40, "checkpoint_every": 5, "step_sleep": 0.02}
+    params = {"steps": 300, "checkpoint_every": 5, "step_sleep": 0.02}  # long enough to crash mid-way under load
     job_id = _start_then_crash(runners, "tiny-train", params, 8)
     runner = runners()
     assert runner.get(job_id)["status"] == "interrupted"
     runner.resume(job_id)
     job = runner.wait(job_id, timeout=60)
     assert job["status"] == "done", job
-    assert 5 <= job["result"]["resumed_from"] < 40 and job["result"]["resumed_from"] % 5 == 0
+    assert 5 <= job["result"]["resumed_from"] < 300 and job["result"]["resumed_from"] % 5 == 0
     history = runner.history(job_id)
-    assert history[-1]["step"] == 40 and history[0]["loss"] > job["result"]["final_loss"]
+    assert history[-1]["step"] == 300 and history[0]["loss"] > job["result"]["final_loss"]
     assert "resuming from step" in open(job["log"]).read()
     assert [p.name for p in os.scandir(job["work_dir"]) if p.name.endswith(".tmp")] == []
 
