@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     camal.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable")
     camal.add_argument("--freeze-early", type=float, default=0.0, help="fraction of early units frozen (0 = none)")
     camal.add_argument("--no-augment", dest="augment", action="store_false")
+    camal.add_argument("--bn-train", action="store_true", help="update BatchNorm statistics (default: keep them)")
     camal.add_argument("--limit", type=int, default=None, help="use the first N training images")
     camal.add_argument("--eval-limit", type=int, default=512)
     camal.add_argument("--curve-limit", type=int, default=128, help="images with deletion/insertion curves")
