@@ -1,0 +1,18 @@
+"""AHA, Amortized Hybrid Attribution (methods.md section 2): learn to rank pixels for deletion/insertion.
+
+- `sort`: Gumbel-Sinkhorn soft permutations, soft top-k masks.
+- `objective`: the soft deletion/insertion loss, peak penalty, references, grid augmentation, tau schedule.
+- `network`: `AHAExplainer`, a light DPT-style decoder on the frozen classifier's own features.
+- `train`: `train_aha` (`python -m explainers train-aha`, DDP through torchrun).
+- `refine`: test-time refinement of the output head (thread-safe).
+- `store`: trained explainers in `weights/aha-<model>.safetensors` + `.json`, cached per model.
+"""
+from .network import AHAExplainer, Encoded
+from .objective import aha_loss, soft_curves
+from .refine import refine_maps
+from .sort import gumbel_sinkhorn, soft_topk_masks
+from .store import ExplainerUnavailable, get_explainer, load_explainer, register_explainer, save_explainer
+
+__all__ = ["AHAExplainer", "Encoded", "aha_loss", "soft_curves", "refine_maps", "gumbel_sinkhorn",
+           "soft_topk_masks", "ExplainerUnavailable", "get_explainer", "load_explainer", "register_explainer",
+           "save_explainer"]

@@ -1,0 +1,271 @@
+"""The AHA explainer network (methods.md section 2, "choice"): works for any timm backbone.
+
+- Features: the frozen target classifier's own multi-level features from ONE call of timm's
+  `forward_intermediates`; its final features go through `forward_head`, so the prediction the UI shows
+  comes from the same pass (`predict_and_explain`).
+- Class conditioning: a class embedding made from the classifier's own weight row for the class (a small
+  learned projection of the frozen `get_classifier().weight[c]`, so it generalises to classes never seen in
+  training; a learned `nn.Embedding` where the classifier is not a plain linear layer), applied by FiLM at
+  every level, plus the class activation channel <final features, w_c> (standardised) fed to the coarsest
+  level and as a skip to the output.
+- Decoder: DPT-style. Per level a 1x1 projection to `width` channels (ViT levels, all at the patch grid,
+  are reassembled at 4x, 2x, 1x, 0.5x as in DPT), fusion coarse -> fine with residual conv units, then the
+  output head (3x3 conv, ReLU, 1x1 conv, bilinear upsampling to the input size). The map is unbounded
+  (higher = more important): gain * (cam_weight * CAM + head output). The head's last conv starts at zero,
+  so an untrained explainer returns the class activation map; training (and test-time refinement of
+  `head`) moves it towards the deletion/insertion optimum.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DEFAULT_ARCH = {"levels": 4, "width": 32, "embed_dim": 64, "gain_init": 10.0}
+
+
+@dataclass
+class Encoded:
+    """What one classifier pass gives the decoder (per image)."""
+
+    logits: torch.Tensor  # B x classes
+    levels: list  # of B x C_l x h_l x w_l
+    final_grid: torch.Tensor | None  # B x C x h x w, the features the classifier head pools
+    image_hw: tuple
+
+    def select(self, index: torch.Tensor) -> "Encoded":
+        return Encoded(self.logits[index], [level[index] for level in self.levels],
+                       None if self.final_grid is None else self.final_grid[index], self.image_hw)
+
+
+class ResidualConvUnit(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv2(F.relu(self.conv1(F.relu(x))))
+
+
+class FusionBlock(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.skip = ResidualConvUnit(width)
+        self.out = ResidualConvUnit(width)
+
+    def forward(self, skip, coarser=None):
+        out = self.skip(skip)
+        if coarser is not None:
+            out = out + F.interpolate(coarser, size=skip.shape[-2:], mode="bilinear", align_corners=False)
+        return self.out(out)
+
+
+class OutputHead(nn.Module):
+    """The part refined at test time: a 3x3 conv, ReLU, a 1x1 conv (zero-initialised), the output gain and
+    the weight of the class-activation skip."""
+
+    def __init__(self, width: int, gain_init: float):
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, max(8, width // 2), 3, padding=1)
+        self.conv2 = nn.Conv2d(max(8, width // 2), 1, 1)
+        nn.init.zeros_(self.conv2.weight)
+        nn.init.zeros_(self.conv2.bias)
+        self.log_gain = nn.Parameter(torch.tensor(math.log(gain_init)))
+        self.cam_weight = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, fused: torch.Tensor, cam: torch.Tensor | None, image_hw: tuple) -> torch.Tensor:
+        return self.forward_with(dict(self.named_parameters()), fused, cam, image_hw)
+
+    @staticmethod
+    def forward_with(params: dict, fused: torch.Tensor, cam: torch.Tensor | None, image_hw: tuple) -> torch.Tensor:
+        """Pure function of `params` (no module state is touched): refinement runs it on per-call copies,
+        so concurrent refinements never see each other's weights."""
+        out = F.conv2d(fused, params["conv1.weight"], params["conv1.bias"], padding=1)
+        out = F.conv2d(F.relu(out), params["conv2.weight"], params["conv2.bias"])
+        out = F.interpolate(out, size=tuple(image_hw), mode="bilinear", align_corners=False).squeeze(1)
+        if cam is not None:
+            out = out + params["cam_weight"] * cam
+        return params["log_gain"].exp() * out
+
+
+def _level_indices(network: nn.Module, levels: int) -> tuple:
+    """Which intermediates to take: the last `levels` stages of a hierarchical network; for plain ViTs
+    (every block at the patch grid) evenly spaced blocks as in DPT (e.g. 2, 5, 8, 11 of 12)."""
+    info = getattr(network, "feature_info", None)
+    available = len(info) if info is not None else levels
+    reductions = [f.get("reduction") for f in info] if info is not None else []
+    uniform = bool(reductions) and len(set(reductions)) == 1
+    levels = min(levels, available)
+    if uniform:
+        step = available / levels
+        return tuple(int(round(step * (i + 1))) - 1 for i in range(levels)), True
+    return tuple(range(available - levels, available)), False
+
+
+class AHAExplainer(nn.Module):
+    """Explainer for one classifier (a `ModelBundle`). Only the decoder's parameters live in this module;
+    the classifier is held by reference, frozen, and never saved with the explainer."""
+
+    def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
+                 class_embedding: str = "auto", use_cam: bool = True, indices=None):
+        super().__init__()
+        object.__setattr__(self, "bundle", bundle)  # not a submodule: never trained, never saved
+        network = bundle.network
+        auto_indices, uniform = _level_indices(network, levels)
+        self.indices = tuple(indices) if indices is not None else auto_indices
+        self.arch = {"levels": len(self.indices), "width": width, "embed_dim": embed_dim, "gain_init": gain_init,
+                     "class_embedding": class_embedding, "use_cam": use_cam, "indices": list(self.indices)}
+        with torch.no_grad():
+            probe = torch.zeros(1, 3, *bundle.input_size, device=bundle.device)
+            final, inter = self._features(probe)
+        channels = [t.shape[1] for t in inter]
+        sizes = [tuple(t.shape[-2:]) for t in inter]
+        same = len(set(sizes)) == 1 and len(sizes) > 1
+        self.scales = [2.0 ** (len(sizes) - 2 - i) for i in range(len(sizes))] if same else [1.0] * len(sizes)
+
+        classifier = network.get_classifier() if hasattr(network, "get_classifier") else None
+        head_weight = getattr(classifier, "weight", None) if isinstance(classifier, nn.Linear) else None
+        self._final_channels = None
+        if head_weight is not None and head_weight.shape[0] == bundle.num_classes:
+            grid = self._final_to_grid(final, sizes[-1], head_weight.shape[1])
+            if grid is not None:
+                self._final_channels = head_weight.shape[1]
+        mode = class_embedding
+        if mode == "auto":
+            mode = "head" if head_weight is not None and head_weight.shape[0] == bundle.num_classes else "learned"
+        self.class_mode = mode
+        self.arch["class_embedding"] = mode
+        if mode == "head":
+            self.class_proj = nn.Sequential(nn.Linear(head_weight.shape[1], embed_dim), nn.GELU(),
+                                            nn.Linear(embed_dim, embed_dim))
+        else:
+            self.class_table = nn.Embedding(bundle.num_classes, embed_dim)
+        self.use_cam = bool(use_cam and self._final_channels is not None)
+        self.arch["use_cam"] = self.use_cam
+
+        self.projections = nn.ModuleList(nn.Conv2d(c, width, 1) for c in channels)
+        self.films = nn.ModuleList(nn.Linear(embed_dim, 2 * width) for _ in channels)
+        for film in self.films:
+            nn.init.zeros_(film.weight)
+            nn.init.zeros_(film.bias)
+        self.class_bias = nn.Linear(embed_dim, width)  # additive class embedding at the coarsest level
+        if self.use_cam:
+            self.cam_proj = nn.Conv2d(1, width, 1)
+        self.fusions = nn.ModuleList(FusionBlock(width) for _ in channels)
+        self.head = OutputHead(width, gain_init)
+
+    # --- the classifier pass ------------------------------------------------------------------------
+    def _features(self, x01: torch.Tensor):
+        network = self.bundle.network
+        return network.forward_intermediates(self.bundle.normalize(x01), indices=list(self.indices),
+                                             intermediates_only=False)
+
+    def _final_to_grid(self, final: torch.Tensor, grid_hw: tuple, channels: int):
+        """The features the classifier head pools, as B x C x h x w (tokens, NHWC or NCHW)."""
+        if final.dim() == 3 and final.shape[-1] == channels:
+            prefix = int(getattr(self.bundle.network, "num_prefix_tokens", 0))
+            tokens = final[:, prefix:]
+            n = tokens.shape[1]
+            h, w = grid_hw if grid_hw[0] * grid_hw[1] == n else (int(math.isqrt(n)), n // max(1, int(math.isqrt(n))))
+            if h * w != n:
+                return None
+            return tokens.transpose(1, 2).reshape(final.shape[0], channels, h, w)
+        if final.dim() == 4:
+            if final.shape[1] == channels:
+                return final
+            if final.shape[-1] == channels:
+                return final.permute(0, 3, 1, 2)
+        return None
+
+    def encode(self, images: torch.Tensor) -> Encoded:
+        """One classifier pass: logits (== bundle(images)) and the decoder's features. No gradient."""
+        with torch.no_grad():
+            final, inter = self._features(images)
+            logits = self.bundle.network.forward_head(final)
+            grid = None
+            if self.use_cam:
+                grid = self._final_to_grid(final, tuple(inter[-1].shape[-2:]), self._final_channels)
+        return Encoded(logits=logits, levels=list(inter), final_grid=grid, image_hw=tuple(images.shape[-2:]))
+
+    # --- the decoder ---------------------------------------------------------------------------------
+    def class_vectors(self, targets: torch.Tensor) -> torch.Tensor:
+        if self.class_mode == "head":
+            weight = self.bundle.network.get_classifier().weight.detach()
+            rows = weight[targets].float()
+            rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-6)
+            return self.class_proj(rows)
+        return self.class_table(targets)
+
+    def class_activation(self, encoded: Encoded, targets: torch.Tensor) -> torch.Tensor | None:
+        """Standardised <final features, w_c> at the input size (B x H x W), or None."""
+        if not self.use_cam or encoded.final_grid is None:
+            return None
+        weight = self.bundle.network.get_classifier().weight.detach()
+        cam = torch.einsum("bchw,bc->bhw", encoded.final_grid.float(), weight[targets].float())
+        flat = cam.flatten(1)
+        cam = (cam - flat.mean(1).view(-1, 1, 1)) / flat.std(1).clamp_min(1e-6).view(-1, 1, 1)
+        return cam
+
+    def trunk(self, encoded: Encoded, targets: torch.Tensor):
+        """Everything before the output head: (fused finest features, CAM at input size or None)."""
+        embedding = self.class_vectors(targets)
+        cam = self.class_activation(encoded, targets)
+        projected = []
+        for index, (level, projection, film, scale) in enumerate(
+                zip(encoded.levels, self.projections, self.films, self.scales)):
+            x = projection(level.float())
+            if scale != 1.0:
+                size = tuple(max(1, int(round(s * scale))) for s in x.shape[-2:])
+                x = F.adaptive_avg_pool2d(x, size) if scale < 1 else F.interpolate(
+                    x, size=size, mode="bilinear", align_corners=False)
+            gamma, beta = film(embedding).chunk(2, dim=1)
+            x = x * (1 + gamma[..., None, None]) + beta[..., None, None]
+            projected.append(x)
+        coarsest = projected[-1] + self.class_bias(embedding)[..., None, None]
+        if cam is not None:
+            coarse_cam = F.adaptive_avg_pool2d(cam.unsqueeze(1), coarsest.shape[-2:])
+            coarsest = coarsest + self.cam_proj(coarse_cam)
+        projected[-1] = coarsest
+        fused = None
+        for x, fusion in zip(reversed(projected), reversed(self.fusions)):
+            fused = fusion(x, fused)
+        cam_full = None
+        if cam is not None:
+            cam_full = F.interpolate(cam.unsqueeze(1), size=encoded.image_hw, mode="bilinear",
+                                     align_corners=False).squeeze(1)
+        return fused, cam_full
+
+    def head_output(self, fused, cam, image_hw, params: dict | None = None) -> torch.Tensor:
+        if params is None:
+            return self.head(fused, cam, image_hw)
+        return OutputHead.forward_with(params, fused, cam, image_hw)
+
+    def forward(self, encoded, targets: torch.Tensor) -> torch.Tensor:
+        """B x H x W maps (unbounded, higher = more important) for images (B x 3 x H x W in [0, 1]) or an
+        `Encoded` pass, and B target classes."""
+        if isinstance(encoded, torch.Tensor):
+            encoded = self.encode(encoded)
+        targets = targets.to(encoded.logits.device).long().view(-1)
+        fused, cam = self.trunk(encoded, targets)
+        return self.head_output(fused, cam, encoded.image_hw)
+
+    @torch.no_grad()
+    def predict_and_explain(self, images: torch.Tensor, targets=None):
+        """(logits, maps, targets) from one classifier pass; targets default to the top-1 classes."""
+        encoded = self.encode(images)
+        if targets is None:
+            targets = encoded.logits.argmax(dim=1)
+        targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
+        if targets.numel() == 1 and images.shape[0] > 1:
+            targets = targets.expand(images.shape[0])
+        return encoded.logits, self.forward(encoded, targets), targets
+
+    def head_parameters(self) -> dict:
+        return dict(self.head.named_parameters())
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,56 @@
+"""AHA, Amortized Hybrid Attribution (methods.md section 2): a trained explainer network returns the map in
+one pass that shares the classifier's forward; `refine_steps` T > 0 adds T test-time optimisation steps of
+the explainer's output head on this image and class (the shared weights are never changed)."""
+from __future__ import annotations
+
+import torch
+
+from ..aha.refine import MAX_REFINE_STEPS, REFINE_LR, check_refine_steps, refine_maps
+from ..aha.store import ExplainerUnavailable, get_explainer
+from . import register
+from .base import Method, MethodNotApplicable
+
+
+@register
+class AHA(Method):
+    name = "aha"
+    label = "AHA (amortized)"
+    description = ("A small network trained to minimise deletion and maximise insertion directly (through a "
+                   "differentiable sort) draws the map in one pass on top of the classifier's own features: "
+                   "about the cost of one forward pass. Refinement steps (0-10) optimise it further for this "
+                   "image. Needs a trained explainer for the model. Higher = more important; the map is "
+                   "unbounded (only its ranking matters).")
+
+    def __init__(self, refine_steps: int = 0, refine_lr: float = REFINE_LR, reference: str = "mean"):
+        refine_steps = check_refine_steps(refine_steps)
+        super().__init__(refine_steps=refine_steps, refine_lr=refine_lr, reference=reference)
+        self.refine_steps, self.refine_lr, self.reference = refine_steps, refine_lr, reference
+
+    def explainer(self, bundle):
+        try:
+            return get_explainer(bundle)
+        except ExplainerUnavailable as error:
+            raise MethodNotApplicable(str(error)) from error
+
+    def check(self, bundle) -> None:
+        super().check(bundle)
+        self.explainer(bundle)
+
+    def attribute(self, bundle, images, targets):
+        return self.predict_and_explain(bundle, images, targets)[1]
+
+    def predict_and_explain(self, bundle, images, targets=None):
+        """(logits, maps, targets) from one classifier pass (top-1 targets when None)."""
+        explainer = self.explainer(bundle)
+        encoded = explainer.encode(images)
+        if targets is None:
+            targets = encoded.logits.argmax(dim=1)
+        targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
+        if targets.numel() == 1 and images.shape[0] > 1:
+            targets = targets.expand(images.shape[0])
+        maps = refine_maps(explainer, images, targets, steps=self.refine_steps, lr=self.refine_lr,
+                           reference=self.reference, encoded=encoded)
+        return encoded.logits, maps.detach(), targets
+
+
+__all__ = ["AHA", "MAX_REFINE_STEPS"]

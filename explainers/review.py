@@ -1,0 +1,277 @@
+"""What people type into Saliency Lab, kept safe in SQLite: clinicians' verdicts and notes, cached
+predictions for the review gallery, and user-made mask sets for CAMAL fine-tuning.
+
+    store = ReviewStore("runs/app/review.sqlite")
+    store.set_verdict("bloodmnist-test", "test_00001.jpg", verdict="plausible", reviewer="dr-a")
+    store.set_note("bloodmnist-test", "test_00001.jpg", "nucleus highlighted", reviewer="dr-a")
+    store.progress("bloodmnist-test", reviewer="dr-a")          # (reviewed, total)
+    store.export_csv("verdicts.csv", dataset="bloodmnist-test")
+
+    set_id = store.add_mask("my-set", image, mask, label=3)     # PIL/numpy image + boolean mask
+    store.export_mask_set("my-set", "runs/masksets/my-set")     # images/, masks/, labels.csv
+
+Every write commits at once (WAL journal, one short transaction): a refresh or a crash loses nothing
+that was already sent. Safe to share between threads (one connection per thread).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import re
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+VERDICTS = ("plausible", "implausible", "unsure")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS verdicts (
+  dataset TEXT NOT NULL, item TEXT NOT NULL, reviewer TEXT NOT NULL DEFAULT 'anonymous',
+  verdict TEXT, note TEXT NOT NULL DEFAULT '', model TEXT, label TEXT, prediction TEXT, confidence REAL,
+  methods TEXT, updated REAL NOT NULL,
+  PRIMARY KEY (dataset, item, reviewer));
+CREATE TABLE IF NOT EXISTS predictions (
+  dataset TEXT NOT NULL, model TEXT NOT NULL, item TEXT NOT NULL, position INTEGER NOT NULL,
+  label INTEGER, prediction INTEGER NOT NULL, confidence REAL NOT NULL, updated REAL NOT NULL,
+  PRIMARY KEY (dataset, model, item));
+CREATE TABLE IF NOT EXISTS masks (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, set_name TEXT NOT NULL, label TEXT NOT NULL,
+  image_png BLOB NOT NULL, mask_png BLOB NOT NULL, source TEXT NOT NULL DEFAULT 'drawn',
+  width INTEGER NOT NULL, height INTEGER NOT NULL, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS masks_set ON masks (set_name);
+"""
+
+EXPORT_COLUMNS = ("dataset", "item", "reviewer", "verdict", "note", "model", "label", "prediction",
+                  "confidence", "methods", "updated_utc")
+
+
+class ReviewError(ValueError):
+    """A request the store refuses; the message is meant for the user."""
+
+
+def _clean_name(value: str, what: str, default: str | None = None) -> str:
+    value = (value or "").strip()
+    if not value:
+        if default is not None:
+            return default
+        raise ReviewError(f"Please give a {what}.")
+    if len(value) > 200:
+        raise ReviewError(f"The {what} is too long (200 characters at most).")
+    return value
+
+
+def safe_set_name(name: str) -> str:
+    """Mask-set names become folder names: letters, digits, '-', '_' and '.' only."""
+    name = (name or "").strip()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or ".." in name:
+        raise ReviewError(f"Mask set name {name!r}: use 1-64 letters, digits, '.', '-' or '_' "
+                          "(starting with a letter or digit).")
+    return name
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _as_mask(mask) -> np.ndarray:
+    array = np.asarray(mask)
+    if array.ndim == 3:  # RGBA/RGB drawings: any non-zero alpha or colour counts
+        array = array[..., 3] if array.shape[2] == 4 else array.max(axis=2)
+    if array.ndim != 2:
+        raise ReviewError(f"A mask must be H x W, got shape {tuple(array.shape)}.")
+    return array > 0 if array.dtype != bool else array
+
+
+class ReviewStore:
+    """SQLite storage for verdicts, notes, cached predictions and mask sets (thread-safe)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._con().executescript(SCHEMA)
+
+    def _con(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False)
+            con.row_factory = sqlite3.Row
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=NORMAL")
+            con.execute("PRAGMA busy_timeout=30000")
+            self._local.con = con
+        return con
+
+    def _write(self, sql: str, params=()) -> sqlite3.Cursor:
+        with self._write_lock:
+            return self._con().execute(sql, params)
+
+    # ------------------------------------------------------------------ verdicts and notes
+    def _upsert(self, dataset, item, reviewer, fields: dict) -> dict:
+        dataset = _clean_name(dataset, "data set name")
+        item = _clean_name(item, "image id")
+        reviewer = _clean_name(reviewer, "reviewer name", default="anonymous")
+        fields = {k: v for k, v in fields.items() if v is not None}
+        columns = ["dataset", "item", "reviewer", "updated", *fields]
+        values = [dataset, item, reviewer, time.time(), *fields.values()]
+        updates = ", ".join(f"{c}=excluded.{c}" for c in ["updated", *fields])
+        self._write(f"INSERT INTO verdicts ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                    f"ON CONFLICT (dataset, item, reviewer) DO UPDATE SET {updates}", values)
+        return self.get(dataset, item, reviewer)
+
+    def set_verdict(self, dataset: str, item: str, verdict: str, *, reviewer: str = "anonymous",
+                    model: str | None = None, label=None, prediction=None, confidence: float | None = None,
+                    methods=None) -> dict:
+        """Record (or change) a verdict; the note and other fields already saved are kept."""
+        if verdict not in VERDICTS:
+            raise ReviewError(f"Unknown verdict {verdict!r}: choose one of {', '.join(VERDICTS)}.")
+        return self._upsert(dataset, item, reviewer, {
+            "verdict": verdict, "model": model, "label": None if label is None else str(label),
+            "prediction": None if prediction is None else str(prediction),
+            "confidence": None if confidence is None else float(confidence),
+            "methods": None if methods is None else (methods if isinstance(methods, str) else ",".join(methods))})
+
+    def set_note(self, dataset: str, item: str, note: str, *, reviewer: str = "anonymous") -> dict:
+        """Save a note (the verdict, if any, is kept)."""
+        note = "" if note is None else str(note)
+        if len(note) > 20_000:
+            raise ReviewError("The note is too long (20,000 characters at most).")
+        return self._upsert(dataset, item, reviewer, {"note": note})
+
+    def get(self, dataset: str, item: str, reviewer: str = "anonymous") -> dict | None:
+        row = self._con().execute("SELECT * FROM verdicts WHERE dataset=? AND item=? AND reviewer=?",
+                                  (dataset, item, (reviewer or "").strip() or "anonymous")).fetchone()
+        return dict(row) if row else None
+
+    def verdicts(self, dataset: str | None = None, reviewer: str | None = None) -> list:
+        sql, params = "SELECT * FROM verdicts WHERE 1=1", []
+        if dataset:
+            sql, params = sql + " AND dataset=?", params + [dataset]
+        if reviewer:
+            sql, params = sql + " AND reviewer=?", params + [reviewer]
+        return [dict(r) for r in self._con().execute(sql + " ORDER BY dataset, item, reviewer", params)]
+
+    def progress(self, dataset: str, reviewer: str = "anonymous", total: int | None = None) -> tuple:
+        """(images with a verdict, total): total defaults to the cached predictions' count."""
+        reviewed = self._con().execute(
+            "SELECT COUNT(*) FROM verdicts WHERE dataset=? AND reviewer=? AND verdict IS NOT NULL",
+            (dataset, (reviewer or "").strip() or "anonymous")).fetchone()[0]
+        if total is None:
+            total = self._con().execute("SELECT COUNT(DISTINCT item) FROM predictions WHERE dataset=?",
+                                        (dataset,)).fetchone()[0]
+        return int(reviewed), int(total)
+
+    def export_csv(self, path, dataset: str | None = None, reviewer: str | None = None) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(EXPORT_COLUMNS)
+            for row in self.verdicts(dataset, reviewer):
+                writer.writerow([row["dataset"], row["item"], row["reviewer"], row["verdict"] or "", row["note"],
+                                 row["model"] or "", row["label"] or "", row["prediction"] or "",
+                                 "" if row["confidence"] is None else f"{row['confidence']:.4f}",
+                                 row["methods"] or "",
+                                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row["updated"]))])
+        return path
+
+    # ------------------------------------------------------------------ cached predictions
+    def save_predictions(self, dataset: str, model: str, rows) -> int:
+        """rows: (item, position, label or None, prediction, confidence)."""
+        now = time.time()
+        data = [(dataset, model, str(item), int(pos), None if label is None else int(label), int(pred),
+                 float(conf), now) for item, pos, label, pred, conf in rows]
+        with self._write_lock:
+            con = self._con()
+            con.execute("BEGIN")
+            try:
+                con.executemany("INSERT OR REPLACE INTO predictions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", data)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        return len(data)
+
+    def predictions(self, dataset: str, model: str) -> list:
+        rows = self._con().execute("SELECT item, position, label, prediction, confidence FROM predictions "
+                                   "WHERE dataset=? AND model=? ORDER BY position", (dataset, model))
+        return [dict(r) for r in rows]
+
+    # ------------------------------------------------------------------ mask sets
+    def add_mask(self, set_name: str, image, mask, label, *, source: str = "drawn") -> int:
+        """Add image + boolean mask (same size) + class label to a mask set; returns the entry's id."""
+        set_name = safe_set_name(set_name)
+        if label is None or str(label).strip() == "":
+            raise ReviewError("Pick the class label of this image before adding it to the mask set.")
+        picture = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, dtype=np.uint8))
+        picture = picture.convert("RGB")
+        mask = _as_mask(mask)
+        if mask.shape != (picture.height, picture.width):
+            raise ReviewError(f"The mask is {mask.shape[1]} x {mask.shape[0]} but the image is "
+                              f"{picture.width} x {picture.height}: draw the mask on this image.")
+        if not mask.any():
+            raise ReviewError("The mask is empty: draw over (or click on) the region that should explain the class.")
+        if mask.all():
+            raise ReviewError("The mask covers the whole image, so it says nothing: mark only the relevant region.")
+        mask_png = _png_bytes(Image.fromarray(mask.astype(np.uint8) * 255, "L"))
+        cursor = self._write("INSERT INTO masks (set_name, label, image_png, mask_png, source, width, height, created) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (set_name, str(label).strip(), _png_bytes(picture), mask_png, source, picture.width,
+                              picture.height, time.time()))
+        return int(cursor.lastrowid)
+
+    def delete_mask(self, mask_id: int) -> None:
+        self._write("DELETE FROM masks WHERE id=?", (int(mask_id),))
+
+    def mask_sets(self) -> list:
+        """[(set name, number of entries)], by name."""
+        rows = self._con().execute("SELECT set_name, COUNT(*) FROM masks GROUP BY set_name ORDER BY set_name")
+        return [(r[0], int(r[1])) for r in rows]
+
+    def masks(self, set_name: str) -> list:
+        rows = self._con().execute("SELECT id, label, source, width, height, created FROM masks WHERE set_name=? "
+                                   "ORDER BY id", (set_name,))
+        return [dict(r) for r in rows]
+
+    def mask_item(self, mask_id: int) -> tuple:
+        """(PIL RGB image, boolean mask, label) of one entry."""
+        row = self._con().execute("SELECT image_png, mask_png, label FROM masks WHERE id=?", (int(mask_id),)).fetchone()
+        if row is None:
+            raise ReviewError(f"No mask entry {mask_id}.")
+        image = Image.open(io.BytesIO(row["image_png"])).convert("RGB")
+        mask = np.asarray(Image.open(io.BytesIO(row["mask_png"])).convert("L")) > 0
+        return image, mask, row["label"]
+
+    def export_mask_set(self, set_name: str, folder) -> Path:
+        """Write a set in the mask-set layout `explainers.masks` and the CAMAL job read: `images/`, `masks/`,
+        `masks.csv` (`file,mask_file,class_index,mask_source`) and `labels.csv`."""
+        from .masks import write_mask_set
+
+        set_name = safe_set_name(set_name)
+        entries = self.masks(set_name)
+        if not entries:
+            raise ReviewError(f"Mask set '{set_name}' is empty: add at least one image with its mask first.")
+
+        def items():
+            for entry in entries:
+                image, mask, label = self.mask_item(entry["id"])
+                try:
+                    class_index = int(label)
+                except ValueError:
+                    class_index = -1
+                yield f"{entry['id']:06d}", np.asarray(image, dtype=np.uint8), mask, class_index, entry["source"]
+
+        return write_mask_set(folder, items())
+
+    def close(self) -> None:
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            con.close()
+            self._local.con = None

@@ -1,0 +1,367 @@
+"""AHA (methods.md section 2): differentiable sort, soft objective, explainer, refinement, training, DDP."""
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from conftest import tiny_cnn, tiny_vit
+from explainers.aha.network import AHAExplainer
+from explainers.aha.objective import (aha_loss, default_fractions, grid_range, peak_penalty, reference_batch,
+                                      soft_curves, tau_at, trapezoid_weights)
+from explainers.aha.refine import refine_maps
+from explainers.aha.sort import gumbel_sinkhorn, hard_permutation, soft_topk_masks
+from explainers.aha.store import forget_explainers, load_explainer, register_explainer, save_explainer
+from explainers.metrics import deletion_insertion
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --- data and a tiny classifier with a real signal -----------------------------------------------------
+
+def quadrant_images(count, size=32, seed=0):
+    """Class k = a bright square in quadrant k on a noisy background."""
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.rand(count, 3, size, size, generator=generator) * 0.4 + 0.1
+    labels = torch.arange(count) % 4
+    half, side = size // 2, size // 4
+    for i, label in enumerate(labels.tolist()):
+        top, left = (label // 2) * half, (label % 2) * half
+        dy, dx = torch.randint(0, half - side + 1, (2,), generator=generator).tolist()
+        images[i, :, top + dy: top + dy + side, left + dx: left + dx + side] = 0.95
+    return images, labels
+
+
+@pytest.fixture(scope="module")
+def trained_cnn():
+    bundle = tiny_cnn("tiny-quadrant")
+    images, labels = quadrant_images(128)
+    optimizer = torch.optim.Adam(bundle.network.parameters(), lr=1e-2)
+    bundle.network.train()
+    for step in range(30):
+        index = torch.arange(step * 32, step * 32 + 32) % 128
+        loss = F.cross_entropy(bundle(images[index]), labels[index])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    bundle.network.eval().requires_grad_(False)
+    return bundle
+
+
+# --- the differentiable sort ---------------------------------------------------------------------------
+
+def test_sinkhorn_low_temperature_without_noise_is_the_hard_sort():
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.stack([torch.randperm(9, generator=generator).float() / 8 for _ in range(3)])
+    soft = gumbel_sinkhorn(scores, tau=1e-3, noise=False)
+    assert torch.allclose(soft, hard_permutation(scores), atol=1e-4)
+    # the highest score holds rank 0
+    assert torch.equal(soft[:, 0].argmax(dim=1), scores.argmax(dim=1))
+
+
+@pytest.mark.parametrize("tau,noise", [(1.0, True), (0.3, True), (0.3, False)])
+def test_sinkhorn_is_doubly_stochastic(tau, noise):
+    scores = torch.randn(4, 25, generator=torch.Generator().manual_seed(1)) * 3
+    soft = gumbel_sinkhorn(scores, tau=tau, noise=noise, generator=torch.Generator().manual_seed(2))
+    assert (soft >= 0).all()
+    assert torch.allclose(soft.sum(dim=-1), torch.ones(4, 25), atol=1e-4)  # every rank holds one cell
+    # every cell holds one rank: the spec's 30 iterations end close to it (cold, noisy potentials converge
+    # slowest), and more iterations converge
+    assert torch.allclose(soft.sum(dim=-2), torch.ones(4, 25), atol=0.1)
+    converged = gumbel_sinkhorn(scores, tau=tau, noise=noise, iterations=1000, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(converged.sum(dim=-2), torch.ones(4, 25), atol=1e-3)
+    if tau == 1.0:
+        assert torch.allclose(soft.sum(dim=-2), torch.ones(4, 25), atol=1e-3)
+
+
+def test_sinkhorn_gets_sharper_as_tau_falls():
+    scores = torch.linspace(0, 1, 16)[torch.randperm(16, generator=torch.Generator().manual_seed(3))].unsqueeze(0)
+    hard = hard_permutation(scores)
+    errors = [float((gumbel_sinkhorn(scores, tau=t, noise=False) - hard).abs().max()) for t in (1.0, 0.1, 0.01, 1e-4)]
+    assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-3 < errors[0]
+
+
+def test_soft_topk_masks_known_answers():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.3]])  # order: cell 1, 2, 3, 0
+    masks = soft_topk_masks(hard_permutation(scores), [0.0, 0.25, 0.5, 0.625, 1.0])[0]
+    assert torch.allclose(masks[0], torch.zeros(4))
+    assert torch.allclose(masks[1], torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert torch.allclose(masks[2], torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    assert torch.allclose(masks[3], torch.tensor([0.0, 1.0, 1.0, 0.5]))  # fractional: half of the third cell
+    assert torch.allclose(masks[4], torch.ones(4))
+
+
+def test_soft_topk_masks_are_monotone_in_p_and_sum_to_p_d():
+    scores = torch.randn(3, 36, generator=torch.Generator().manual_seed(4))
+    soft = gumbel_sinkhorn(scores, tau=0.5, generator=torch.Generator().manual_seed(5))
+    fractions = torch.linspace(0, 1, 23)
+    masks = soft_topk_masks(soft, fractions)
+    assert (masks[:, 1:] - masks[:, :-1] >= -1e-6).all()
+    assert torch.allclose(masks.sum(-1), (fractions * 36).float().expand(3, -1), atol=1e-3)
+
+
+# --- the objective ---------------------------------------------------------------------------------------
+
+def test_schedules_and_grid_range():
+    assert grid_range((224, 224)) == (7, 28)
+    assert grid_range((64, 64)) == (2, 8)
+    assert tau_at(0, 100) == 1.0 and abs(tau_at(99, 100) - 0.3) < 1e-9 and 0.3 < tau_at(50, 100) < 1.0
+    weights = trapezoid_weights(default_fractions())
+    assert abs(float(weights.sum()) - 1.0) < 1e-12 and len(weights) == 16
+
+
+def test_references_and_peak_penalty():
+    images = torch.rand(2, 3, 64, 64)
+    assert torch.equal(reference_batch(images, "black"), torch.zeros_like(images))
+    assert torch.allclose(reference_batch(images, "mean", (0.1, 0.2, 0.3))[:, :, 5, 5], torch.tensor([0.1, 0.2, 0.3]))
+    blurred = reference_batch(images, "blur")
+    assert blurred.shape == images.shape and blurred.std() < images.std() / 3
+    flat, peaked = torch.zeros(1, 32, 32), torch.zeros(1, 32, 32)
+    peaked[0, 16, 16] = 10.0
+    assert float(peak_penalty(flat)) == 0.0
+    assert abs(float(peak_penalty(peaked)) - (10 - 10 / 225) ** 2 / 1024) < 1e-5  # known answer
+
+
+@pytest.mark.parametrize("fractions", [5, 9])
+def test_soft_auc_tends_to_the_hard_engine_auc(trained_cnn, fractions):
+    bundle = trained_cnn
+    images, _ = quadrant_images(4, seed=7)
+    with torch.no_grad():
+        targets = bundle(images).argmax(1)
+    grid, steps = 4, fractions - 1  # 16 cells of 8 x 8 pixels; p * d whole cells at every fraction
+    cells = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(i)).float() / 15 for i in range(4)])
+    maps = F.interpolate(cells.view(4, 1, grid, grid), size=(32, 32), mode="nearest")[:, 0]
+    hard = deletion_insertion(bundle, images, maps, targets, steps=steps, reference="mean")
+    refs = reference_batch(images, "mean", bundle.reference_color)
+    errors = []
+    for tau in (3.0, 0.3, 1e-4):
+        with torch.no_grad():
+            soft = soft_curves(bundle, images, maps, targets, refs, grid=grid, tau=tau, fractions=np.linspace(0, 1, fractions),
+                               noise=False, smooth_sigma=0.0)
+        errors.append(max(np.abs(soft.deletion_auc.numpy() - hard.deletion_auc).max(),
+                          np.abs(soft.insertion_auc.numpy() - hard.insertion_auc).max()))
+        if tau == 1e-4:
+            np.testing.assert_allclose(soft.deletion.numpy(), hard.deletion, atol=1e-4)
+            np.testing.assert_allclose(soft.insertion.numpy(), hard.insertion, atol=1e-4)
+    assert errors[-1] < 1e-4 and errors[0] > errors[-1]
+
+
+def test_fraction_subsampling_is_unbiased(trained_cnn):
+    bundle = trained_cnn
+    images, _ = quadrant_images(2, seed=8)
+    maps = torch.rand(2, 32, 32, generator=torch.Generator().manual_seed(0))
+    targets = torch.tensor([0, 1])
+    refs = reference_batch(images, "mean", bundle.reference_color)
+    import random
+
+    with torch.no_grad():
+        full = soft_curves(bundle, images, maps, targets, refs, grid=4, tau=0.3, noise=False)
+        endpoints = (full.deletion[:, 0], full.deletion[:, -1])
+        rng = random.Random(0)
+        estimates = [soft_curves(bundle, images, maps, targets, refs, grid=4, tau=0.3, noise=False,
+                                 fraction_samples=4, rng=rng, endpoint_probs=endpoints).deletion_auc for _ in range(30)]
+    assert torch.allclose(torch.stack(estimates).mean(0), full.deletion_auc, atol=0.03)
+
+
+def test_loss_decreases_on_a_tiny_model(trained_cnn):
+    bundle = trained_cnn
+    torch.manual_seed(0)
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16)
+    images, _ = quadrant_images(4, seed=9)
+    encoded = explainer.encode(images)
+    targets = encoded.logits.argmax(1)
+    refs = reference_batch(images, "mean", bundle.reference_color)
+    optimizer = torch.optim.Adam(explainer.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        maps = explainer(encoded, targets)
+        terms = aha_loss(bundle, images, maps, targets, refs, grid=8, tau=0.3, noise=False, fractions=np.linspace(0, 1, 6))
+        optimizer.zero_grad()
+        terms.loss.backward()
+        optimizer.step()
+        losses.append(float(terms.loss.detach()))
+    assert losses[-1] < losses[0] - 0.02, losses
+    assert bundle.network.layer1[0].conv1.weight.grad is None  # the classifier stays frozen
+
+
+# --- the explainer network -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [tiny_cnn, tiny_vit])
+def test_explainer_shares_the_classifier_pass_and_is_class_conditional(make):
+    bundle = make()
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16)
+    images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    logits, maps, targets = explainer.predict_and_explain(images)
+    with torch.no_grad():
+        assert torch.allclose(logits, bundle(images), atol=1e-5)
+    assert maps.shape == (3, 32, 32) and torch.equal(targets, logits.argmax(1))
+    with torch.no_grad():
+        first = explainer(images, torch.zeros(3, dtype=torch.long))
+        second = explainer(images, torch.ones(3, dtype=torch.long))
+    assert (first - second).abs().max() > 1e-3
+    assert explainer.num_parameters() < 1_000_000
+
+
+def test_class_embedding_reaches_the_map_without_the_cam_skip():
+    bundle = tiny_cnn()
+    torch.manual_seed(0)
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16, use_cam=False, class_embedding="learned")
+    with torch.no_grad():
+        for film in explainer.films:
+            film.weight.normal_(0, 0.5)
+        explainer.head.conv2.weight.normal_(0, 0.5)
+        images = torch.rand(2, 3, 32, 32)
+        a = explainer(images, torch.tensor([0, 0]))
+        b = explainer(images, torch.tensor([3, 3]))
+    assert (a - b).abs().max() > 1e-4
+
+
+def test_save_and_load_roundtrip(tmp_path):
+    bundle = tiny_vit()
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16)
+    with torch.no_grad():
+        explainer.head.conv2.weight.normal_()
+    card = save_explainer(explainer, tmp_path / "aha-tiny-vit", {"base_model": "tiny-vit"})
+    loaded = load_explainer(bundle, tmp_path / "aha-tiny-vit")
+    images = torch.rand(2, 3, 32, 32)
+    targets = torch.tensor([1, 2])
+    with torch.no_grad():
+        assert torch.allclose(loaded(images, targets), explainer(images, targets))
+    assert card["architecture"]["width"] == 16 and (tmp_path / "aha-tiny-vit.json").exists()
+
+
+# --- the method and refinement -----------------------------------------------------------------------------
+
+def test_method_without_explainer_says_how_to_train_one():
+    from explainers.methods import MethodNotApplicable, get_method
+
+    forget_explainers()
+    bundle = tiny_cnn("no-explainer-here")
+    with pytest.raises(MethodNotApplicable, match="train-aha --model no-explainer-here"):
+        get_method("aha").check(bundle)
+    with pytest.raises(ValueError, match="0..10"):
+        get_method("aha", refine_steps=11)
+
+
+def test_refinement_restores_weights_and_is_thread_safe(trained_cnn):
+    from explainers.methods import get_method
+
+    bundle = trained_cnn
+    torch.manual_seed(0)
+    explainer = register_explainer(bundle, AHAExplainer(bundle, width=16, embed_dim=16))
+    before = {k: v.clone() for k, v in explainer.state_dict().items()}
+    images, _ = quadrant_images(2, seed=11)
+    targets = torch.tensor([0, 3])
+    single = get_method("aha").attribute(bundle, images, targets)
+    history = []
+    refined = refine_maps(explainer, images, targets, steps=3, history=history)
+    assert all(torch.equal(before[k], v) for k, v in explainer.state_dict().items())
+    assert (refined - single).abs().max() > 1e-4
+    print("refinement traces", history)
+    assert all(trace[-1] < trace[0] for trace in history), history
+    method = get_method("aha", refine_steps=3)
+    sequential = [method.attribute(bundle, images[i:i + 1], targets[i:i + 1]) for i in range(2)]
+    results, errors = [None, None], []
+
+    def work(i):
+        try:
+            for _ in range(2):
+                results[i] = method.attribute(bundle, images[i:i + 1], targets[i:i + 1])
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for i in range(2):
+        assert torch.allclose(results[i], sequential[i], atol=1e-5)
+    assert all(torch.equal(before[k], v) for k, v in explainer.state_dict().items())
+    forget_explainers()
+
+
+# --- training: resume, DDP ------------------------------------------------------------------------------------
+
+def write_folder(root: Path, count=16, size=32, seed=0) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    images, labels = quadrant_images(count, size, seed)
+    with (root / "labels.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", "class_index"])
+        for i in range(count):
+            array = (images[i].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+            Image.fromarray(array).save(root / f"img_{i}.png")
+            writer.writerow([f"img_{i}.png", int(labels[i])])
+    return root
+
+
+def test_training_resumes_exactly(tmp_path, trained_cnn):
+    from explainers.aha.train import train_aha
+
+    data = write_folder(tmp_path / "train")
+    val = write_folder(tmp_path / "val", count=4, seed=1)
+    common = dict(bundle=trained_cnn, data=str(data), steps=4, batch_size=4, fractions=5, targets="top1+second",
+                  width=16, checkpoint_every=1, progress=False)
+    straight = train_aha(out=str(tmp_path / "a" / "aha-x"), val_data=str(val), val_limit=4, **common)
+    interrupted = train_aha(out=str(tmp_path / "b" / "aha-x"), time_budget_minutes=0.0, **common)
+    assert interrupted["recipe"]["stopped_by_time_budget"] and interrupted["recipe"]["steps"] == 1
+    resumed = train_aha(out=str(tmp_path / "b" / "aha-x"), **common)
+    assert resumed["recipe"]["steps"] == 4 and not resumed["recipe"]["stopped_by_time_budget"]
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "a" / "aha-x.safetensors"))
+    b = load_file(str(tmp_path / "b" / "aha-x.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    held = straight["held_out"]
+    assert held["images"] == 4 and 0 <= held["aha_deletion_auc"] <= 1 and "random_insertion_auc" in held
+    card = json.loads((tmp_path / "a" / "aha-x.json").read_text())
+    assert card["base_model"] == "tiny-quadrant" and card["recipe"]["fractions"] == 5
+
+
+def write_tiny_model(weights: Path, name: str, size=32):
+    from safetensors.torch import save_file
+
+    weights.mkdir(parents=True, exist_ok=True)
+    bundle = tiny_cnn(name, size=size)
+    save_file({k: v.contiguous() for k, v in bundle.network.state_dict().items()}, str(weights / f"{name}.safetensors"))
+    card = {"kind": "classifier", "name": name, "timm_name": "resnet18",
+            "timm_kwargs": {"num_classes": 4, "channels": [8, 16, 16, 16], "output_stride": 8},
+            "weights_file": f"{name}.safetensors", "input_size": [size, size], "mean": [0.5] * 3, "std": [0.25] * 3,
+            "reference_color": [0.5] * 3, "class_names": ["a", "b", "c", "d"]}
+    (weights / f"{name}.json").write_text(json.dumps(card))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes_gloo_end_with_identical_weights(tmp_path):
+    weights = tmp_path / "weights"
+    write_tiny_model(weights, "tiny-ddp")
+    data = write_folder(tmp_path / "train", count=16)
+    env = dict(os.environ, SALIENCY_WEIGHTS_DIR=str(weights), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+               CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), "-m", "explainers", "train-aha", "--model", "tiny-ddp", "--data", str(data),
+               "--out", str(weights / "aha-tiny-ddp"), "--steps", "3", "--batch-size", "8", "--fractions", "4",
+               "--width", "16", "--checkpoint-every", "1"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    card = json.loads((weights / "aha-tiny-ddp.json").read_text())
+    assert card["recipe"]["world_size"] == 2 and card["recipe"]["batch_size_global"] == 8
+    assert card["ddp_replicas_identical"] is True and card["recipe"]["steps"] == 3
+    assert (weights / "aha-tiny-ddp.ckpt").exists()
