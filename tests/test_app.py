@@ -1,0 +1,371 @@
+"""App-level tests: the real Gradio app on loopback, driven through every public endpoint with gradio_client.
+
+Tiny in-memory models (registered in the model zoo's cache) and the 24 cells shipped in assets/: nothing
+from ../shared, no network. Click logic is reached through explicit-coordinate endpoints."""
+import csv
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import tiny_cnn, tiny_vit
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = ROOT / "assets" / "bloodmnist"
+CELL = str(CELLS / "test_00000.jpg")
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)
+    from explainers.models import register_bundle
+
+    import app
+
+    cnn, vit = register_bundle(tiny_cnn(num_classes=8)), register_bundle(tiny_vit(num_classes=8))
+    try:
+        from explainers.aha.network import AHAExplainer
+        from explainers.aha.store import register_explainer
+
+        for bundle in (cnn, vit):  # untrained explainers: the wiring is what is tested here
+            register_explainer(bundle, AHAExplainer(bundle))
+    except ImportError:
+        pass
+    state = tmp_path_factory.mktemp("state")
+    demo = app.build_app(model_names=["tiny-cnn", "tiny-vit"], default_model="tiny-cnn", data_dir=str(CELLS),
+                         state_dir=state, weights_dir=state / "weights", sam_variant="vit_b")
+    _, url, _ = demo.queue().launch(prevent_thread_lock=True, quiet=True, ssr_mode=False)
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    yield demo, client, state
+    runner = demo.services._runner
+    if runner is not None:
+        runner.shutdown()
+    demo.close()
+
+
+def explain(client, model="tiny-cnn", methods=("gradcam", "aha"), target="auto", alpha=0.5, steps=0, image=CELL):
+    from gradio_client import handle_file
+
+    return client.predict(handle_file(image), model, list(methods), target, alpha, steps, 0.5, "cividis",
+                          api_name="/explain")
+
+
+def plot_traces(plot) -> list:
+    assert plot["type"] == "plotly"
+    return json.loads(plot["plot"])["data"]
+
+
+def test_every_public_endpoint_is_listed(running):
+    _, client, _ = running
+    endpoints = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    for name in ("/explain", "/explain_maps", "/explain_curves", "/explain_target", "/explain_new_image", "/alpha_preview", "/alpha_curves", "/refine",
+                 "/redraw", "/downloads", "/select_model", "/browse", "/browse_pick", "/mask_from_drawing",
+                 "/mask_use_explain_image", "/sam_click", "/sam_clear", "/add_mask", "/start_finetune",
+                 "/finetune_status", "/cancel_finetune", "/review_load", "/review_open", "/review_note",
+                 "/review_page", "/verdict_plausible", "/verdict_implausible", "/verdict_unsure", "/review_export",
+                 "/sanity_check", "/decoy"):
+        assert name in endpoints, name
+
+
+def test_explain_two_methods_side_by_side(running):
+    _, client, _ = running
+    label, target, overlays, plot, table, status, heads = explain(client)
+    assert len(label["confidences"]) == 5
+    assert abs(sum(c["confidence"] for c in label["confidences"])) <= 1.0 + 1e-6
+    assert [o["caption"].split(" · ")[0] for o in overlays] == ["AHA (amortized)", "Grad-CAM"]
+    for item in overlays:
+        with Image.open(item["image"]) as picture:
+            assert min(picture.size) >= 256  # the 64 px cell is shown enlarged
+    traces = plot_traces(plot)
+    assert len(traces) == 4  # deletion + insertion per method, one set of axes
+    assert all("AUC" in t["name"] for t in traces)
+    assert any("lower is better" in t["name"] for t in traces) and any("higher is better" in t["name"] for t in traces)
+    assert [row[0] for row in table["data"]] == ["AHA (amortized)", "Grad-CAM"]
+    assert "tiny-cnn" in status
+
+
+def test_ui_path_maps_first_then_curves(running):
+    """The button's two events: maps (fast, no curves yet), then the curves for the session's state."""
+    _, client, _ = running
+    from gradio_client import handle_file
+
+    label, target, overlays, plot, table, status = client.predict(
+        handle_file(CELL), "tiny-cnn", ["gradcam", "aha"], "auto", 0.5, 0, 0.5, "cividis", api_name="/explain_maps")
+    assert len(overlays) == 2 and all("del" not in o["caption"] for o in overlays)
+    assert plot_traces(plot) == [] and all(row[2] is None for row in table["data"])
+    overlays, plot, table, status, heads = client.predict(0.5, 0.5, "cividis", api_name="/explain_curves")
+    assert len(plot_traces(plot)) == 4 and all("ins" in o["caption"] for o in overlays)
+    assert all(row[2] is not None for row in table["data"])
+
+
+def test_target_can_be_any_top5_class(running):
+    _, client, _ = running
+    from gradio_client import handle_file
+
+    label, *_ = explain(client, methods=("gradcam",))
+    names = [c["label"] for c in label["confidences"]]
+    runner_up = int(names[1].split()[-1])  # "class k"
+    out = client.predict(handle_file(CELL), "tiny-cnn", ["gradcam"], str(runner_up), 0.5, 0, 0.5, "cividis",
+                         api_name="/explain_target")
+    overlays, table = out[2], out[4]
+    assert f"class {runner_up}" in overlays[0]["caption"]
+    assert table["data"][0][0] == "Grad-CAM"
+
+
+def test_gradskip_alpha_recombines_without_a_model_pass(running):
+    demo, client, _ = running
+    out = explain(client, model="tiny-vit", methods=("gradskip", "gradcam"), alpha=0.5)
+    before = Image.open(out[2][0]["image"]).copy()
+    bundle = demo.services.bundle("tiny-vit")
+    calls = []
+    handle = bundle.network.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        started = time.perf_counter()
+        overlays, heads = client.predict(0.0, 0.5, "cividis", api_name="/alpha_preview")
+        elapsed = time.perf_counter() - started
+    finally:
+        handle.remove()
+    assert not calls, "moving alpha must not run the model"
+    assert elapsed < 5.0
+    assert "alpha=0.0" in overlays[0]["caption"]
+    after = Image.open(overlays[0]["image"])
+    assert np.abs(np.asarray(after, dtype=int) - np.asarray(before, dtype=int)).max() > 0
+    assert heads["type"] == "plotly"
+    # on release the curves follow
+    overlays, plot, table, status = client.predict(0.0, 0.5, "cividis", api_name="/alpha_curves")
+    rows = {row[0]: row for row in table["data"]}
+    assert rows["GradSkip"][1] == "alpha=0.0" and rows["GradSkip"][2] is not None
+    assert len(plot_traces(plot)) == 4
+
+
+def test_refine_steps_rerun_aha_only(running):
+    _, client, _ = running
+    explain(client, methods=("aha", "gradcam"))
+    overlays, plot, table, status = client.predict(2, 0.5, "cividis", api_name="/refine")
+    rows = {row[0]: row for row in table["data"]}
+    assert rows["AHA (amortized)"][1] == "refine_steps=2"
+    assert rows["Grad-CAM"][1] == "-"
+
+
+def test_redraw_and_downloads(running):
+    _, client, _ = running
+    explain(client)
+    overlays = client.predict(0.9, "viridis", api_name="/redraw")
+    assert len(overlays) == 2
+    files = client.predict(0.5, "cividis", api_name="/downloads")
+    if isinstance(files, dict):  # the file list is revealed with gr.update(value=..., visible=True)
+        assert files.get("visible") is True
+        files = files["value"]
+    files = [f if isinstance(f, str) else f["path"] for f in files]
+    names = sorted(Path(f).name for f in files)
+    assert names == ["curves.csv", "overlay-aha.png", "overlay-gradcam.png", "report.json"]
+    report = json.loads(Path(next(f for f in files if f.endswith("report.json"))).read_text())
+    assert report["model"] == "tiny-cnn" and report["seed"] == 0 and "torch" in report["versions"]
+    assert {m["method"] for m in report["methods"]} == {"aha", "gradcam"}
+    assert all(m["deletion_auc"] is not None for m in report["methods"])
+    with open(next(f for f in files if f.endswith("curves.csv"))) as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 * 21
+    with Image.open(next(f for f in files if f.endswith("overlay-aha.png"))) as picture:
+        assert picture.size == (64, 64)  # the original's size
+
+
+def test_model_change_offers_the_right_methods(running):
+    _, client, _ = running
+    methods, alpha, refine, info = client.predict("tiny-vit", ["gradcam"], api_name="/select_model")
+    assert "gradskip" in [c[1] for c in methods["choices"]]
+    methods, alpha, refine, info = client.predict("tiny-cnn", ["gradskip"], api_name="/select_model")
+    offered = [c[1] for c in methods["choices"]]
+    assert "gradskip" not in offered and "rollout" not in offered and "gradcam" in offered
+    assert alpha["visible"] is False
+
+
+def test_errors_are_clear_messages(running, tmp_path):
+    _, client, _ = running
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    bad = tmp_path / "not-an-image.png"
+    bad.write_bytes(b"this is text, not a PNG")
+    with pytest.raises(AppError, match="not a readable image"):
+        explain(client, image=str(bad))
+    tiny = tmp_path / "tiny.png"
+    Image.new("RGB", (4, 4)).save(tiny)
+    with pytest.raises(AppError, match="too small"):
+        explain(client, image=str(tiny))
+    with pytest.raises(AppError, match="at least one"):
+        client.predict(handle_file(CELL), "tiny-cnn", [], "auto", 0.5, 0, 0.5, "cividis", api_name="/explain")
+    with pytest.raises(AppError, match="outside the data folders"):
+        client.predict("/etc", "all", 1, api_name="/browse")  # a public app must not browse the server's disk
+    with pytest.raises(AppError, match="(?i)nothing to download|explain an image"):
+        fresh = type(client)(client.src, verbose=False)
+        fresh.predict(0.5, "cividis", api_name="/downloads")
+
+
+def test_method_that_cannot_explain_is_skipped_with_a_warning(running):
+    _, client, _ = running
+    client = type(client)(client.src, verbose=False)  # a fresh session: its method menu is not narrowed yet
+    label, _, overlays, plot, table, status, _ = explain(client, methods=("gradcam", "rollout"))
+    assert [o["caption"].split(" · ")[0] for o in overlays] == ["Grad-CAM"]
+    assert "Attention rollout" in status
+
+
+def test_browse_and_pick_by_index(running):
+    _, client, _ = running
+    gallery, info, classes, page = client.predict(str(CELLS), "all", 1, api_name="/browse")
+    assert len(gallery) == 24 and "24 images" in info
+    gallery, info, classes, page = client.predict(str(CELLS), "3", 1, api_name="/browse")
+    assert len(gallery) == 3
+    picked = client.predict(str(CELLS), 5, api_name="/browse_pick")
+    with Image.open(picked) as picture:
+        assert picture.size == (64, 64)
+
+
+def test_review_flow_saves_at_once_and_exports(running):
+    demo, client, _ = running
+    gallery, progress, page, classes = client.predict(str(CELLS), "tiny-cnn", 24, "all", "all", "dr-test",
+                                                      api_name="/review_load")
+    assert len(gallery) == 24 and "Reviewed 0 of 24" in progress
+    maps, info, note, saved, position = client.predict(2, "dr-test", api_name="/review_open")
+    assert len(maps) >= 3  # the image and two or three methods' maps
+    assert "confidence" in info
+    saved, progress = client.predict("dr-test", "", api_name="/verdict_implausible")
+    assert "implausible" in saved and "Reviewed 1 of 24" in progress
+    assert client.predict("dr-test", "nucleus ignored", api_name="/review_note").startswith("Note saved")
+    store = demo.services.store
+    rows = store.verdicts(reviewer="dr-test")
+    assert len(rows) == 1 and rows[0]["verdict"] == "implausible" and rows[0]["note"] == "nucleus ignored"
+    # a new session (a refresh) finds the verdict and the note
+    fresh = type(client)(client.src, verbose=False)
+    fresh.predict(str(CELLS), "tiny-cnn", 24, "all", "all", "dr-test", api_name="/review_load")
+    maps, info, note, saved, position = fresh.predict(2, "dr-test", api_name="/review_open")
+    assert note == "nucleus ignored" and "implausible" in saved
+    exported = client.predict("dr-test", api_name="/review_export")
+    with open(exported) as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows[0]["verdict"] == "implausible" and rows[0]["reviewer"] == "dr-test"
+    # the filters
+    gallery, *_ = client.predict("3", "all", 1, "dr-test", api_name="/review_page")
+    assert 0 < len(gallery) <= 24
+
+
+def test_masks_sam_clicks_and_mask_set(running):
+    demo, client, _ = running
+    from gradio_client import handle_file
+
+    client.predict(handle_file(CELL), api_name="/mask_use_explain_image")
+    view, preview, info = client.predict("object", 160, 160, api_name="/sam_click")  # the 64 px cell is shown at 320 px
+    assert "Mask by" in info  # SAM when its weights are cached, else the labelled GrabCut fallback
+    if "GrabCut" in info:
+        assert "offline fallback" in info
+    view, preview, info = client.predict("background", 2, 2, api_name="/sam_click")
+    gallery, set_info = client.predict("test-set", "3", api_name="/add_mask")
+    assert len(gallery) == 1 and "test-set" in set_info
+    assert demo.services.store.mask_sets() == [("test-set", 1)]
+    client.predict(api_name="/sam_clear")
+
+
+def test_drawn_mask(running):
+    _, client, _ = running
+    from gradio_client import handle_file
+
+    rgba = np.zeros((64, 64, 4), dtype=np.uint8)
+    rgba[20:40, 20:40] = (0, 114, 178, 255)
+    layer = Path(os.environ.get("TMPDIR", "/tmp")) / "saliency-layer.png"
+    Image.fromarray(rgba).save(layer)
+    value = {"background": handle_file(CELL), "layers": [handle_file(str(layer))], "composite": handle_file(CELL)}
+    preview, info = client.predict(value, api_name="/mask_from_drawing")
+    assert "Drawn mask" in info and "10%" in info
+
+
+def test_sanity_check_streams_stages(running):
+    _, client, _ = running
+    from gradio_client import handle_file
+
+    gallery, plot = client.predict("tiny-cnn", ["gradcam", "random"], 2, handle_file(CELL), api_name="/sanity_check")
+    assert len(gallery) == 2 * 3  # original + 2 stages, per method
+    traces = plot_traces(plot)
+    assert len(traces) == 2 and traces[0]["y"][0] == 1.0
+
+
+def test_decoy_examples(running):
+    _, client, _ = running
+    gallery, info = client.predict(api_name="/decoy")
+    assert len(gallery) >= 4 and info
+
+
+def test_finetune_errors_without_masks(running):
+    _, client, _ = running
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="training masks"):
+        client.predict("tiny-cnn", None, 1, 1.0, "local", api_name="/start_finetune")
+    with pytest.raises(AppError, match="HF_TOKEN"):
+        client.predict("tiny-cnn", "path:/nowhere", 1, 1.0, "hf-jobs", api_name="/start_finetune")
+
+
+@pytest.mark.slow
+def test_camal_finetune_job_end_to_end(running):
+    """A tiny exported classifier, fine-tuned for one epoch in a real job process; progress, then before/after."""
+    demo, client, state = running
+    import timm
+    import torch
+
+    from explainers.masks import write_mask_set
+    from explainers.training import export_classifier
+
+    weights = state / "weights"
+    weights.mkdir(exist_ok=True)
+    torch.manual_seed(0)
+    kwargs = {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16], "output_stride": 8, "num_classes": 3}
+    network = timm.create_model("resnet18", pretrained=False, **kwargs)
+    export_classifier(network, name="job-cnn", out_dir=weights, timm_name="resnet18", timm_kwargs=kwargs,
+                      mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), class_names=["a", "b", "c"], data="synthetic",
+                      val_accuracy=None, test_data=None, seed=0, history=[], epochs=0, train_seconds=0.0,
+                      input_size=32)
+    rng = np.random.default_rng(0)
+    items = []
+    for i in range(12):
+        image = rng.integers(0, 255, (32, 32, 3)).astype(np.uint8)
+        mask = np.zeros((32, 32), bool)
+        mask[8:24, 8:24] = True
+        items.append((f"{i}", image, mask, i % 3))
+    masks = write_mask_set(state / "job-masks", items)
+    status, timer, progress = client.predict("job-cnn", f"path:{masks}", 1, 1.0, "local", api_name="/start_finetune")
+    assert "queued" in status  # the job id lives in the session's state
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        outputs = client.predict(api_name="/finetune_status")
+        text, percent, gallery, table = outputs[0], outputs[1], outputs[-3], outputs[-2]
+        if any(word in text for word in ("done", "failed", "cancelled", "interrupted")):
+            break
+        time.sleep(1.0)
+    assert "done" in text, text
+    assert percent == 100
+    assert table["data"] and any("IoU" in row[0] for row in table["data"])
+    assert gallery
+
+
+def test_figures_are_valid_plotly():
+    """The app sends plain-dict figures (fast); plotly itself must accept every one of them."""
+    from explainers import ui_helpers as ui
+
+    record = {"method": "gradcam", "label": "Grad-CAM", "target_name": "x", "fractions": [0.0, 0.5, 1.0],
+              "deletion": [0.9, 0.2, 0.1], "insertion": [0.1, 0.6, 0.9], "deletion_auc": 0.35, "insertion_auc": 0.55}
+    figures = [ui.curves_figure([record]), ui.empty_figure("nothing"),
+               ui.head_weights_figure({"alpha": 0.5, "head_weights": [[0.5, 0.5], [0.9, 0.1]]}),
+               ui.sanity_figure([("Grad-CAM", [("original", 1.0), ("top 2", 0.3)])]),
+               ui.job_figure([{"t": 0, "step": 0, "before_iou": 0.2},
+                              {"t": 1, "step": 1, "loss": 1.2, "ce": 1.0, "reg": 0.2, "alpha": 0.4, "beta": 0.3}])]
+    for figure in figures:
+        figure.to_plotly()  # raises on any invalid property
+        json.loads(figure.to_json())
+    assert len(figures[0].data) == 2 and "lower is better" in figures[0].data[0]["name"]

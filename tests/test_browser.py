@@ -1,0 +1,174 @@
+"""A real browser on the real page: Debian's chromium through Playwright (never a downloaded browser).
+
+Opens the app, picks an example, explains with two methods, sees two overlays and the plotly curves, moves the
+alpha slider, draws a mask stroke (and clicks for SAM / its fallback), reviews an image, runs the sanity check,
+and saves a screenshot of each tab.
+
+By default the app runs in-process with tiny models (no ../shared, no network). To shoot the docs/ screenshots
+against a running `python app.py` with the bundled models:
+
+    SALIENCY_LAB_URL=http://127.0.0.1:7860 SALIENCY_LAB_SCREENSHOTS=docs pytest tests/test_browser.py
+    (SALIENCY_LAB_EXAMPLES=photo-examples picks a photo, for an ImageNet model)
+"""
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_cnn, tiny_vit
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)")]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    external = os.environ.get("SALIENCY_LAB_URL")
+    if external:
+        yield external
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    import app
+    from explainers.models import register_bundle
+
+    cnn, vit = register_bundle(tiny_cnn(num_classes=8)), register_bundle(tiny_vit(num_classes=8))
+    try:
+        from explainers.aha.network import AHAExplainer
+        from explainers.aha.store import register_explainer
+
+        for bundle in (cnn, vit):
+            register_explainer(bundle, AHAExplainer(bundle))
+    except ImportError:
+        pass
+    state = tmp_path_factory.mktemp("browser-state")
+    demo = app.build_app(model_names=["tiny-vit", "tiny-cnn"], default_model="tiny-vit",
+                         data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b")
+    _, url, _ = demo.queue().launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    folder = os.environ.get("SALIENCY_LAB_SCREENSHOTS")
+    path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page = context.new_page()
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(app_url, wait_until="domcontentloaded")
+        page.wait_for_selector("#explain-button", timeout=60_000)
+        page.errors = errors
+        yield page
+        browser.close()
+
+
+def wait_js(page, expression, timeout=120_000):
+    page.wait_for_function(expression, timeout=timeout)
+
+
+def test_explain_tab(page, shots):
+    external = bool(os.environ.get("SALIENCY_LAB_URL"))
+    examples = os.environ.get("SALIENCY_LAB_EXAMPLES", "cell-examples")  # or photo-examples (ImageNet models)
+    index = int(os.environ.get("SALIENCY_LAB_EXAMPLE_INDEX", "0"))
+    page.locator(f"#{examples} button.gallery-item").nth(index).click()  # picking an example explains at once
+    wait_js(page, "document.querySelectorAll('#overlays img').length >= 2")
+    wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')].filter(e => e.innerText.includes('ins'))"
+                  ".length >= 2")  # the curves are in: each caption carries its AUCs
+    wait_js(page, "!!document.querySelector('#curves [data-testid=plotly] .main-svg')")
+    checked = page.locator("#methods input[type=checkbox]:checked")
+    assert checked.count() == 2
+    captions = page.locator("#overlays .caption-label").all_inner_texts()
+    assert len(captions) == 2 and all("del" in c and "ins" in c for c in captions)
+    traces = page.locator("#curves .scatterlayer .trace").count()
+    assert traces == 4  # deletion + insertion for each method, on the same axes
+    assert "lower deletion auc is better" in page.content().lower()
+    assert page.locator("#top5").inner_text().strip()
+    if page.locator("#alpha").is_visible():  # GradSkip is offered on ViTs
+        slider = page.locator("#alpha input[type=range]")
+        slider.fill("0.2")
+        slider.dispatch_event("pointerup")  # 'release': the curves follow
+        wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')]"
+                      ".some(e => e.innerText.includes('alpha=0.2') && e.innerText.includes('ins'))")
+    else:
+        assert external, "the tiny test app defaults to a ViT, so the alpha slider must be shown"
+    time.sleep(0.5)
+    page.screenshot(path=str(shots / "explain.png"), full_page=True)
+    assert not page.errors, page.errors
+
+
+def test_masks_tab_draw_and_click(page, shots):
+    page.get_by_role("tab", name="Masks & fine-tune").click()
+    page.get_by_role("button", name="Use the image from the Explain tab").click()
+    page.wait_for_selector("#sam-view img", timeout=60_000)
+    time.sleep(1.0)  # the editor's WebGL canvas settles
+    canvas = page.locator("#mask-editor canvas").first
+    box = canvas.bounding_box()
+    x, y = box["x"] + box["width"] / 2 - 40, box["y"] + box["height"] / 2 - 20
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for step in range(24):
+        page.mouse.move(x + 4 * step, y + 2 * step)
+    page.mouse.up()
+    time.sleep(0.5)
+    page.locator("#use-drawing").click()
+    wait_js(page, "document.querySelector('#segmenter-info').innerText.includes('Drawn mask')")
+    assert page.locator("#mask-preview img").count() == 1
+    view = page.locator("#sam-view img").first.bounding_box()
+    page.mouse.click(view["x"] + view["width"] / 2, view["y"] + view["height"] / 2)
+    wait_js(page, "document.querySelector('#segmenter-info').innerText.includes('Mask by')")
+    page.locator("#mask-label input").click()
+    page.locator("ul[role=listbox] li").first.click()
+    page.locator("#add-mask").click()
+    wait_js(page, "document.querySelector('#set-info').innerText.includes('Mask sets')")
+    page.screenshot(path=str(shots / "masks.png"), full_page=True)
+    assert not page.errors, page.errors
+
+
+def test_review_tab(page, shots):
+    page.get_by_role("tab", name="Review").click()
+    page.locator("#reviewer textarea, #reviewer input").first.fill("browser-test")
+    limit = page.locator("#review-limit input[type=number]")
+    limit.fill("48")
+    limit.press("Enter")
+    page.locator("#review-load").click()
+    wait_js(page, "document.querySelectorAll('#review-gallery img').length >= 8")
+    page.locator("#review-gallery button.thumbnail-item").first.click()
+    wait_js(page, "document.querySelectorAll('#review-maps img').length >= 2")
+    page.locator("#verdict-plausible").click()
+    wait_js(page, "document.querySelector('#review-saved').innerText.includes('plausible')")
+    page.locator("#review-note textarea").press_sequentially("membrane highlighted, nucleus not")
+    wait_js(page, "document.querySelector('#review-saved').innerText.includes('Note saved')")
+    assert "Reviewed" in page.locator("#review-progress").inner_text()
+    page.screenshot(path=str(shots / "review.png"), full_page=True)
+    assert not page.errors, page.errors
+
+
+def test_learn_tab(page, shots):
+    page.get_by_role("tab", name="Learn").click()
+    page.locator("#sanity-button").click()
+    checked = page.locator("#sanity-methods input[type=checkbox]:checked").count()
+    wait_js(page, f"document.querySelectorAll('#sanity-gallery img').length >= {checked * 5}", timeout=300_000)
+    page.locator("#decoy-button").click()
+    wait_js(page, "document.querySelectorAll('#decoy-gallery img').length >= 4", timeout=300_000)
+    time.sleep(0.5)
+    page.screenshot(path=str(shots / "learn.png"), full_page=True)
+    assert not page.errors, page.errors
