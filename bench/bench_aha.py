@@ -3,13 +3,14 @@
 and speed ratios measured in one run.
 
     python bench/bench_aha.py --out /tmp/bench_aha.json
-    python bench/bench_aha.py --models bloodmnist-cnn --limit 500 --slow-limit 100
+    python bench/bench_aha.py --models bloodmnist-cnn --limit 500 --t3-limit 100 --rise-limit 16
 
-Per model: the fast methods (aha T=0, gradcam, chefer / gradskip where they apply, random, and aha T=3
-where `--t3-on-all` holds for the model) on `--limit` images; the slow ones (RISE with 4000 masks, and aha
-T=3 otherwise) on the first `--slow-limit` images, re-evaluated there with aha T=0 and gradcam so that
-every comparison is paired. Speed: batch-1 time per image, median over `--timing-images` images, methods
-interleaved in one process (AHA T=0 vs Grad-CAM, RISE vs AHA T=0).
+Per model, three tiers on the first N test images each (paired comparisons within a tier): the fast
+methods (aha T=0, gradcam, chefer / gradskip where they apply, random) on `--limit` images; AHA T=3 with
+T=0 on `--t3-limit`; RISE (4000 masks) with AHA T=0 and Grad-CAM on `--rise-limit` (RISE costs 4000
+forward passes per image: on a 2-core CPU only a few images). Speed: batch-1 time per image, median over
+`--timing-images` images, methods interleaved in one process (AHA T=0 vs a plain forward and Grad-CAM,
+RISE vs AHA T=0 on `--rise-timing-images`).
 Lower deletion is better, higher insertion is better.
 """
 from __future__ import annotations
@@ -35,8 +36,8 @@ DATA = {
     "efficientnet-lite0": "../shared/data/imagenet-samples",
 }
 LIMITS = {"bloodmnist-vit": 500, "bloodmnist-cnn": 500, "efficientnet-lite0": 200}
-SLOW_LIMITS = {"bloodmnist-vit": 100, "bloodmnist-cnn": 100, "efficientnet-lite0": 12}
-T3_ON_ALL = {"bloodmnist-vit": True, "bloodmnist-cnn": True, "efficientnet-lite0": False}
+T3_LIMITS = {"bloodmnist-vit": 100, "bloodmnist-cnn": 100, "efficientnet-lite0": 8}
+RISE_LIMITS = {"bloodmnist-vit": 16, "bloodmnist-cnn": 16, "efficientnet-lite0": 4}
 
 
 def applicable(bundle, name: str) -> bool:
@@ -58,56 +59,68 @@ def load_images(bundle, data: str, count: int) -> torch.Tensor:
                       for i in range(len(dataset))])
 
 
-def timing(bundle, images: torch.Tensor, rise_images: int) -> dict:
-    """Batch-1 milliseconds per image (median), methods interleaved image by image."""
-    methods = {"aha": get_method("aha"), "gradcam": get_method("gradcam"), "rise": get_method("rise")}
-    times = {name: [] for name in methods}
-    times["forward"] = []
-    for index in range(images.shape[0]):
-        x = images[index:index + 1]
-        with torch.no_grad():
-            target = bundle(x).argmax(1)
-            started = time.perf_counter()
-            bundle(x)  # one plain classifier forward: AHA T=0 should cost about this
-            times["forward"].append(1000 * (time.perf_counter() - started))
-        for name, method in methods.items():
-            if name == "rise" and index >= rise_images:
-                continue
-            if index == 0:
-                method.attribute(bundle, x, target)  # warm-up
-            started = time.perf_counter()
-            method.attribute(bundle, x, target)
-            times[name].append(1000 * (time.perf_counter() - started))
-    result = {f"{name}_ms": statistics.median(values) for name, values in times.items() if values}
-    result["images"] = {name: len(values) for name, values in times.items()}
-    result["aha_over_gradcam"] = result["aha_ms"] / result["gradcam_ms"]
-    result["rise_over_aha"] = result["rise_ms"] / result["aha_ms"]
-    result["aha_over_forward"] = result["aha_ms"] / result["forward_ms"]
-    result["threads"] = torch.get_num_threads()
-    return result
+def timing(bundle, images: torch.Tensor, rise_images: int, threads: int | None = 1, repeats: int = 3) -> dict:
+    """Batch-1 milliseconds per image: for each image the best of `repeats` runs (robust to other processes
+    on a shared CPU), then the median over images; methods interleaved image by image, one thread count."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        methods = {"aha": get_method("aha"), "gradcam": get_method("gradcam"), "rise": get_method("rise")}
+        times = {name: [] for name in ("forward", *methods)}
+        for index in range(images.shape[0]):
+            x = images[index:index + 1]
+            with torch.no_grad():
+                target = bundle(x).argmax(1)
+            runs = {"forward": lambda: bundle(x)}  # a plain classifier forward: AHA T=0 should cost about this
+            runs.update({name: (lambda m=method: m.attribute(bundle, x, target)) for name, method in methods.items()})
+            for name, run in runs.items():
+                if name == "rise" and index >= rise_images:
+                    continue
+                if index == 0:
+                    with torch.no_grad() if name == "forward" else torch.enable_grad():
+                        run()  # warm-up
+                best = float("inf")
+                for _ in range(1 if name == "rise" else repeats):
+                    started = time.perf_counter()
+                    with torch.no_grad() if name == "forward" else torch.enable_grad():
+                        run()
+                    best = min(best, 1000 * (time.perf_counter() - started))
+                times[name].append(best)
+        result = {f"{name}_ms": statistics.median(values) for name, values in times.items() if values}
+        result["images"] = {name: len(values) for name, values in times.items()}
+        result["aha_over_gradcam"] = result["aha_ms"] / result["gradcam_ms"]
+        result["rise_over_aha"] = result["rise_ms"] / result["aha_ms"]
+        result["aha_over_forward"] = result["aha_ms"] / result["forward_ms"]
+        result["threads"] = torch.get_num_threads()
+        return result
+    finally:
+        torch.set_num_threads(previous)
 
 
 def bench_model(name: str, args) -> dict:
     bundle = load_model(name)
-    data = getattr(args, "data", None) or DATA[name]
-    limit = args.limit or LIMITS[name]
-    slow_limit = args.slow_limit or SLOW_LIMITS[name]
-    t3_on_all = T3_ON_ALL[name] if args.t3_on_all is None else args.t3_on_all
-    fast = ["aha"] + (["aha:refine_steps=3"] if t3_on_all else []) + ["gradcam"]
-    fast += [m for m in ("chefer", "gradskip") if applicable(bundle, m)] + ["random"]
-    slow = ["aha", "gradcam", "rise"] + ([] if t3_on_all else ["aha:refine_steps=3"])
-    result = {"model": name, "data": data}
-    started = time.time()
-    result["all"] = evaluate_methods(bundle, data, fast, split="test", limit=limit, batch_size=args.batch_size,
-                                     progress=not args.quiet)
-    result["all_seconds"] = round(time.time() - started, 1)
-    if slow_limit:
+    data = args.data or DATA[name]
+    limits = {"all": args.limit or LIMITS[name], "t3": args.t3_limit or T3_LIMITS[name],
+              "rise": args.rise_limit or RISE_LIMITS[name]}
+    tiers = {
+        "all": ["aha", "gradcam"] + [m for m in ("chefer", "gradskip") if applicable(bundle, m)] + ["random"],
+        "t3": ["aha", "aha:refine_steps=3"],
+        "rise": ["aha", "gradcam", "rise"],
+    }
+    result = {"model": name, "data": data, "limits": limits}
+    for tier, methods in tiers.items():
+        if not limits[tier]:
+            continue
         started = time.time()
-        result["subset"] = evaluate_methods(bundle, data, slow, split="test", limit=slow_limit,
-                                            batch_size=args.batch_size, progress=not args.quiet)
-        result["subset_seconds"] = round(time.time() - started, 1)
+        result[tier] = evaluate_methods(bundle, data, methods, split="test", limit=limits[tier],
+                                        batch_size=args.batch_size, progress=not args.quiet)
+        result[f"{tier}_seconds"] = round(time.time() - started, 1)
+        print(f"{name} {tier}: {json.dumps({k: (round(v['deletion_auc'], 4), round(v['insertion_auc'], 4)) for k, v in result[tier]['methods'].items()})}",
+              file=sys.stderr, flush=True)
     images = load_images(bundle, data, args.timing_images)
-    result["timing"] = timing(bundle, images, args.rise_timing_images)
+    result["timing"] = timing(bundle, images, args.rise_timing_images, threads=args.timing_threads)
+    print(f"{name} timing: {json.dumps(result['timing'])}", file=sys.stderr, flush=True)
     return result
 
 
@@ -115,7 +128,7 @@ def table(results: list) -> str:
     lines = ["| model | images | method | deletion AUC (lower better) | insertion AUC (higher better) | ins - del | ms/image |",
              "|---|---|---|---|---|---|---|"]
     for result in results:
-        for part in ("all", "subset"):
+        for part in ("all", "t3", "rise"):
             report = result.get(part)
             if not report:
                 continue
@@ -139,10 +152,11 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="bloodmnist-vit,bloodmnist-cnn,efficientnet-lite0")
     parser.add_argument("--data", default=None, help="override the data set (one model at a time)")
     parser.add_argument("--limit", type=int, default=None, help="images for the fast methods")
-    parser.add_argument("--slow-limit", type=int, default=None, help="images for RISE (and AHA T=3 on big models)")
-    parser.add_argument("--t3-on-all", type=lambda s: s.lower() in ("1", "true", "yes"), default=None)
+    parser.add_argument("--t3-limit", type=int, default=None, help="images for AHA T=3 (paired with T=0)")
+    parser.add_argument("--rise-limit", type=int, default=None, help="images for RISE (paired with AHA, Grad-CAM)")
     parser.add_argument("--timing-images", type=int, default=8)
     parser.add_argument("--rise-timing-images", type=int, default=2)
+    parser.add_argument("--timing-threads", type=int, default=1, help="torch threads for the timing (0: leave)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--out", default=None, help="JSON results file")
     parser.add_argument("--quiet", action="store_true")

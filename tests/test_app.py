@@ -15,6 +15,15 @@ from PIL import Image
 from conftest import tiny_cnn, tiny_vit
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A free loopback port, so a test app never takes 7860 from a running `python app.py`."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 CELLS = ROOT / "assets" / "bloodmnist"
 CELL = str(CELLS / "test_00000.jpg")
 
@@ -40,7 +49,7 @@ def running(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     demo = app.build_app(model_names=["tiny-cnn", "tiny-vit"], default_model="tiny-cnn", data_dir=str(CELLS),
                          state_dir=state, weights_dir=state / "weights", sam_variant="vit_b")
-    _, url, _ = demo.queue().launch(prevent_thread_lock=True, quiet=True, ssr_mode=False)
+    _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, ssr_mode=False)
     from gradio_client import Client
 
     client = Client(url, verbose=False)

@@ -23,6 +23,15 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def free_port() -> int:
+    """A free loopback port, so a test app never takes 7860 from a running `python app.py`."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)")]
 
@@ -51,7 +60,8 @@ def app_url(tmp_path_factory):
     state = tmp_path_factory.mktemp("browser-state")
     demo = app.build_app(model_names=["tiny-vit", "tiny-cnn"], default_model="tiny-vit",
                          data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b")
-    _, url, _ = demo.queue().launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True,
+                                    **app.launch_kwargs())
     yield url
     demo.close()
 

@@ -111,7 +111,7 @@ class AHAExplainer(nn.Module):
     the classifier is held by reference, frozen, and never saved with the explainer."""
 
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
-                 class_embedding: str = "auto", use_cam: bool = True, indices=None):
+                 class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None):
         super().__init__()
         object.__setattr__(self, "bundle", bundle)  # not a submodule: never trained, never saved
         network = bundle.network
@@ -124,8 +124,14 @@ class AHAExplainer(nn.Module):
             final, inter = self._features(probe)
         channels = [t.shape[1] for t in inter]
         sizes = [tuple(t.shape[-2:]) for t in inter]
-        same = len(set(sizes)) == 1 and len(sizes) > 1
-        self.scales = [2.0 ** (len(sizes) - 2 - i) for i in range(len(sizes))] if same else [1.0] * len(sizes)
+        if scales is None:
+            scales = [1.0] * len(sizes)
+            if len(set(sizes)) == 1 and len(sizes) > 1:  # plain ViT: DPT's reassembly at 4x, 2x, 1x, 0.5x ...
+                stride = min(bundle.input_size) / min(sizes[0])
+                cap = max(1.0, stride / 4)  # ... but never finer than stride 4 (patch 8 at 64 px: 2x, 2x, 1x, 0.5x)
+                scales = [min(cap, 2.0 ** (len(sizes) - 2 - i)) for i in range(len(sizes))]
+        self.scales = [float(v) for v in scales]
+        self.arch["scales"] = self.scales
 
         classifier = network.get_classifier() if hasattr(network, "get_classifier") else None
         head_weight = getattr(classifier, "weight", None) if isinstance(classifier, nn.Linear) else None

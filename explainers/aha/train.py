@@ -164,7 +164,7 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
     device = bundle.device
     torch.manual_seed(seed)
     untrained = AHAExplainer(bundle, **{k: explainer.arch[k] for k in ("width", "embed_dim", "gain_init",
-                                                                      "class_embedding", "use_cam", "indices")})
+                                                                      "class_embedding", "use_cam", "indices", "scales")})
     untrained.to(device).eval()
     rows = {"aha": [], "aha_untrained": []}
     rows.update({name: [] for name in compare})
