@@ -488,7 +488,7 @@ def tiny_train(params: dict, context: JobContext) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=float(params.get("lr", 1e-2)))
     checkpoint, start = context.checkpoint_path("last.pt"), 0
     if checkpoint.exists():
-        state = torch.load(checkpoint, map_location=context.device)
+        state = torch.load(checkpoint, map_location=context.device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]

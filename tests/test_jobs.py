@@ -187,7 +187,7 @@ def test_atomic_writes_leave_no_temp_files(tmp_path):
     target = tmp_path / "ckpt" / "model.pt"
     atomic_write_bytes(target, b"old")
     atomic_torch_save({"w": torch.ones(3)}, target)
-    assert torch.equal(torch.load(target)["w"], torch.ones(3))
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(3))
     with pytest.raises(TypeError):
         atomic_write_bytes(target, "not bytes")
     assert sorted(p.name for p in target.parent.iterdir()) == ["model.pt"]

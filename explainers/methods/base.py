@@ -9,6 +9,7 @@ a message a user can act on, from `check(bundle)`.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import torch
@@ -21,7 +22,7 @@ class MethodNotApplicable(ValueError):
     """This method cannot explain this model (a clear, user-facing reason)."""
 
 
-class Method:
+class Method(ABC):
     name: ClassVar[str] = ""
     label: ClassVar[str] = ""  # shown in the UI
     families: ClassVar[frozenset] = ALL_FAMILIES
@@ -36,8 +37,9 @@ class Method:
                 f"{self.label or self.name} cannot explain '{bundle.name}' ({bundle.family}): it needs one of "
                 f"{', '.join(sorted(self.families))}.")
 
+    @abstractmethod
     def attribute(self, bundle, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError  # every registered method overrides this
+        """B x H x W maps (higher = more important) for B images and B target classes."""
 
     def __repr__(self):
         return f"{type(self).__name__}({self.options})"
