@@ -91,8 +91,66 @@ def percentile(values, q):
     return ordered[index]
 
 
-def session(url, index, model, methods, results, lock, barrier, alpha_moves):
-    from gradio_client import Client, handle_file
+class RawClient:
+    """A minimal client for Gradio's queue protocol (sse_v3): join, then read the session's event stream.
+
+    gradio_client spends about as much CPU per request as the server does; on one 2-core machine that halves the
+    server's share and measures the load generator. This speaks the same protocol as the browser: POST
+    /gradio_api/queue/join {data, fn_index, session_hash}, then GET /gradio_api/queue/data?session_hash=... until
+    `process_completed`; gr.State lives on the server under the session hash (sent as None, as the browser
+    does); files go through /gradio_api/upload first. `predict(*args, api_name=...)` returns the outputs
+    without the State ones, like gradio_client."""
+
+    def __init__(self, url, config=None):
+        import uuid
+
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(timeout=None)
+        self.config = config or self.http.get(f"{self.url}/config").json()
+        self.prefix = self.url + self.config.get("api_prefix", "/gradio_api")
+        self.types = {c["id"]: c["type"] for c in self.config["components"]}
+        self.endpoints = {d["api_name"]: d for d in self.config["dependencies"] if d.get("api_name")}
+        self.session_hash = uuid.uuid4().hex
+
+    def upload(self, path) -> dict:
+        with open(path, "rb") as handle:
+            response = self.http.post(f"{self.prefix}/upload", files={"files": (Path(path).name, handle)})
+        response.raise_for_status()
+        return {"path": response.json()[0], "orig_name": Path(path).name, "meta": {"_type": "gradio.FileData"}}
+
+    def predict(self, *args, api_name):
+        dependency = self.endpoints[api_name.lstrip("/")]
+        values = iter(args)
+        data = [None if self.types[i] == "state" else next(values) for i in dependency["inputs"]]
+        response = self.http.post(f"{self.prefix}/queue/join", json={
+            "data": data, "fn_index": dependency["id"], "session_hash": self.session_hash, "event_data": None,
+            "trigger_id": None})
+        response.raise_for_status()
+        event_id = response.json()["event_id"]
+        with self.http.stream("GET", f"{self.prefix}/queue/data", params={"session_hash": self.session_hash}) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                message = json.loads(line[5:])
+                if message.get("event_id") != event_id or message.get("msg") != "process_completed":
+                    continue
+                output = message.get("output") or {}
+                if not message.get("success"):
+                    raise RuntimeError(output.get("error") or "the event failed")
+                outputs = output.get("data", [])
+                kept = [value for i, value in zip(dependency["outputs"], outputs) if self.types[i] != "state"]
+                return kept[0] if len(kept) == 1 else tuple(kept)
+        raise RuntimeError("the event stream closed before the result")
+
+
+def session(url, index, model, methods, results, lock, barrier, alpha_moves, client_kind="raw", config=None):
+    if client_kind == "gradio":
+        from gradio_client import Client, handle_file
+    else:
+        Client = lambda url, verbose=False: RawClient(url, config)  # noqa: E731
+        handle_file = None
 
     images = sorted(CELLS.glob("*.jpg"))
     image = images[index % len(images)]
@@ -105,6 +163,8 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves):
                 if attempt == 2:
                     raise
                 time.sleep(1.0)
+        if handle_file is None:
+            handle_file = client.upload  # uploads happen inside the measured explain call, as in a browser
         client.predict(model, methods, api_name="/select_model")
     except Exception as error:  # noqa: BLE001
         with lock:
@@ -155,6 +215,9 @@ def main(argv=None) -> int:
     parser.add_argument("--heavy-concurrency", type=int, default=None, help="the app's heavy concurrency limit")
     parser.add_argument("--alpha-moves", default="0.3,0.7", help="alpha values each session moves to")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "load_test.json"))
+    parser.add_argument("--client", choices=("raw", "gradio"), default="raw",
+                        help="raw: a minimal queue-protocol client (cheap); gradio: gradio_client (costs as much CPU "
+                             "per request as the server, which matters when both share 2 cores)")
     parser.add_argument("--client-nice", type=int, default=10,
                         help="niceness of the client threads' process (0 = same priority as the server)")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
@@ -210,7 +273,13 @@ def main(argv=None) -> int:
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        threads = [threading.Thread(target=session, args=(url, i, model, methods, results, lock, barrier, alpha_moves))
+        config = None
+        if args.client == "raw":
+            import httpx
+
+            config = httpx.get(url + "config").json()
+        threads = [threading.Thread(target=session, args=(url, i, model, methods, results, lock, barrier, alpha_moves,
+                                                          args.client, config))
                    for i in range(args.sessions)]
         server_cpu_before = cpu_seconds(server.pid)
         client_cpu_before = time.process_time()
@@ -252,7 +321,7 @@ def main(argv=None) -> int:
         "latency_alpha_curves": stats("alpha_curves"),
         "wall_s": wall, "server_cpu_s": server_cpu, "server_cpu_ms_per_request": 1000 * server_cpu / max(1, len(results)),
         "client_cpu_s": client_cpu, "server_rss_idle_mb": idle_rss, "server_rss_peak_mb": max(hwm, peak["rss"]),
-        "targets": {"p95_s": 5.0, "peak_rss_gb": 6.0}, "client_nice": args.client_nice,
+        "targets": {"p95_s": 5.0, "peak_rss_gb": 6.0}, "client": args.client, "client_nice": args.client_nice,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
     }
