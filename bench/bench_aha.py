@@ -110,7 +110,7 @@ def bench_model(name: str, args) -> dict:
     }
     result = {"model": name, "data": data, "limits": limits}
     for tier, methods in tiers.items():
-        if not limits[tier]:
+        if not limits[tier] or tier not in args.tiers:
             continue
         started = time.time()
         result[tier] = evaluate_methods(bundle, data, methods, split="test", limit=limits[tier],
@@ -118,9 +118,10 @@ def bench_model(name: str, args) -> dict:
         result[f"{tier}_seconds"] = round(time.time() - started, 1)
         print(f"{name} {tier}: {json.dumps({k: (round(v['deletion_auc'], 4), round(v['insertion_auc'], 4)) for k, v in result[tier]['methods'].items()})}",
               file=sys.stderr, flush=True)
-    images = load_images(bundle, data, args.timing_images)
-    result["timing"] = timing(bundle, images, args.rise_timing_images, threads=args.timing_threads)
-    print(f"{name} timing: {json.dumps(result['timing'])}", file=sys.stderr, flush=True)
+    if "timing" in args.tiers:
+        images = load_images(bundle, data, args.timing_images)
+        result["timing"] = timing(bundle, images, args.rise_timing_images, threads=args.timing_threads)
+        print(f"{name} timing: {json.dumps(result['timing'])}", file=sys.stderr, flush=True)
     return result
 
 
@@ -139,7 +140,7 @@ def table(results: list) -> str:
     lines.append("| model | forward ms | AHA T=0 ms | Grad-CAM ms | RISE (4000) ms | AHA / forward | AHA / Grad-CAM (<= 1.2) "
                  "| RISE / AHA (>= 100) |")
     lines.append("|---|---|---|---|---|---|---|---|")
-    for result in results:
+    for result in [r for r in results if "timing" in r]:
         t = result["timing"]
         lines.append(f"| {result['model']} | {t['forward_ms']:.1f} | {t['aha_ms']:.1f} | {t['gradcam_ms']:.1f} | "
                      f"{t['rise_ms']:.0f} | {t['aha_over_forward']:.2f} | {t['aha_over_gradcam']:.2f} | "
@@ -158,6 +159,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rise-timing-images", type=int, default=2)
     parser.add_argument("--timing-threads", type=int, default=1, help="torch threads for the timing (0: leave)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--tiers", default="all,t3,rise,timing", type=lambda s: s.split(","),
+                        help="which parts to run (default all,t3,rise,timing)")
     parser.add_argument("--out", default=None, help="JSON results file")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)

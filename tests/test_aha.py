@@ -78,8 +78,8 @@ def test_sinkhorn_is_doubly_stochastic(tau, noise):
     # every cell holds one rank: the spec's 30 iterations end close to it (cold, noisy potentials converge
     # slowest), and more iterations converge
     assert torch.allclose(soft.sum(dim=-2), torch.ones(4, 25), atol=0.1)
-    converged = gumbel_sinkhorn(scores, tau=tau, noise=noise, iterations=1000, generator=torch.Generator().manual_seed(2))
-    assert torch.allclose(converged.sum(dim=-2), torch.ones(4, 25), atol=1e-3)
+    converged = gumbel_sinkhorn(scores, tau=tau, noise=noise, iterations=400, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(converged.sum(dim=-2), torch.ones(4, 25), atol=5e-3)
     if tau == 1.0:
         assert torch.allclose(soft.sum(dim=-2), torch.ones(4, 25), atol=1e-3)
 
@@ -226,9 +226,10 @@ def test_class_embedding_reaches_the_map_without_the_cam_skip():
     assert (a - b).abs().max() > 1e-4
 
 
-def test_save_and_load_roundtrip(tmp_path):
+@pytest.mark.parametrize("fusion_units", [2, 1])
+def test_save_and_load_roundtrip(tmp_path, fusion_units):
     bundle = tiny_vit()
-    explainer = AHAExplainer(bundle, width=16, embed_dim=16)
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16, fusion_units=fusion_units)
     with torch.no_grad():
         explainer.head.conv2.weight.normal_()
     card = save_explainer(explainer, tmp_path / "aha-tiny-vit", {"base_model": "tiny-vit"})
@@ -238,6 +239,7 @@ def test_save_and_load_roundtrip(tmp_path):
     with torch.no_grad():
         assert torch.allclose(loaded(images, targets), explainer(images, targets))
     assert card["architecture"]["width"] == 16 and (tmp_path / "aha-tiny-vit.json").exists()
+    assert card["architecture"]["fusion_units"] == fusion_units and card["architecture"]["scales"] == [1.0, 0.5]
 
 
 # --- the method and refinement -----------------------------------------------------------------------------

@@ -52,15 +52,19 @@ class ResidualConvUnit(nn.Module):
 
 
 class FusionBlock(nn.Module):
-    def __init__(self, width: int):
+    """DPT's fusion: out = RCU(RCU(skip) + upsampled coarser). `units=1` drops the skip path's RCU (lighter)."""
+
+    def __init__(self, width: int, units: int = 2):
         super().__init__()
-        self.skip = ResidualConvUnit(width)
+        self.skip = ResidualConvUnit(width) if units >= 2 else nn.Identity()
         self.out = ResidualConvUnit(width)
 
     def forward(self, skip, coarser=None):
         out = self.skip(skip)
         if coarser is not None:
-            out = out + F.interpolate(coarser, size=skip.shape[-2:], mode="bilinear", align_corners=False)
+            if coarser.shape[-2:] != skip.shape[-2:]:
+                coarser = F.interpolate(coarser, size=skip.shape[-2:], mode="bilinear", align_corners=False)
+            out = out + coarser
         return self.out(out)
 
 
@@ -111,7 +115,8 @@ class AHAExplainer(nn.Module):
     the classifier is held by reference, frozen, and never saved with the explainer."""
 
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
-                 class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None):
+                 class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
+                 fusion_units: int = 2):
         super().__init__()
         object.__setattr__(self, "bundle", bundle)  # not a submodule: never trained, never saved
         network = bundle.network
@@ -161,7 +166,8 @@ class AHAExplainer(nn.Module):
         self.class_bias = nn.Linear(embed_dim, width)  # additive class embedding at the coarsest level
         if self.use_cam:
             self.cam_proj = nn.Conv2d(1, width, 1)
-        self.fusions = nn.ModuleList(FusionBlock(width) for _ in channels)
+        self.fusions = nn.ModuleList(FusionBlock(width, fusion_units) for _ in channels)
+        self.arch["fusion_units"] = int(fusion_units)
         self.head = OutputHead(width, gain_init)
 
     # --- the classifier pass ------------------------------------------------------------------------

@@ -164,7 +164,8 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
     device = bundle.device
     torch.manual_seed(seed)
     untrained = AHAExplainer(bundle, **{k: explainer.arch[k] for k in ("width", "embed_dim", "gain_init",
-                                                                      "class_embedding", "use_cam", "indices", "scales")})
+                                                                      "class_embedding", "use_cam", "indices", "scales",
+                                                                      "fusion_units")})
     untrained.to(device).eval()
     rows = {"aha": [], "aha_untrained": []}
     rows.update({name: [] for name in compare})
@@ -219,7 +220,7 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               tau_end: float = TAU_END, grid_min: int | None = None, grid_max: int | None = None,
               references=REFERENCE_KINDS, augment: str = "auto", subset: int | None = None, seed: int = 0,
               width: int = DEFAULT_ARCH["width"], embed_dim: int = DEFAULT_ARCH["embed_dim"],
-              gain_init: float = DEFAULT_ARCH["gain_init"], time_budget_minutes: float | None = None,
+              gain_init: float = DEFAULT_ARCH["gain_init"], fusion_units: int = 2, time_budget_minutes: float | None = None,
               checkpoint_every: int = 25, log_every: int = 5, compare: tuple = ("gradcam", "random"),
               progress: bool = True, command: str | None = None) -> dict:
     """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0)."""
@@ -253,7 +254,8 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
     warmup_steps = max(1, int(round(warmup * total_steps)))
 
     torch.manual_seed(seed)
-    explainer = AHAExplainer(bundle, width=width, embed_dim=embed_dim, gain_init=gain_init).to(device)
+    explainer = AHAExplainer(bundle, width=width, embed_dim=embed_dim, gain_init=gain_init,
+                             fusion_units=fusion_units).to(device)
     explainer.train()
     model_ddp = explainer
     if world > 1:
@@ -401,6 +403,8 @@ def add_train_aha_parser(commands) -> None:
     p.add_argument("--augment", choices=AUGMENTS, default="auto")
     p.add_argument("--subset", type=int, default=None, help="train on a random subset of N images")
     p.add_argument("--width", type=int, default=DEFAULT_ARCH["width"])
+    p.add_argument("--fusion-units", type=int, choices=[1, 2], default=2,
+                   help="residual conv units per fusion level: 2 = DPT, 1 = lighter decoder")
     p.add_argument("--time-budget-minutes", type=float, default=None)
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
@@ -413,7 +417,7 @@ def cmd_train_aha(args) -> int:
                      weight_decay=args.weight_decay, warmup=args.warmup, clip=args.clip, targets=args.targets,
                      fractions=args.fractions, fraction_samples=args.fraction_samples, peak_weight=args.peak_weight,
                      grid_min=args.grid_min, grid_max=args.grid_max, augment=args.augment, subset=args.subset,
-                     width=args.width, time_budget_minutes=args.time_budget_minutes,
+                     width=args.width, fusion_units=args.fusion_units, time_budget_minutes=args.time_budget_minutes,
                      checkpoint_every=args.checkpoint_every, seed=args.seed)
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}

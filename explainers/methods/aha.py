@@ -42,6 +42,10 @@ class AHA(Method):
     def predict_and_explain(self, bundle, images, targets=None):
         """(logits, maps, targets) from one classifier pass (top-1 targets when None)."""
         explainer = self.explainer(bundle)
+        if self.refine_steps == 0:  # the single pass: no autograd bookkeeping at all
+            with torch.inference_mode():
+                logits, maps, targets = explainer.predict_and_explain(images, targets)
+            return logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
         encoded = explainer.encode(images)
         if targets is None:
             targets = encoded.logits.argmax(dim=1)
