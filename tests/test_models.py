@@ -122,3 +122,44 @@ def test_labelled_folder_refuses_paths_outside(tmp_path):
     (tmp_path / "labels.csv").write_text("file,class_index\n../secret.png,0\n")
     with pytest.raises(ValueError, match="outside"):
         open_dataset(tmp_path)
+
+
+def _preload_into_hf_cache(cache: "Path", repo_id: str, state: dict) -> None:
+    """Lay a checkpoint out the way huggingface_hub (and so a Space's `preload_from_hub`) caches it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = cache / ("models--" + repo_id.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    save_file(state, str(snapshot / "model.safetensors"))
+
+
+def test_hub_cache_defaults_to_the_huggingface_cache(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("SALIENCY_HUB_CACHE", raising=False)
+    assert models.default_hub_cache() == models.Path(huggingface_hub.constants.HF_HUB_CACHE)
+    monkeypatch.setenv("SALIENCY_HUB_CACHE", str(tmp_path / "elsewhere"))
+    assert models.default_hub_cache() == tmp_path / "elsewhere"
+
+
+def test_weights_preloaded_into_the_hf_cache_load_offline(monkeypatch, tmp_path):
+    """A Space's preload_from_hub fills the HF cache at build time: the offline loader must find it there."""
+    import huggingface_hub.constants
+
+    torch.manual_seed(5)
+    source = timm.create_model("test_resnet", pretrained=False)
+    _preload_into_hf_cache(tmp_path, "timm/test_resnet.r160_in1k", source.state_dict())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(models, "HUB_CACHE_DIR", tmp_path)
+    bundle = load_model("test_resnet.r160_in1k")
+    for key, value in source.state_dict().items():
+        assert torch.equal(bundle.network.state_dict()[key], value), key
+    assert bundle.family == "resnet" and bundle.num_classes == 1000
+    from explainers import ui_helpers
+
+    assert ui_helpers.model_available("test_resnet.r160_in1k")
+    with models._CACHE_LOCK:  # leave no test model in the shared cache
+        for key in [k for k in models._CACHE if k[0] == "test_resnet.r160_in1k"]:
+            del models._CACHE[key]
