@@ -658,6 +658,12 @@ def cli_main(args) -> int:
     if summary.get("rank", 0) == 0:
         shown = ("name", "card", "listed_in_zoo", "before", "after", "world_size", "seconds")
         print(json.dumps({k: summary[k] for k in shown if k in summary}, indent=2))
+        if getattr(args, "push_to", None):  # an HF Jobs run: hand the model back through the hub
+            from .hf_jobs import push_result
+
+            (out_dir / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
+            push_result(out_dir / name, args.push_to)
+            print(f"[camal] pushed {name} to {args.push_to}", file=sys.stderr, flush=True)
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     camal.add_argument("--eval-data", action="append", default=None,
                        help="mask set evaluated before and after (repeatable; default: the sibling 'val')")
     camal.add_argument("--out", required=True, help="weights/NAME: where the fine-tuned model is written")
+    camal.add_argument("--push-to", default=None, metavar="REPO",
+                       help="upload the fine-tuned model to this HF model repo when done (HF Jobs runs; needs HF_TOKEN)")
     camal.add_argument("--epochs", type=int, default=3)
     camal.add_argument("--lambda", dest="lam", type=float, default=1.0,
                        help="weight of sum_b (beta_b - alpha_b); 0 = plain fine-tuning")

@@ -32,6 +32,8 @@ import weakref
 from pathlib import Path
 from typing import Callable
 
+from . import hf_jobs
+
 TERMINAL = ("done", "failed", "cancelled", "interrupted")
 _REGISTRY: dict[str, Callable] = {}
 
@@ -198,31 +200,6 @@ def best_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# ----------------------------------------------------------------------------------------- HF Jobs
-# kind -> (CLI subcommand, [(param, flag)], required params). Small and explicit on purpose.
-HF_COMMANDS = {
-    "camal": ("camal", [("model", "--model"), ("data", "--data"), ("epochs", "--epochs"),
-                        ("lambda", "--lambda"), ("out", "--out")], ("model", "data")),
-}
-HF_STAGES = {"COMPLETED": "done", "ERROR": "failed", "CANCELED": "cancelled", "DELETED": "cancelled"}
-
-
-def hf_job_command(kind: str, params: dict) -> list[str]:
-    """The `python -m explainers ...` command line that runs job `kind` with `params` remotely."""
-    if kind not in HF_COMMANDS:
-        raise ValueError(f"job kind {kind!r} cannot run on HF Jobs (supported: {', '.join(HF_COMMANDS)})")
-    subcommand, flags, required = HF_COMMANDS[kind]
-    missing = [name for name in required if params.get(name) is None]
-    unknown = set(params) - {name for name, _ in flags}
-    if missing or unknown:
-        raise ValueError(f"{kind} on HF Jobs: missing params {missing}, unsupported params {sorted(unknown)}")
-    command = ["python", "-m", "explainers", subcommand]
-    for name, flag in flags:
-        if params.get(name) is not None:
-            command += [flag, str(params[name])]
-    return command
-
-
 # ----------------------------------------------------------------------------------------- runner
 class JobRunner:
     """Queue + process supervisor for one root folder (`<root>/jobs.sqlite`, `<root>/<job_id>/`).
@@ -232,7 +209,8 @@ class JobRunner:
 
     def __init__(self, root, max_concurrent: int = 1, default_timeout_s: float | None = None, *,
                  cancel_grace_s: float = 5.0, poll_s: float = 0.1, hf_token: str | None = None,
-                 hf_image: str | None = None, hf_flavor: str = "t4-small", hf_poll_s: float | None = 30.0):
+                 hf_image: str | None = None, hf_flavor: str = "t4-small", hf_poll_s: float | None = 30.0,
+                 results_dir=None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.db_path = self.root / "jobs.sqlite"
@@ -240,6 +218,7 @@ class JobRunner:
         self.cancel_grace_s, self.poll_s = cancel_grace_s, poll_s
         self.hf_token = hf_token or os.environ.get("HF_TOKEN")
         self.hf_image = hf_image or os.environ.get("SALIENCY_LAB_HF_IMAGE", "pytorch/pytorch:latest")
+        self.results_dir = results_dir  # where finished HF jobs' models are downloaded (default: the model zoo)
         self.hf_flavor, self.hf_poll_s, self._hf_polled = hf_flavor, hf_poll_s, 0.0
         self._local = threading.local()
         self._procs: dict[str, subprocess.Popen] = {}
@@ -345,17 +324,32 @@ class JobRunner:
             time.sleep(0.05)
 
     def refresh(self) -> None:
-        """Poll HF Jobs for the status of every unfinished hf-jobs record."""
+        """Poll HF Jobs for the status of every unfinished hf-jobs record; download the models of finished ones."""
         import huggingface_hub
         self._hf_polled = time.monotonic()
-        for row in self._con().execute("SELECT id, external_id FROM jobs WHERE backend='hf-jobs' "
+        for row in self._con().execute("SELECT id, external_id, params FROM jobs WHERE backend='hf-jobs' "
                                        "AND status='running'").fetchall():
             info = huggingface_hub.inspect_job(job_id=row["external_id"], token=self.hf_token)
             stage = getattr(info.status.stage, "value", info.status.stage)
-            if stage in HF_STAGES:
-                status = HF_STAGES[stage]
-                _finish(self._con(), row["id"], status,
-                        error=f"HF job {stage}: {info.status.message or ''}".strip() if status != "done" else None)
+            if stage not in hf_jobs.STAGES:
+                continue
+            status, result, error = hf_jobs.STAGES[stage], None, None
+            if status != "done":
+                error = f"HF job {stage}: {info.status.message or ''}".strip()
+            repo = json.loads(row["params"] or "{}").get("_result_repo")
+            if status == "done" and repo:
+                try:
+                    result = hf_jobs.fetch_result(repo, self._results_dir(), token=self.hf_token)
+                except Exception as exc:  # noqa: BLE001 - the job ran; say where its model is
+                    status, error = "failed", (f"HF job finished but its model could not be downloaded from {repo}: "
+                                               f"{type(exc).__name__}: {exc}")
+            _finish(self._con(), row["id"], status, error=error, result=result)
+
+    def _results_dir(self) -> Path:
+        if self.results_dir is not None:
+            return Path(self.results_dir)
+        from .models import WEIGHTS_DIR
+        return Path(WEIGHTS_DIR)
 
     def shutdown(self, wait: bool = False) -> None:
         """Stop the scheduler. Running local jobs: wait for them, or kill them and mark them interrupted."""
@@ -428,15 +422,18 @@ class JobRunner:
         con.execute("UPDATE jobs SET pid=? WHERE id=?", (proc.pid, job_id))
 
     def _submit_hf(self, job_id, kind, params, timeout_s, work_dir) -> str:
+        """Stage the inputs on the hub, start the container, record the job (see `hf_jobs`)."""
         if not self.hf_token:
-            raise RuntimeError("HF Jobs backend needs a Hugging Face token: set HF_TOKEN or pass hf_token=")
+            raise hf_jobs.HFJobsError("HF Jobs backend needs a Hugging Face token: set HF_TOKEN or pass hf_token=")
         import huggingface_hub
-        command = hf_job_command(kind, params)
-        info = huggingface_hub.run_job(image=self.hf_image, command=command, flavor=self.hf_flavor,
-                                       secrets={"HF_TOKEN": self.hf_token}, timeout=timeout_s, token=self.hf_token)
+        remote = hf_jobs.prepare(kind, params, job_id, self.hf_token)
+        info = huggingface_hub.run_job(image=self.hf_image, command=remote.command, volumes=remote.volumes,
+                                       flavor=self.hf_flavor, secrets={"HF_TOKEN": self.hf_token}, timeout=timeout_s,
+                                       token=self.hf_token, labels={"app": "saliency-lab", "job": job_id})
+        recorded = dict(params, _result_repo=remote.result_repo, _staged_repo=remote.staged_repo)
         self._con().execute("INSERT INTO jobs (id, kind, params, status, backend, external_id, created, started, "
                             "device, timeout_s, work_dir) VALUES (?, ?, ?, 'running', 'hf-jobs', ?, ?, ?, ?, ?, ?)",
-                            (job_id, kind, json.dumps(params), info.id, time.time(), time.time(),
+                            (job_id, kind, json.dumps(recorded), info.id, time.time(), time.time(),
                              f"hf:{self.hf_flavor}", timeout_s, str(work_dir)))
         return job_id
 

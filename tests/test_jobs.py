@@ -3,12 +3,15 @@ import gc
 import os
 import signal
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from explainers import jobs
-from explainers.jobs import JobRunner, atomic_torch_save, atomic_write_bytes, hf_job_command
+from explainers import hf_jobs
+from explainers.jobs import JobRunner, atomic_torch_save, atomic_write_bytes
+from explainers.hf_jobs import cli_command as hf_job_command
 
 
 class Runners:
@@ -225,36 +228,138 @@ def test_hf_jobs_without_token_is_a_clear_error(runners, monkeypatch):
     assert runner.list() == []
 
 
-def test_hf_jobs_submit_refresh_cancel_with_fakes(runners, monkeypatch):
-    import huggingface_hub
-    calls, stages = [], {}
+class FakeHub:
+    """The huggingface_hub functions the HF Jobs backend calls, recorded; repos are folders under `root`."""
 
-    def fake_run_job(**kwargs):
-        calls.append(("run", kwargs))
-        return SimpleNamespace(id=f"hf-{len(calls)}")
+    def __init__(self, monkeypatch, root):
+        import huggingface_hub
 
-    def fake_inspect_job(*, job_id, token=None):
-        stage, message = stages.get(job_id, ("RUNNING", None))
+        self.root, self.calls, self.stages = root, [], {}
+        for name in ("run_job", "inspect_job", "cancel_job", "whoami", "create_repo", "upload_folder",
+                     "snapshot_download"):
+            monkeypatch.setattr(huggingface_hub, name, getattr(self, name))
+
+    def run_job(self, **kwargs):
+        self.calls.append(("run", kwargs))
+        return SimpleNamespace(id=f"hf-{sum(1 for c in self.calls if c[0] == 'run')}")
+
+    def inspect_job(self, *, job_id, token=None):
+        stage, message = self.stages.get(job_id, ("RUNNING", None))
         return SimpleNamespace(id=job_id, status=SimpleNamespace(stage=stage, message=message))
 
-    monkeypatch.setattr(huggingface_hub, "run_job", fake_run_job)
-    monkeypatch.setattr(huggingface_hub, "inspect_job", fake_inspect_job)
-    monkeypatch.setattr(huggingface_hub, "cancel_job", lambda *, job_id, token=None: calls.append(("cancel", job_id)))
-    runner = runners(hf_token="hf_secret", hf_image="img:1", hf_flavor="a10g-small", hf_poll_s=None)
+    def cancel_job(self, *, job_id, token=None):
+        self.calls.append(("cancel", job_id))
+
+    def whoami(self, token=None):
+        assert token == "hf_secret"
+        return {"name": "alice"}
+
+    def create_repo(self, repo_id, *, repo_type=None, private=None, exist_ok=False, token=None):
+        self.calls.append(("create", repo_id, repo_type, private))
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+
+    def upload_folder(self, *, repo_id, folder_path, repo_type=None, path_in_repo=None, token=None, **kwargs):
+        import fnmatch
+        import shutil
+
+        self.calls.append(("upload", repo_id, repo_type, path_in_repo, str(folder_path)))
+        target = self.root / repo_id / (path_in_repo or "")
+        for file in Path(folder_path).rglob("*"):
+            relative = file.relative_to(folder_path).as_posix()
+            allowed = kwargs.get("allow_patterns") or ["*"]
+            ignored = kwargs.get("ignore_patterns") or []
+            if file.is_file() and any(fnmatch.fnmatch(relative, p) for p in allowed) and not any(
+                    fnmatch.fnmatch(relative, p) for p in ignored):
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(file, target / relative)
+
+    def snapshot_download(self, *, repo_id, repo_type=None, local_dir=None, token=None, allow_patterns=None):
+        import shutil
+
+        self.calls.append(("download", repo_id, str(local_dir)))
+        for file in (self.root / repo_id).iterdir():
+            shutil.copy(file, Path(local_dir) / file.name)
+        return str(local_dir)
+
+
+def test_hf_jobs_submit_refresh_cancel_with_fakes(runners, monkeypatch, tmp_path):
+    hub = FakeHub(monkeypatch, tmp_path / "hub")
+    monkeypatch.setenv("SPACE_ID", "alice/saliency-lab")
+    runner = runners(hf_token="hf_secret", hf_image="img:1", hf_flavor="a10g-small", hf_poll_s=None,
+                     results_dir=tmp_path / "weights")
     params = {"model": "m", "data": "d", "epochs": 2}
     ids = [runner.submit("camal", params, timeout_s=3600, backend="hf-jobs") for _ in range(4)]
-    kind, kwargs = calls[0]
+    kind, kwargs = hub.calls[0]
     assert kwargs["image"] == "img:1" and kwargs["flavor"] == "a10g-small" and kwargs["timeout"] == 3600
     assert kwargs["secrets"] == {"HF_TOKEN": "hf_secret"}
-    assert kwargs["command"] == hf_job_command("camal", params)
+    assert kwargs["command"][:2] == ["bash", "-c"] and kwargs["command"][2].endswith(
+        "python -m explainers camal --model m --data d --epochs 2")
+    assert [(v.type, v.source, v.mount_path) for v in kwargs["volumes"]] == [("space", "alice/saliency-lab", "/code")]
     job = runner.get(ids[0])
     assert job["backend"] == "hf-jobs" and job["external_id"] == "hf-1" and job["status"] == "running"
 
     from huggingface_hub import JobStage
-    stages.update({"hf-1": (JobStage.COMPLETED, None), "hf-2": ("ERROR", "CUDA out of memory"),
-                   "hf-3": ("CANCELED", None)})
+    hub.stages.update({"hf-1": (JobStage.COMPLETED, None), "hf-2": ("ERROR", "CUDA out of memory"),
+                       "hf-3": ("CANCELED", None)})
     runner.refresh()
     assert [runner.get(i)["status"] for i in ids] == ["done", "failed", "cancelled", "running"]
     assert "CUDA out of memory" in runner.get(ids[1])["error"]
     assert runner.cancel(ids[3])["status"] == "cancelled"
-    assert calls[-1] == ("cancel", "hf-4")
+    assert hub.calls[-1] == ("cancel", "hf-4")
+
+
+def test_hf_jobs_upload_the_mask_set_and_bring_the_model_back(runners, monkeypatch, tmp_path):
+    """The remote job cannot see local paths: the mask set goes up to a private dataset repo mounted in the
+    container, the model comes back from the model repo the job pushed to, into the local weights folder."""
+    hub = FakeHub(monkeypatch, tmp_path / "hub")
+    monkeypatch.setenv("SPACE_ID", "alice/saliency-lab")
+    masks = tmp_path / "my masks"
+    masks.mkdir()
+    (masks / "masks.csv").write_text("file,mask,class_index\na.png,a.mask.png,1\n")
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    runner = runners(hf_token="hf_secret", hf_poll_s=None, results_dir=weights)
+    job_id = runner.submit("camal", {"model": "bloodmnist-cnn", "data": str(masks), "epochs": 1,
+                                     "out": "weights/cnn-camal-1"}, backend="hf-jobs")
+    staged = f"alice/saliency-lab-job-{job_id}"
+    assert ("create", staged, "dataset", True) in hub.calls and ("create", "alice/cnn-camal-1", "model", True) in hub.calls
+    assert ("upload", staged, "dataset", "data", str(masks)) in hub.calls
+    assert (tmp_path / "hub" / staged / "data" / "masks.csv").exists()
+    kwargs = next(c[1] for c in hub.calls if c[0] == "run")
+    script = kwargs["command"][2]
+    assert "--data /inputs/data" in script and "--out /tmp/out/cnn-camal-1 --push-to alice/cnn-camal-1" in script
+    assert str(masks) not in script  # no local path reaches the container
+    assert ("dataset", staged, "/inputs") in [(v.type, v.source, v.mount_path) for v in kwargs["volumes"]]
+
+    # what the job's `--push-to` does at its end, then the runner notices the job finished
+    out = tmp_path / "remote-out"
+    out.mkdir()
+    (out / "cnn-camal-1.json").write_text('{"kind": "classifier", "weights_file": "cnn-camal-1.safetensors"}')
+    (out / "cnn-camal-1.safetensors").write_bytes(b"weights")
+    (out / "cnn-camal-1.camal.ckpt").write_bytes(b"not shipped")
+    (out / "cnn-camal-1.summary.json").write_text('{"before": {"val": {"iou": 0.2}}, "after": {"val": {"iou": 0.6}}, '
+                                                  '"weights": "/tmp/out/cnn-camal-1.safetensors"}')
+    (out / "other-model.json").write_text("{}")
+    hf_jobs.push_result(out / "cnn-camal-1", "alice/cnn-camal-1", token="hf_secret")
+    pushed = sorted(p.name for p in (tmp_path / "hub" / "alice" / "cnn-camal-1").iterdir())
+    assert pushed == ["cnn-camal-1.json", "cnn-camal-1.safetensors", "cnn-camal-1.summary.json"]
+    hub.stages["hf-1"] = ("COMPLETED", None)
+    runner.refresh()
+    job = runner.get(job_id)
+    assert job["status"] == "done", job
+    assert (weights / "cnn-camal-1.json").exists() and (weights / "cnn-camal-1.safetensors").read_bytes() == b"weights"
+    assert job["result"]["card"] == str(weights / "cnn-camal-1.json")
+    assert job["result"]["weights"] == str(weights / "cnn-camal-1.safetensors")
+    assert job["result"]["after"]["val"]["iou"] == 0.6
+
+
+def test_hf_jobs_need_the_code_on_the_hub(runners, monkeypatch, tmp_path):
+    FakeHub(monkeypatch, tmp_path / "hub")
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("SALIENCY_LAB_CODE_REPO", raising=False)
+    runner = runners(hf_token="hf_secret", hf_poll_s=None)
+    with pytest.raises(hf_jobs.HFJobsError, match="SALIENCY_LAB_CODE_REPO"):
+        runner.submit("camal", {"model": "m", "data": "d"}, backend="hf-jobs")
+    assert runner.list() == []
+    monkeypatch.setenv("SALIENCY_LAB_CODE_REPO", "model:alice/saliency-code")
+    assert hf_jobs.code_repo() == ("alice/saliency-code", "model")
