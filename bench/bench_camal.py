@@ -166,15 +166,51 @@ def decoy(args) -> dict:
     table["start"] = {split: C.evaluate(start, data, curve_limit=args.curve_limit) for split, data in evals.items()}
     print("start:", json.dumps(table["start"]), flush=True)
     for arm, lam in (("vanilla", 0.0), ("camal", args.lam)):
+        if arm not in args.arms:
+            continue
         bundle = C.load_bundle(str(start_card))
         result = C.finetune(bundle, train, epochs=args.epochs, lam=lam, lr=args.lr, batch_size=args.batch_size,
                             seed=args.seed, cam_mode=args.cam_mode, bn_train=args.bn_train)
         timing[arm] = result["seconds"]
         table[arm] = {split: C.evaluate(bundle, data, curve_limit=args.curve_limit) for split, data in evals.items()}
         print(f"{arm}:", json.dumps(table[arm]), flush=True)
+        if args.export_dir and arm == "camal":
+            export_decoy_models(args, start, bundle, table, decoy_root, result["seconds"])
     print(_metrics_table(table))
     return {"table": table, "train_seconds": timing, "markdown": _metrics_table(table),
             "decoy": json.loads((decoy_root / "decoy.json").read_text())}
+
+
+BLOODMNIST_CLASSES = ["basophil", "eosinophil", "erythroblast", "immature granulocyte", "lymphocyte", "monocyte",
+                      "neutrophil", "platelet"]
+
+
+def export_decoy_models(args, start, camal_bundle, table, decoy_root, camal_seconds) -> None:
+    """Ship the decoy demo (the app's Learn tab): the shortcut model and its CAMAL fine-tune, with their
+    measured decoy-test figures in the cards (`decoy-bloodmnist-cnn`, `decoy-bloodmnist-cnn-camal`)."""
+    from explainers.training import export_classifier
+
+    out = Path(args.export_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    about = json.loads((decoy_root / "decoy.json").read_text())
+    for name, bundle, extra in (
+            ("decoy-bloodmnist-cnn", start, {"decoy": {"what": "trained on decoy BloodMNIST: every training image "
+                                                       "carries a coloured square that gives its class away",
+                                                       "test": table["start"], "build": about}}),
+            ("decoy-bloodmnist-cnn-camal", camal_bundle, {"camal": {
+                "base_model": "decoy-bloodmnist-cnn", "lambda": args.lam, "epochs": args.epochs, "lr": args.lr,
+                "cam_mode": args.cam_mode, "train_seconds": camal_seconds, "masks": "cell masks (decoy build)",
+                "before": table["start"], "after": table["camal"]}})):
+        name_, kwargs = C._timm_spec(bundle)
+        bundle.network.to("cpu")
+        export_classifier(bundle.network, name=name, out_dir=out, timm_name=name_, timm_kwargs=kwargs,
+                          mean=bundle.mean, std=bundle.std, class_names=BLOODMNIST_CLASSES,
+                          data="decoy BloodMNIST train (built by explainers.decoy from BloodMNIST 64 px train)",
+                          val_accuracy=None, test_data=None, seed=args.seed, history=[], epochs=args.epochs,
+                          train_seconds=camal_seconds if "camal" in extra else 0.0, input_size=64,
+                          extra={**extra, "reference_color": list(bundle.reference_color),
+                                 "bench_command": " ".join(["python bench/bench_camal.py"] + sys.argv[1:])})
+        print(f"exported {out / name}.json", flush=True)
 
 
 # ------------------------------------------------------------------------------------------ 3. BCCD
@@ -231,6 +267,10 @@ def main(argv=None) -> int:
             sub.add_argument("--preset", choices=["cnn", "vit"], default="cnn")
             sub.add_argument("--start-epochs", type=int, default=4)
             sub.add_argument("--start-lr", type=float, default=2e-3)
+            sub.add_argument("--arms", default="vanilla,camal", type=lambda v: v.split(","),
+                             help="fine-tuning arms from the common start (vanilla = lambda 0)")
+            sub.add_argument("--export-dir", default=None, help="also export the start model and the CAMAL "
+                                                                "model as decoy-bloodmnist-cnn(-camal) here")
         else:
             sub.add_argument("--model", default="bloodmnist-cnn")
             sub.add_argument("--bccd", required=True, help="BCCD folder (with Annotations/, JPEGImages/)")

@@ -35,11 +35,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve(port: int, tiny: bool, state_dir: str, heavy: int | None) -> None:
+RESIDENT = []  # objects the server keeps alive for the memory measurement
+
+
+def load_resident_sam() -> str:
+    """Keep a SAM ViT-B resident with one image embedded (as after a Masks-tab click), for the memory figure.
+    Real weights when cached; offline, the same architecture with random weights (same size in memory)."""
+    import numpy as np
+    from PIL import Image
+
+    from explainers.masks import SamSegmenter, SamUnavailableError, load_sam
+
+    try:
+        segmenter, what = load_sam("vit_b"), "SAM ViT-B (hub weights)"
+    except SamUnavailableError:
+        from segment_anything import sam_model_registry
+
+        segmenter, what = SamSegmenter(sam_model_registry["vit_b"](), label="SAM ViT-B"), \
+            "SAM ViT-B architecture with random weights (the hub is unreachable here; same memory)"
+    picture = np.asarray(Image.open(sorted(CELLS.glob("*.jpg"))[0]).convert("RGB").resize((256, 256)))
+    RESIDENT.append(segmenter.prepare(picture))
+    return what
+
+
+def serve(port: int, tiny: bool, state_dir: str, heavy: int | None, sam: bool = False) -> None:
     """The server process."""
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import app
+
+    if sam:
+        print(f"[load_test] resident: {load_resident_sam()}", file=sys.stderr, flush=True)
 
     kwargs = {}
     if tiny:
@@ -220,12 +246,14 @@ def main(argv=None) -> int:
                              "per request as the server, which matters when both share 2 cores)")
     parser.add_argument("--client-nice", type=int, default=10,
                         help="niceness of the client threads' process (0 = same priority as the server)")
+    parser.add_argument("--sam", action="store_true", help="keep a SAM ViT-B resident in the server (one image "
+                                                          "embedded) so the peak memory includes it")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--state-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.serve:
-        serve(args.serve, args.tiny, args.state_dir, args.heavy_concurrency)
+        serve(args.serve, args.tiny, args.state_dir, args.heavy_concurrency, args.sam)
         return 0
 
     import tempfile
@@ -240,6 +268,8 @@ def main(argv=None) -> int:
         command.append("--tiny")
     if args.heavy_concurrency:
         command += ["--heavy-concurrency", str(args.heavy_concurrency)]
+    if args.sam:
+        command.append("--sam")
     server = subprocess.Popen(command, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if args.client_nice:
         # the load generator is not the system under test: on a shared 2-core box, let the server have the CPU
@@ -321,7 +351,7 @@ def main(argv=None) -> int:
         "latency_alpha_curves": stats("alpha_curves"),
         "wall_s": wall, "server_cpu_s": server_cpu, "server_cpu_ms_per_request": 1000 * server_cpu / max(1, len(results)),
         "client_cpu_s": client_cpu, "server_rss_idle_mb": idle_rss, "server_rss_peak_mb": max(hwm, peak["rss"]),
-        "targets": {"p95_s": 5.0, "peak_rss_gb": 6.0}, "client": args.client, "client_nice": args.client_nice,
+        "targets": {"p95_s": 5.0, "peak_rss_gb": 6.0}, "sam_resident": args.sam, "client": args.client, "client_nice": args.client_nice,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
     }
