@@ -13,8 +13,19 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 
+def spread_indices(total: int, limit: int | None) -> list:
+    """`limit` indices spread evenly over 0..total-1 (every k-th item, first included), in order.
+
+    Data files are often sorted by class (BloodMNIST's labels.csv is): taking the first N would evaluate a
+    few classes only; an even spread keeps every class in proportion and stays deterministic."""
+    if not limit or limit >= total:
+        return list(range(total))
+    return sorted({int(round(i * (total - 1) / max(1, limit - 1))) for i in range(limit)}) if limit > 1 else [0]
+
+
 class LabelledFolder(Dataset):
-    """A folder of images with labels.csv, processed in the csv's order."""
+    """A folder of images with labels.csv, processed in the csv's order (`limit`: an even spread, see
+    `spread_indices`)."""
 
     def __init__(self, root, transform=None, limit: int | None = None):
         self.root = Path(root)
@@ -26,7 +37,7 @@ class LabelledFolder(Dataset):
         for file_name, _ in rows:
             if Path(file_name).is_absolute() or ".." in Path(file_name).parts:
                 raise ValueError(f"labels.csv names a path outside the folder: {file_name}")
-        self.items = rows[:limit] if limit else rows
+        self.items = [rows[i] for i in spread_indices(len(rows), limit)]
         self.transform = transform
 
     def __len__(self):
@@ -57,8 +68,9 @@ class NpzSplit(Dataset):
             key = f"{split}_images"
             if key not in data:
                 raise KeyError(f"{path} has no '{key}'; keys: {sorted(data.keys())}")
-            self.images = data[key][:limit] if limit else data[key]
-            self.labels = data[f"{split}_labels"].reshape(-1)[: len(self.images)].astype(int)
+            keep = spread_indices(len(data[key]), limit)
+            self.images = data[key][keep]
+            self.labels = data[f"{split}_labels"].reshape(-1)[keep].astype(int)
         self.transform = transform
 
     def __len__(self):

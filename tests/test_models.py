@@ -163,3 +163,24 @@ def test_weights_preloaded_into_the_hf_cache_load_offline(monkeypatch, tmp_path)
     with models._CACHE_LOCK:  # leave no test model in the shared cache
         for key in [k for k in models._CACHE if k[0] == "test_resnet.r160_in1k"]:
             del models._CACHE[key]
+
+
+def test_limit_spreads_over_a_class_sorted_file(tmp_path):
+    """labels.csv files sorted by class (BloodMNIST's are) must not give a few classes only under --limit."""
+    from PIL import Image
+
+    from explainers.data import spread_indices
+
+    assert spread_indices(10, 3) == [0, 4, 9] and spread_indices(10, None) == list(range(10))
+    assert spread_indices(1707, 500) == sorted(set(spread_indices(1707, 500))) and len(spread_indices(1707, 500)) == 500
+    rows = ["file,class_index"]
+    for index in range(40):
+        Image.new("RGB", (4, 4), (index, 0, 0)).save(tmp_path / f"{index:02d}.png")
+        rows.append(f"{index:02d}.png,{index // 10}")  # 4 classes, sorted
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    dataset = open_dataset(str(tmp_path), limit=8)
+    assert len(dataset) == 8 and sorted(set(dataset.labels)) == [0, 1, 2, 3]
+    np.savez(tmp_path / "sorted.npz", test_images=np.zeros((40, 4, 4), np.uint8),
+             test_labels=np.repeat(np.arange(4), 10).reshape(-1, 1))
+    npz = open_dataset(str(tmp_path / "sorted.npz"), split="test", limit=8)
+    assert len(npz) == 8 and sorted(set(npz.labels.tolist())) == [0, 1, 2, 3]

@@ -145,8 +145,8 @@ def load_eval_images(bundle, data, limit: int | None, split: str = "val"):
     from ..data import open_dataset
     from ..images import prepare_for_model
 
-    dataset = open_dataset(data, split=split)
-    count = min(limit or len(dataset), len(dataset))
+    dataset = open_dataset(data, split=split, limit=limit)  # an even spread over the (class-sorted) file
+    count = len(dataset)
     images = torch.cat([prepare_for_model(dataset.image(i), bundle)[0] for i in range(count)])
     return images, torch.tensor([int(dataset.labels[i]) for i in range(count)])
 
