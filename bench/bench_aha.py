@@ -104,7 +104,7 @@ def bench_model(name: str, args) -> dict:
     limits = {"all": args.limit or LIMITS[name], "t3": args.t3_limit or T3_LIMITS[name],
               "rise": args.rise_limit or RISE_LIMITS[name]}
     tiers = {
-        "all": ["aha", "gradcam"] + [m for m in ("chefer", "gradskip") if applicable(bundle, m)] + ["random"],
+        "all": ["aha", "gradcam"] + [m for m in ("chefer", "gradskip", "rollout") if applicable(bundle, m)] + ["random"],
         "t3": ["aha", "aha:refine_steps=3"],
         "rise": ["aha", "gradcam", "rise"],
     }
