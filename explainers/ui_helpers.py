@@ -957,9 +957,11 @@ def camal_figures(result: dict, weights_dir) -> list:
 
 
 def decoy_model_cards(folders) -> tuple:
-    """(before, after) model cards among `*decoy*.json` in the folders: a classifier trained on decoy BloodMNIST
-    and a CAMAL fine-tune (a card with a 'camal' record); None where missing."""
-    before = after = None
+    """(before, after) model cards among `*decoy*.json` in the folders (earlier folders first): a classifier
+    trained on decoy BloodMNIST and a CAMAL fine-tune (a card with a 'camal' record); None where missing.
+    A fine-tune whose `camal.base_model` (a name or a card path) is one of the decoy classifiers is paired
+    with it (e.g. decoy-bloodmnist-cnn and decoy-bloodmnist-cnn-camal)."""
+    befores, afters = [], []
     for folder in folders:
         folder = Path(folder)
         if not folder.is_dir():
@@ -971,13 +973,19 @@ def decoy_model_cards(folders) -> tuple:
                 card = json.loads(card_file.read_text())
             except (OSError, ValueError):
                 continue
-            if card.get("kind") not in (None, "classifier"):
+            if not isinstance(card, dict) or card.get("kind") not in (None, "classifier"):
                 continue
             if card.get("camal"):
-                after = after or card_file
+                afters.append((card_file, card))
             else:
-                before = before or card_file
-    return before, after
+                befores.append((card_file, card))
+    for after_file, card in afters:
+        base = str((card.get("camal") or {}).get("base_model") or card.get("base_model") or "")
+        base_name = Path(base).stem if base.endswith(".json") else Path(base).name
+        pair = next((before_file for before_file, _ in befores if before_file.stem == base_name), None)
+        if pair is not None:
+            return pair, after_file
+    return (befores[0][0] if befores else None), (afters[0][0] if afters else None)
 
 
 def png_bytes(image: Image.Image) -> bytes:

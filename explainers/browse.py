@@ -1,0 +1,149 @@
+"""Browsing labelled image folders safely: which folders may be opened, pages of thumbnails, one image by index.
+
+    folder = resolve_folder("assets/bloodmnist")        # inside the allowed data roots, or ValueError
+    page = browse("assets/bloodmnist", class_filter="3", page=1)
+    page.items[0]                                        # (PIL image, class name)
+    picture = pick("assets/bloodmnist", page.indices[0])
+
+A public app must not browse the server's disk: every folder is resolved (symlinks and `..` included) and must
+lie inside `data_roots()`: SALIENCY_LAB_DATA_ROOTS (os.pathsep-separated), else assets/, data/ and
+../shared/data, plus SALIENCY_LAB_DECOY_DIR. Relative paths are taken from the project root. Nothing here
+imports gradio; errors are ValueError / FileNotFoundError with a message for the user.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ui_helpers as ui
+from .data import open_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "assets"
+SHARED_DATA = ROOT / ".." / "shared" / "data"
+SHARED_BLOODMNIST = (SHARED_DATA / "bloodmnist" / "64" / "test").resolve()
+PAGE = 48  # thumbnails per page (the Explain tab's browser and the review gallery)
+
+
+def data_roots() -> list:
+    """Folders whose data sets the app may open (a public Space must not browse the whole disk):
+    SALIENCY_LAB_DATA_ROOTS (os.pathsep-separated), else assets/, data/ and ../shared/data; plus
+    SALIENCY_LAB_DECOY_DIR. Resolved absolute paths."""
+    configured = [Path(p) for p in os.environ.get("SALIENCY_LAB_DATA_ROOTS", "").split(os.pathsep) if p]
+    roots = configured or [ASSETS, ROOT / "data", SHARED_DATA]
+    roots += [Path(p) for p in os.environ.get("SALIENCY_LAB_DECOY_DIR", "").split(os.pathsep) if p]
+    return [root.expanduser().resolve() for root in roots]
+
+
+def decoy_locations() -> list:
+    """Folders that may hold decoy BloodMNIST (`decoy-bloodmnist/`) and its models (`weights/`):
+    SALIENCY_LAB_DECOY_DIR (os.pathsep-separated) first, then data/, ../shared/data and the project root."""
+    roots = [Path(p) for p in os.environ.get("SALIENCY_LAB_DECOY_DIR", "").split(os.pathsep) if p]
+    return roots + [ROOT / "data", SHARED_DATA, ROOT]
+
+
+def inside(path, roots) -> bool:
+    """True when `path` (resolved: symlinks and `..` followed) is one of `roots` or lies below one."""
+    path = Path(path).expanduser().resolve()
+    return any(path == Path(r).resolve() or Path(r).resolve() in path.parents for r in roots)
+
+
+def resolve_folder(folder, roots=None) -> Path:
+    """The data folder (or .npz) as an absolute path inside the allowed data roots (default `data_roots()`).
+    ValueError when it is empty or outside them, FileNotFoundError when it does not exist."""
+    folder = str(folder or "").strip()
+    if not folder:
+        raise ValueError("Type the path of a labelled folder (with labels.csv) or a MedMNIST .npz file.")
+    path = Path(folder).expanduser()
+    if not path.is_absolute():
+        path = ROOT / path
+    path = path.resolve()
+    roots = data_roots() if roots is None else [Path(r).expanduser().resolve() for r in roots]
+    if not inside(path, roots):
+        raise ValueError(f"The folder {folder} is outside the data folders this app may open: "
+                         f"{', '.join(str(r) for r in roots)} (set SALIENCY_LAB_DATA_ROOTS to allow others).")
+    if not path.exists():
+        raise FileNotFoundError(f"The folder {folder} does not exist on the server.")
+    return path
+
+
+def open_folder(folder, roots=None):
+    """The data set (explainers.data) of an allowed folder; see `resolve_folder`."""
+    return open_dataset(resolve_folder(folder, roots))
+
+
+def class_names(folder, dataset) -> list:
+    """The class names of a folder (classes.txt beside it or above it), else "0", "1", ... for its labels."""
+    names = ui.class_names_for(folder) if Path(folder).is_dir() else None
+    count = max(dataset.labels) + 1 if len(dataset) else 0
+    return names if names and len(names) >= count else [str(i) for i in range(count)]
+
+
+def class_filter_choices(names) -> list:
+    """[(label, value)] for a class filter menu: "all", then "i: name" -> "i"."""
+    return [("All classes", "all")] + [(f"{i}: {n}", str(i)) for i, n in enumerate(names)]
+
+
+def wants_all(class_filter) -> bool:
+    return class_filter in (None, "", "all")
+
+
+@dataclass
+class BrowsePage:
+    """One page of thumbnails: `items` [(PIL image, class name)], their data-set `indices`, a one-line `info`."""
+
+    items: list
+    indices: list
+    info: str
+    names: list
+    page: int
+    pages: int
+    class_choices: list = field(default_factory=list)
+
+
+def browse(folder, class_filter="all", page=1, *, page_size: int = PAGE, roots=None) -> BrowsePage:
+    """Thumbnails of one page of a labelled folder, filtered by class ("all" or a class index)."""
+    path = resolve_folder(folder, roots)
+    dataset = open_dataset(path)
+    names = class_names(path, dataset)
+    indices = [i for i, label in enumerate(dataset.labels)
+               if wants_all(class_filter) or int(label) == int(class_filter)]
+    pages = max(1, (len(indices) + page_size - 1) // page_size)
+    page = min(max(1, int(page or 1)), pages)
+    shown = indices[(page - 1) * page_size: page * page_size]
+    items = [(dataset.image(i), f"{names[int(dataset.labels[i])]}") for i in shown]
+    info = f"{len(indices)} images{'' if wants_all(class_filter) else ' in this class'}; page {page} of {pages}."
+    return BrowsePage(items, shown, info, names, page, pages, class_filter_choices(names))
+
+
+def pick(folder, index, roots=None):
+    """The image (PIL) at data-set position `index` of an allowed folder (the API form of a gallery click)."""
+    dataset = open_folder(folder, roots)
+    index = int(index)
+    if not 0 <= index < len(dataset):
+        raise ValueError(f"No image {index} in this folder (it has {len(dataset)}).")
+    return dataset.image(index)
+
+
+def examples_list() -> tuple:
+    """(blood cell examples: one per class, photo examples) shipped in assets/, as file paths."""
+    cells = []
+    labels = ASSETS / "bloodmnist" / "labels.csv"
+    if labels.exists():
+        seen = set()
+        with labels.open(newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row["class_index"] not in seen:  # one per class
+                    seen.add(row["class_index"])
+                    cells.append(str(ASSETS / "bloodmnist" / row["file"]))
+    photos = sorted(str(p) for p in (ASSETS / "photos").glob("*.jpg"))
+    return cells, photos
+
+
+def default_data_dir() -> str:
+    """BloodMNIST's test split in ../shared when it exists, else the 24 cells shipped in assets/."""
+    if (SHARED_BLOODMNIST / "labels.csv").exists():
+        return str(SHARED_BLOODMNIST)
+    return str(ASSETS / "bloodmnist")

@@ -1,0 +1,204 @@
+"""The Learn tab's decoy BloodMNIST demonstration: a model that learned the decoy square, before and after CAMAL.
+
+    pictures, text = decoy_view(services)        # [(file, caption)] and a Markdown paragraph
+
+Per decoy test image: the image, the "before" model's Grad-CAM and prediction, the "after" (CAMAL) model's.
+The models are the decoy cards `ui_helpers.decoy_model_cards` finds (e.g. weights/decoy-bloodmnist-cnn.json
+and its CAMAL fine-tune weights/decoy-bloodmnist-cnn-camal.json); their numbers come from their cards only.
+The test images come from a built decoy test split (`decoy-bloodmnist/test` under `services.decoy_roots`),
+else they are made here from the cells shipped in assets/bloodmnist: each gets a square whose colour and
+corner never match its class (`decoy_test_images`), so a model that reads the square is misled. Without any
+decoy model the shipped cells are shown with their own class's square (the training rule). No gradio here.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from . import ui_helpers as ui
+from .browse import ASSETS, examples_list
+from .data import open_dataset
+from .decoy import CORNERS, PALETTE, add_decoy
+from .images import load_image
+from .services import DEVICE, run_method
+
+CELLS = ASSETS / "bloodmnist"
+SHOWN = 192  # px: decoy images are shown enlarged (nearest), like the maps
+BUILD_HINT = ("Build it with `python -m explainers.decoy --src ../shared/data/bloodmnist/64 --out "
+              "data/decoy-bloodmnist`, train a model on it and fine-tune that model with CAMAL (Masks & fine-tune "
+              "tab, or `bench/bench_camal.py decoy`) to see its maps before and after here.")
+
+
+def decoy_test_split(roots) -> Path | None:
+    """The first `decoy-bloodmnist/test` folder (with labels.csv) under the roots, or None."""
+    return next((Path(root) / "decoy-bloodmnist" / "test" for root in roots
+                 if (Path(root) / "decoy-bloodmnist" / "test" / "labels.csv").exists()), None)
+
+
+def decoy_test_images(count: int = 4, seed: int = 0, folder=CELLS) -> list:
+    """[(PIL image, true class, caption)]: `count` cells of different classes from a labelled folder (default
+    the shipped BloodMNIST cells), each with a decoy square drawn at random (seeded) among the colours and
+    corners that do NOT belong to its class: the training rule is colour PALETTE[class], corner
+    CORNERS[class % 4], so the square always points a shortcut-taking model at a wrong class. The square is
+    6 px at 64 px (scaled with the image), 2 px from the corner, as in `explainers.decoy`."""
+    dataset = open_dataset(folder)
+    names = ui.class_names_for(folder) or []
+    first = {}
+    for index, label in enumerate(dataset.labels):
+        first.setdefault(int(label), index)
+    rng = np.random.default_rng(seed)
+    classes = sorted(first)
+    chosen = sorted(rng.choice(classes, size=min(count, len(classes)), replace=False).tolist())
+    out = []
+    for label in chosen:
+        rgb = np.asarray(dataset.image(first[label]).convert("RGB"))
+        scale = min(rgb.shape[:2]) / 64
+        colour = int(rng.choice([c for c in range(len(PALETTE)) if c != label % len(PALETTE)]))
+        corner = int(rng.choice([c for c in range(len(CORNERS)) if c != label % 4]))
+        decoyed, _ = add_decoy(rgb, PALETTE[colour], corner, square=max(2, round(6 * scale)),
+                               margin=max(1, round(2 * scale)))
+        name = names[label] if label < len(names) else f"class {label}"
+        misleads = names[colour] if colour < len(names) else f"class {colour}"
+        out.append((Image.fromarray(decoyed), label,
+                    f"decoy test image · true: {name} · square: {misleads}'s colour, {CORNERS[corner]}"))
+    return out
+
+
+SET_NAMES = {"test": "decoy test (random squares)", "test-clean": "clean test (no square)"}
+SCORES = (("accuracy", "accuracy"), ("iou", "CAM-mask IoU"), ("pointing_game", "pointing game"))
+
+
+def _number(key: str, value) -> str:
+    return f"{value:.1%}" if "accuracy" in key or key == "pointing_game" else f"{value:.3f}"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _set_line(set_name: str, after: dict, before: dict | None = None) -> str | None:
+    """"decoy test (random squares), 800 images: accuracy 38.5% → 82.2%, ..." (before -> after when given)."""
+    parts = []
+    for key, label in SCORES:
+        a, b = (after or {}).get(key), (before or {}).get(key)
+        if _is_number(a):
+            parts.append(f"{label} {_number(key, b)} → {_number(key, a)}" if _is_number(b)
+                         else f"{label} {_number(key, a)}")
+    if not parts:
+        return None
+    count = (after or {}).get("count")
+    return f"{SET_NAMES.get(set_name, set_name)}{f', {count} images' if _is_number(count) else ''}: " + ", ".join(parts)
+
+
+def card_numbers(card: dict) -> list:
+    """Short "what it scored" lines from a model card, only from what the card records: a `decoy` record's
+    evaluation per test set (`decoy.test`), a CAMAL fine-tune's before -> after per evaluated set (`camal`),
+    and the plain test / best validation accuracy (`data`)."""
+    lines = []
+    decoy = card.get("decoy") if isinstance(card.get("decoy"), dict) else {}
+    for set_name, scores in (decoy.get("test") or {}).items():
+        if isinstance(scores, dict):
+            lines.append(_set_line(set_name, scores))
+    camal = card.get("camal") if isinstance(card.get("camal"), dict) else {}
+    before = camal.get("before") or {}
+    for set_name, scores in (camal.get("after") or {}).items():
+        if isinstance(scores, dict):
+            lines.append(_set_line(set_name, scores, before.get(set_name)))
+    data = card.get("data") if isinstance(card.get("data"), dict) else {}
+    if _is_number(data.get("test_accuracy")):
+        where = f" on {data['test']}" if data.get("test") else ""
+        lines.append(f"test accuracy {data['test_accuracy']:.1%}{where}")
+    if _is_number(data.get("val_accuracy_best")):
+        lines.append(f"best validation accuracy {data['val_accuracy_best']:.1%}")
+    return [line for line in lines if line]
+
+
+def card_headline(card: dict) -> str | None:
+    """The one number for a caption: accuracy on the decoy test set (random squares), else any test accuracy."""
+    decoy = (card.get("decoy") or {}).get("test") or {} if isinstance(card.get("decoy"), dict) else {}
+    camal = (card.get("camal") or {}).get("after") or {} if isinstance(card.get("camal"), dict) else {}
+    for scores in (decoy.get("test"), camal.get("test")):
+        if isinstance(scores, dict) and _is_number(scores.get("accuracy")):
+            return f"decoy test acc. {scores['accuracy']:.0%}"
+    data = card.get("data") if isinstance(card.get("data"), dict) else {}
+    if _is_number(data.get("test_accuracy")):
+        return f"test acc. {data['test_accuracy']:.0%}"
+    return None
+
+
+def _read_card(path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _load(services, card: Path):
+    from .camal import load_bundle
+
+    key = ("decoy", str(card), card.stat().st_mtime_ns)  # a re-trained model is loaded again
+    return services.cached(key, lambda: load_bundle(str(card), device=DEVICE))
+
+
+def training_rule_examples(services) -> tuple:
+    """The fallback without decoy models: the shipped cells with their own class's square (the training rule)."""
+    items = []
+    cells, _ = examples_list()
+    for index, path in enumerate(cells[:8]):
+        rgb = np.asarray(load_image(path))
+        decoyed, _ = add_decoy(rgb, PALETTE[index % len(PALETTE)], index % 4)
+        items.append((Image.fromarray(decoyed).resize((SHOWN, SHOWN), Image.NEAREST),
+                      f"class {index}: its square, {CORNERS[index % 4]}"))
+    return services.pictures(items, "png"), (
+        "The decoy data set is not built here yet: these are the shipped cells with their class's square "
+        "added (the training rule). " + BUILD_HINT)
+
+
+def decoy_view(services, count: int = 4, seed: int = 0) -> tuple:
+    """([(file, caption)], Markdown): decoy test images with the before/after models' Grad-CAM and predictions."""
+    roots = services.decoy_roots
+    split = decoy_test_split(roots)
+    before, after = ui.decoy_model_cards([services.weights_dir] + [Path(root) / "weights" for root in roots])
+    if split is None and before is None and after is None:
+        return training_rule_examples(services)
+    if split is not None:
+        dataset = open_dataset(split)
+        images = [(dataset.image(i), int(dataset.labels[i]), f"decoy test image {i} (true class {dataset.labels[i]})")
+                  for i in range(min(count, len(dataset)))]
+        source = (f"Decoy test split ({split}): the squares are random here, so a model that learned the shortcut "
+                  "is misled.")
+    else:
+        images = decoy_test_images(count, seed)
+        source = ("Decoy test images made here from the shipped cells: each carries a square whose colour and "
+                  "corner belong to another class, so a model that learned the shortcut is misled.")
+    models = []
+    for tag, card in (("before", before), ("after CAMAL", after)):
+        if card is not None:
+            record = _read_card(card)
+            models.append((tag, card, _load(services, card), card_numbers(record), card_headline(record)))
+    items, right = [], {tag: 0 for tag, *_ in models}
+    for picture, label, caption in images:
+        items.append((picture.resize((SHOWN, SHOWN), Image.NEAREST), caption))
+        for tag, card, bundle, numbers, headline in models:
+            prepared = ui.prepare_input(picture, bundle)
+            target, name, probability = ui.predict_top(bundle, prepared, 1)[0]
+            record = run_method(bundle, prepared, "gradcam", target, {}, services.cache, curves=False)
+            right[tag] += int(target == label)
+            items.append((ui.render_overlays(prepared, [record], 0.6, "cividis")[0][0],
+                          f"{tag}{f' ({headline})' if headline else ''}: predicts {name} ({probability:.0%}) "
+                          f"{'✓' if target == label else '✗'}"))
+    lines = [source]
+    if not models:
+        lines.append("No decoy-trained model found yet. " + BUILD_HINT)
+    for tag, card, _, numbers, _ in models:
+        scored = f". Its card: {'; '.join(numbers)}" if numbers else ". Its card records no test numbers"
+        lines.append(f"{tag[:1].upper() + tag[1:]}: **{card.stem}**, Grad-CAM of its predicted class; right on "
+                     f"{right[tag]} of these {len(images)} images{scored}.")
+    if models and after is None:
+        lines.append("No CAMAL fine-tune of it found yet.")
+    if models and before is None:
+        lines.append("No decoy-trained model found (only its CAMAL fine-tune).")
+    return services.pictures(items, "png"), "\n\n".join(lines)

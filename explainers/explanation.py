@@ -1,0 +1,174 @@
+"""One explanation of one image, as the Explain tab keeps it: a plain, JSON-like `state` dict (the model, the
+image, the target class, the top-5 prediction and one record per method), and the steps that update it.
+
+    state, image = explain_maps(services, "cell.png", "bloodmnist-cnn", ["gradcam", "aha"])  # maps first (fast)
+    state, image = explain_curves(services, state)                                          # then the curves
+    state, image = recombine_alpha(services, state, 0.2)   # GradSkip's alpha: cached statistics, no model pass
+    state, image = rerun_method(services, state, "aha", {"refine_steps": 3})
+    pictures = overlay_pictures(services, state, opacity=0.5, colormap="cividis", image=image)
+
+The steps return the new state and the prepared image (`ui_helpers.PreparedImage`), so the overlays are drawn
+without preparing the image again.
+
+`services` is an `explainers.services.Services`. A method that cannot explain this model or image is skipped
+with a note in `state["skipped"]` (and `warn(text)` when given); other errors propagate. Nothing here imports
+gradio; errors meant for the user are ValueError.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from . import ui_helpers as ui
+from .errors import is_skippable, user_message
+from .images import load_image
+from .services import add_curves, run_method
+
+NO_IMAGE = "Upload an image, pick an example or choose one from the BloodMNIST browser first."
+AUTO = "auto"
+
+
+def prepared(services, model_name, image_path) -> tuple:
+    """(bundle, ui_helpers.PreparedImage) of an image path for a model; ValueError without an image."""
+    if not image_path:
+        raise ValueError(NO_IMAGE)
+    bundle = services.bundle(model_name)
+    image = load_image(image_path)
+    return bundle, ui.prepare_input(image, bundle)
+
+
+def target_choices(prediction) -> list:
+    """[(label, value)] for the target menu: the top-1 class ("auto"), then each top-5 class with its probability."""
+    return [("Predicted class (top-1)", AUTO)] + [(f"{name} · {p:.1%}", str(i)) for i, name, p in prediction]
+
+
+def label_value(prediction) -> dict:
+    """{class name: probability} of a prediction (names made unique with their index)."""
+    out = {}
+    for i, name, p in prediction:
+        out[name if name not in out else f"{name} ({i})"] = float(p)
+    return out
+
+
+def status_text(state) -> str:
+    """A Markdown line: model, target and the time each map took; the skipped methods and why."""
+    if not state:
+        return ""
+    skipped = ("\n\n**Skipped:** " + "; ".join(state["skipped"])) if state.get("skipped") else ""
+    if not state.get("results"):
+        return skipped.strip()
+    parts = [f"**{r['label']}** {1000 * r['seconds']:.0f} ms" for r in state["results"]]
+    return (f"Model **{state['model']}**, target **{state['target_name']}** (class {state['target']}). "
+            f"Map times: {', '.join(parts)}.") + skipped
+
+
+def has_method(state, method: str) -> bool:
+    return bool(state) and any(r["method"] == method for r in state.get("results", []))
+
+
+def target_choice(choice, prediction) -> str:
+    """"auto", or the chosen class index as text when it is among the top-5 (else "auto")."""
+    choice = AUTO if choice in (None, "", AUTO) else str(choice)
+    if choice != AUTO and int(choice) not in [i for i, _, _ in prediction]:
+        return AUTO
+    return choice
+
+
+def explain_maps(services, image_path, model_name, methods, target=AUTO, alpha=0.5, refine_steps=0, *,
+                 warn=None) -> tuple:
+    """Step 1 of an explanation: the top-5 prediction and each chosen method's map, without curves (fast).
+    `target`: "auto" (top-1) or a class index among the top 5. Returns (state, image); the state's
+    "target_choice" is what the target menu should show."""
+    methods = list(methods or [])
+    if not methods:
+        raise ValueError("Pick at least one explanation method.")
+    bundle, image = prepared(services, model_name, image_path)
+    prediction = ui.predict_top(bundle, image, 5)
+    choice = target_choice(target, prediction)
+    target_index = prediction[0][0] if choice == AUTO else int(choice)
+    state = {"model": model_name, "image": image_path, "image_name": Path(str(image_path)).name,
+             "target": target_index, "target_name": bundle.class_name(target_index), "prediction": prediction,
+             "target_choice": choice, "alpha": float(alpha), "refine_steps": int(refine_steps), "results": [],
+             "skipped": []}
+    for method in ui.method_order(methods):
+        options = ui.method_options(method, alpha, refine_steps, bundle)
+        try:
+            record = run_method(bundle, image, method, target_index, options, services.cache, curves=False)
+        except (ValueError, RuntimeError) as error:
+            if not is_skippable(error):
+                raise
+            note = f"{ui.method_label(method)}: {user_message(error)}"
+            state["skipped"].append(note)
+            if warn is not None:
+                warn(f"{ui.method_label(method)} skipped: {user_message(error)}")
+            continue
+        state["results"].append(record)
+    return state, image
+
+
+def explain_curves(services, state) -> tuple:
+    """Step 2: deletion and insertion curves of every map (2 x 21 model passes each); (state, image)."""
+    bundle, image = prepared(services, state["model"], state["image"])
+    results = [add_curves(bundle, image, record, services.cache) for record in state["results"]]
+    return {**state, "results": results}, image
+
+
+def head_weights(services, state, alpha, image=None) -> dict | None:
+    """GradSkip's head-weight diagnostics for the state's image and target (None without GradSkip)."""
+    if not has_method(state, "gradskip"):
+        return None
+    bundle = services.bundle(state["model"])
+    if image is None:
+        _, image = prepared(services, state["model"], state["image"])
+    return ui.gradskip_diagnostics(bundle, image, state["target"], alpha, services.cache)
+
+
+def recombine_alpha(services, state, alpha) -> tuple:
+    """GradSkip's maps for a new alpha from its cached statistics (no model pass); the curves are kept only
+    when they were already computed for this alpha."""
+    bundle, image = prepared(services, state["model"], state["image"])
+    results = []
+    for record in state["results"]:
+        if record["method"] == "gradskip":
+            cached = ui.cached_result(services.cache, bundle, image, "gradskip", record["target"],
+                                      {"alpha": float(alpha)})
+            record = cached or ui.gradskip_recombine(bundle, image, record, alpha, services.cache)
+        results.append(record)
+    return {**state, "results": results, "alpha": float(alpha)}, image
+
+
+def rerun_method(services, state, method: str, options: dict) -> tuple:
+    """Re-run one method with new options (with its curves); the other methods' records are kept.
+    The options are remembered in the state (e.g. alpha, refine_steps)."""
+    bundle, image = prepared(services, state["model"], state["image"])
+    results = [run_method(bundle, image, method, r["target"], options, services.cache) if r["method"] == method
+               else r for r in state["results"]]
+    return {**state, "results": results, **{k: v for k, v in options.items() if k in ("alpha", "refine_steps")}}, image
+
+
+def overlay_pictures(services, state, opacity, colormap, image=None) -> list:
+    """[(file, caption)] of every map blended over the image (files named by content)."""
+    if image is None:
+        _, image = prepared(services, state["model"], state["image"])
+    return services.pictures(ui.render_overlays(image, state["results"], opacity, colormap))
+
+
+def write_downloads(services, state, opacity, colormap) -> list:
+    """Overlay PNGs (original size), curves.csv and report.json of the state, in a new folder; their paths."""
+    if not state or not state.get("results"):
+        raise ValueError("Explain an image first: there is nothing to download yet.")
+    _, image = prepared(services, state["model"], state["image"])
+    folder = Path(tempfile.mkdtemp(prefix="explain-", dir=services.downloads))
+    return ui.write_downloads(folder, state["model"], image, state["results"], opacity=opacity, colormap=colormap,
+                              prediction=state["prediction"], image_name=state["image_name"])
+
+
+def model_menu(services, model_name, methods) -> tuple:
+    """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model."""
+    bundle = services.bundle(model_name)
+    choices = ui.method_choices(bundle)
+    names = [value for _, value in choices]
+    kept = [m for m in (methods or []) if m in names] or ui.default_methods(bundle)
+    info = (f"**{bundle.name}**: {bundle.family}, {bundle.num_classes} classes, input "
+            f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({ui.model_kind(model_name)}).")
+    return choices, kept, info

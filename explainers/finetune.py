@@ -1,0 +1,158 @@
+"""The Masks tab's fine-tune panel: which mask sets can train a model, building the ready-made ones, starting a
+CAMAL job and reading its progress.
+
+    choices = data_choices(services)          # [(label, "set:NAME" | "path:FOLDER" | "build:decoy" | "build:bccd")]
+    job_id, message = start_finetune(services, "bloodmnist-cnn", choices[0][1], epochs=3, lam=1.0)
+    report = job_report(services, job_id)     # JobReport: text, percent, figure, finished, gallery, table
+
+`services` is an `explainers.services.Services` (its review store holds the user's mask sets, its runner the
+jobs). Nothing here imports gradio; errors meant for the user are ValueError.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ui_helpers as ui
+from .browse import ROOT, SHARED_DATA, decoy_locations, inside, resolve_folder
+
+BLOODMNIST_SOURCE = SHARED_DATA / "bloodmnist" / "64"
+BCCD_SOURCE = SHARED_DATA / "bccd"
+FINISHED = ("done", "failed", "cancelled", "interrupted")
+
+
+def finetune_datasets(locations=None) -> list:
+    """[(label, value)] of mask sets with masks: ready on disk ('path:...', searched in `locations`, default
+    `browse.decoy_locations()`), or buildable from the raw data here ('build:decoy', 'build:bccd')."""
+    locations = decoy_locations() if locations is None else [Path(p) for p in locations]
+    found = []
+    for label, relative, kind, source in (
+            ("Decoy BloodMNIST, train (cell masks)", "decoy-bloodmnist/train", "decoy", BLOODMNIST_SOURCE / "train"),
+            ("BCCD white-cell boxes", "bccd-masks", "bccd", BCCD_SOURCE)):
+        ready = next((root / relative for root in locations if (root / relative / "masks.csv").exists()), None)
+        if ready is not None:
+            found.append((label, f"path:{ready.resolve()}"))
+        elif source.exists():
+            found.append((f"{label}: build it now (takes a minute)", f"build:{kind}"))
+    return found
+
+
+def build_mask_dataset(kind: str, out_root=None) -> str:
+    """Build decoy BloodMNIST (2,000 train images) or the BCCD box mask set under `out_root` (default data/);
+    returns the folder to train on."""
+    out_root = Path(out_root) if out_root is not None else ROOT / "data"
+    if kind == "decoy":
+        from .decoy import build_decoy_bloodmnist
+
+        out = out_root / "decoy-bloodmnist"
+        build_decoy_bloodmnist(BLOODMNIST_SOURCE, out, train_limit=2000, val_limit=400, test_limit=400)
+        return str(out / "train")
+    if kind == "bccd":
+        from .masks import build_bccd_mask_set
+
+        out = out_root / "bccd-masks"
+        build_bccd_mask_set(BCCD_SOURCE, out, split="trainval")
+        return str(out)
+    raise ValueError(f"Unknown data set {kind!r}.")
+
+
+def data_choices(services) -> list:
+    """[(label, value)] of everything that can train: the user's mask sets, then `finetune_datasets`."""
+    choices = [(f"Mask set: {n} ({c} images)", f"set:{n}") for n, c in services.store.mask_sets()]
+    return choices + finetune_datasets(services.decoy_roots)  # values are already "path:..." / "build:..."
+
+
+def training_folder(services, data_choice, on_build=None) -> str:
+    """The folder with masks.csv that `data_choice` names: a mask set (exported from the store), an allowed
+    folder, or a data set to build first (`on_build(message)` is called before the minute it takes)."""
+    if not data_choice:
+        raise ValueError("Pick the training masks: add images to a mask set first, or build the decoy set.")
+    kind, _, value = str(data_choice).partition(":")
+    if kind == "build":
+        if on_build is not None:
+            on_build("Building the mask set first (about a minute)…")
+        value, kind = build_mask_dataset(value), "path"
+    if kind == "set":
+        folder = services.state_dir / "masksets" / f"{value}-{time.strftime('%Y%m%d-%H%M%S')}"
+        services.store.export_mask_set(value, folder)
+        return str(folder)
+    if kind == "path":
+        masks = str(resolve_folder(value)) if not inside(Path(value), [services.state_dir]) else value
+        if not (Path(masks) / "masks.csv").exists():
+            raise ValueError(f"{value} has no masks.csv: pick one of the listed mask sets.")
+        return masks
+    raise ValueError(f"Unknown training data {data_choice!r}: pick one of the listed mask sets.")
+
+
+def start_finetune(services, model_name, data_choice, epochs=3, lam=1.0, backend="local", on_build=None) -> tuple:
+    """Queue a CAMAL fine-tune of `model_name` on `data_choice` (see `data_choices`) on "local" or "hf-jobs";
+    returns (job id, a Markdown line)."""
+    if not data_choice:
+        raise ValueError("Pick the training masks: add images to a mask set first, or build the decoy set.")
+    if backend == "hf-jobs" and not services.hf_token:
+        raise ValueError("HuggingFace Jobs needs a token: set HF_TOKEN in the environment (or the Space's secrets).")
+    masks = training_folder(services, data_choice, on_build)
+    from .models import safe_name
+
+    out_name = safe_name(f"{model_name}-camal-{time.strftime('%m%d-%H%M%S')}")
+    card = services.weights_dir / f"{model_name}.json"
+    spec = str(card) if backend == "local" and card.exists() else model_name
+    params = {"model": spec, "data": masks, "epochs": int(epochs), "lambda": float(lam),
+              "out": str(services.weights_dir / out_name) if backend == "local" else f"weights/{out_name}"}
+    try:
+        job_id = services.runner().submit("camal", params, backend=backend)
+    except KeyError as error:
+        raise ValueError("CAMAL fine-tuning is not available in this build (no 'camal' job kind).") from error
+    return job_id, f"Job **{job_id}** queued: fine-tuning **{model_name}** → **{out_name}**."
+
+
+def finetune_comparison(services, job) -> tuple:
+    """Before/after gallery [(file, caption)] and table rows [label, before, after] of a finished CAMAL job."""
+    result = job.get("result") or {}
+    return ui.camal_figures(result, services.weights_dir), ui.camal_comparison_rows(result)
+
+
+@dataclass
+class JobReport:
+    """A fine-tune job as the panel shows it; `gallery` and `table` only once it has `finished`."""
+
+    text: str
+    percent: float
+    figure: object
+    status: str
+    finished: bool = False
+    gallery: list = field(default_factory=list)
+    table: list = field(default_factory=list)
+
+    @property
+    def new_model(self) -> bool:
+        return self.status == "done"
+
+
+def job_report(services, job_id) -> JobReport:
+    """Status line, progress (%), loss/IoU figure of a job; with its before/after comparison once finished."""
+    runner = services.runner()
+    job = runner.get(job_id)
+    progress = job["progress"]
+    percent = 100.0 * (progress["step"] or 0) / progress["total"] if progress.get("total") else 0.0
+    history = runner.history(job_id)
+    figure = ui.job_figure(history) if history else ui.empty_figure("Waiting for the first step…")
+    text = f"Job **{job_id}**: {job['status']}"
+    if job.get("error"):
+        text += f" — {job['error'][:300]}"
+    if job["status"] not in FINISHED:
+        return JobReport(text, percent, figure, job["status"])
+    gallery, table = finetune_comparison(services, job)
+    if job["status"] == "done":
+        text += ". The new model is now in the model pickers."
+        percent = 100
+    return JobReport(text, percent, figure, job["status"], True, gallery, table)
+
+
+def cancel_finetune(services, job_id) -> str:
+    """Ask the runner to cancel a job; a Markdown line."""
+    if not job_id:
+        raise ValueError("No fine-tune is running.")
+    job = services.runner().cancel(job_id)
+    return f"Job **{job_id}**: {job['status']} (cancel requested)."

@@ -1,0 +1,183 @@
+"""The Review tab's logic: a labelled folder predicted once (cached in the review store), filtered and paged,
+one image opened with its maps, verdicts and notes saved the moment they are made.
+
+    state, warning = load_review(services, "assets/bloodmnist", "bloodmnist-cnn", count=400)
+    page = filter_page(services, state, class_value="all", correctness="incorrect", page=1, reviewer="dr-lee")
+    item = open_item(services, page.state, 0, "dr-lee")
+    saved, progress = record_verdict(services, item.state, "dr-lee", "plausible", note="nucleus highlighted")
+
+`state` is a plain dict (a session's gr.State); `services` an `explainers.services.Services`. Nothing here
+imports gradio; errors meant for the user are ValueError.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from . import ui_helpers as ui
+from .browse import PAGE, class_names, open_folder, resolve_folder
+from .data import open_dataset
+from .errors import is_skippable
+from .services import run_method
+
+REVIEW_METHODS = ("gradcam", "aha", "gradskip")  # up to three maps per image, in this order
+MARKS = {"plausible": "· plausible", "implausible": "· implausible", "unsure": "· unsure"}
+
+
+def reviewer_name(name) -> str:
+    """The reviewer's name, or "anonymous"."""
+    return (name or "").strip() or "anonymous"
+
+
+def load_review(services, folder, model_name, count, progress=None) -> tuple:
+    """(state, warning or None): the first `count` images of an allowed folder with the model's predictions
+    (only the images not predicted before run the model; `progress(done, total)` follows them)."""
+    folder = str(resolve_folder(folder))
+    dataset = open_folder(folder)
+    bundle = services.bundle(model_name)
+    key = ui.dataset_key(folder)
+    count = min(int(count), len(dataset))
+    cached = {row["item"]: row for row in services.store.predictions(key, model_name)}
+    missing = [i for i in range(count) if ui.item_name(dataset, i) not in cached]
+    if missing:
+        if progress is not None:
+            progress(0, len(missing))
+        rows = ui.predict_dataset(bundle, dataset, missing, progress=progress)
+        services.store.save_predictions(key, model_name, rows)
+    rows = [r for r in services.store.predictions(key, model_name) if r["position"] < count]
+    names = class_names(folder, dataset)
+    warning = None
+    if bundle.num_classes != len(names):
+        warning = (f"{model_name} has {bundle.num_classes} classes but this data set has {len(names)}: "
+                   "'correct' and 'incorrect' compare class indices that do not match.")
+    state = {"folder": folder, "key": key, "model": model_name, "rows": rows, "names": names,
+             "model_names": list(bundle.class_names), "filtered": [], "current": None}
+    return state, warning
+
+
+@dataclass
+class ReviewPage:
+    """One page of the filtered gallery: `items` [(PIL, caption)], the new `state`, a Markdown `progress` line."""
+
+    items: list
+    state: dict
+    progress: str
+    page: int
+    pages: int
+
+
+def filter_page(services, state, class_value="all", correctness="all", page=1, reviewer="") -> ReviewPage:
+    """The rows of a true class ("all" or an index) and correctness ("all", "correct", "incorrect"), one page
+    of thumbnails captioned ✓/✗, prediction, confidence and this reviewer's verdict."""
+    if not state:
+        raise ValueError("Load a data set first.")
+    class_index = None if class_value in (None, "", "all") else int(class_value)
+    filtered = ui.filter_rows(state["rows"], class_index, correctness or "all")
+    state = {**state, "filtered": filtered}
+    pages = max(1, (len(filtered) + PAGE - 1) // PAGE)
+    page = min(max(1, int(page or 1)), pages)
+    dataset = open_dataset(state["folder"])
+    verdicts = {v["item"]: v["verdict"] for v in services.store.verdicts(state["key"], reviewer_name(reviewer))}
+    items = []
+    for row in filtered[(page - 1) * PAGE: page * PAGE]:
+        ok = "✓" if row["label"] == row["prediction"] else "✗"
+        mark = MARKS.get(verdicts.get(row["item"]), "")
+        items.append((dataset.image(row["position"]),
+                      f"{ok} {state['model_names'][row['prediction']]} {row['confidence']:.0%} {mark}".strip()))
+    state["page_start"] = (page - 1) * PAGE
+    return ReviewPage(items, state, progress_text(services, state, reviewer), page, pages)
+
+
+def progress_text(services, state, reviewer) -> str:
+    """How many images this reviewer has judged (all, and among those the filters show), and the accuracy."""
+    who = reviewer_name(reviewer)
+    reviewed, _ = services.store.progress(state["key"], who)
+    in_view = {r["item"] for r in state["filtered"]}
+    done_here = sum(1 for v in services.store.verdicts(state["key"], who) if v["verdict"] and v["item"] in in_view)
+    wrong = sum(1 for r in state["rows"] if r["label"] != r["prediction"])
+    return (f"**Reviewed {reviewed} of {len(state['rows'])}** images as *{who}* "
+            f"({done_here} of the {len(state['filtered'])} shown by the filters). "
+            f"Model accuracy on these images: {1 - wrong / max(1, len(state['rows'])):.1%}.")
+
+
+@dataclass
+class ReviewItem:
+    """One opened image: `items` [(file, caption)] (the image, then its maps), a Markdown `info`, the saved
+    `note`, a line about the saved verdict, and the new `state` (its "current" is the index)."""
+
+    items: list
+    info: str
+    note: str
+    saved: str
+    state: dict
+    index: int
+
+
+def open_item(services, state, index, reviewer) -> ReviewItem:
+    """Open the image at position `index` of the filtered list: its maps (of the predicted class) by up to
+    three methods the model supports, and this reviewer's saved verdict and note."""
+    if not state:
+        raise ValueError("Load a data set first.")
+    index = int(index)
+    if not 0 <= index < len(state["filtered"]):
+        raise ValueError(f"No image {index} in the current list ({len(state['filtered'])} images).")
+    row = state["filtered"][index]
+    bundle = services.bundle(state["model"])
+    picture = open_dataset(state["folder"]).image(row["position"])
+    prepared = ui.prepare_input(picture, bundle)
+    items = [(prepared.display, f"image · true: {state['names'][row['label']]}")]
+    used = []
+    offered = {v for _, v in ui.method_choices(bundle)}
+    for method in [m for m in REVIEW_METHODS if m in offered][:3]:
+        try:
+            record = run_method(bundle, prepared, method, row["prediction"], ui.method_options(method, bundle=bundle),
+                                services.cache, curves=False)
+        except (ValueError, RuntimeError) as error:
+            if not is_skippable(error):
+                raise
+            continue
+        used.append(method)
+        items.append((ui.render_overlays(prepared, [record], 0.55, "cividis")[0][0], record["label"]))
+    saved_row = services.store.get(state["key"], row["item"], reviewer_name(reviewer)) or {}
+    correct = row["label"] == row["prediction"]
+    info = (f"**{row['item']}** — true class **{state['names'][row['label']]}**, predicted "
+            f"**{state['model_names'][row['prediction']]}** with confidence **{row['confidence']:.1%}** "
+            f"({'correct' if correct else 'incorrect'}). Maps explain the predicted class.")
+    verdict = saved_row.get("verdict")
+    return ReviewItem(services.pictures(items), info, saved_row.get("note", ""),
+                      f"Saved verdict: **{verdict}**." if verdict else "No verdict yet.",
+                      {**state, "current": index, "current_methods": used}, index)
+
+
+def current_row(state) -> dict:
+    if not state or state.get("current") is None:
+        raise ValueError("Open an image first (click it in the gallery).")
+    return state["filtered"][state["current"]]
+
+
+def record_verdict(services, state, reviewer, verdict, note="") -> tuple:
+    """Save the verdict (and the note, when there is one) on the opened image at once; (saved line, progress)."""
+    row = current_row(state)
+    who = reviewer_name(reviewer)
+    services.store.set_verdict(state["key"], row["item"], verdict, reviewer=who, model=state["model"],
+                               label=state["names"][row["label"]], prediction=state["model_names"][row["prediction"]],
+                               confidence=row["confidence"], methods=state.get("current_methods", []))
+    if note:
+        services.store.set_note(state["key"], row["item"], note, reviewer=who)
+    return f"Saved verdict: **{verdict}** ({time.strftime('%H:%M:%S')}).", progress_text(services, state, reviewer)
+
+
+def save_note(services, state, reviewer, note) -> str | None:
+    """Save the note on the opened image; None when no image is open."""
+    if not state or state.get("current") is None:
+        return None
+    row = state["filtered"][state["current"]]
+    services.store.set_note(state["key"], row["item"], note or "", reviewer=reviewer_name(reviewer))
+    return f"Note saved ({time.strftime('%H:%M:%S')})."
+
+
+def export_verdicts(services, state) -> str:
+    """Every verdict of the loaded data set (all data sets without one) as a CSV file; its path."""
+    path = services.downloads / f"verdicts-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+    services.store.export_csv(path, dataset=state["key"] if state else None)
+    return str(path)

@@ -1,0 +1,182 @@
+"""What a running Saliency Lab shares between its users: the service container (thread-safe).
+
+    services = Services(default_loader, list_models, "runs/app")
+    bundle = services.bundle("bloodmnist-cnn")          # the model zoo's cached loader
+    record = run_method(bundle, prepared, "gradcam", target, {}, services.cache)
+    paths = services.pictures([(overlay, "Grad-CAM")])   # [(file, caption)], named by content
+    runner = services.runner()                           # fine-tune jobs (explainers.jobs)
+    segmenters = services.segmenters()                   # SAM (or GrabCut) embeddings per session
+
+`gpu(duration)` is `spaces.GPU(duration=...)` when the app imported `spaces` before torch (ZeroGPU), else a
+no-op: the same functions run on a CPU, a GPU or a ZeroGPU Space. Nothing here imports gradio.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from . import ui_helpers as ui
+from .models import ModelUnavailableError, load_model
+from .review import ReviewStore
+
+
+def gpu(duration: int = 60):
+    """@spaces.GPU(duration=...) when the `spaces` package was imported (app.py imports it before torch, as
+    ZeroGPU requires); otherwise the function itself. Outside ZeroGPU spaces.GPU is a no-op too."""
+    spaces = sys.modules.get("spaces")
+    if spaces is not None and hasattr(spaces, "GPU"):
+        return spaces.GPU(duration=duration)
+    return lambda fn: fn
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # ZeroGPU: CUDA is available (lazily attached)
+
+
+def configure_torch(parallel: int) -> None:
+    """On a CPU, `parallel` explanations run side by side, each single-threaded: on a shared 2-vCPU box two
+    threads per op are many times slower than one (measured), and requests, not ops, are what is parallel here.
+    SALIENCY_LAB_TORCH_THREADS overrides."""
+    threads = os.environ.get("SALIENCY_LAB_TORCH_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    elif DEVICE == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, parallel)))
+
+
+def default_loader(name):
+    """The model zoo's cached, thread-safe factory, on the GPU when there is one."""
+    return load_model(name, device=DEVICE)
+
+
+@gpu(60)
+def run_method(bundle, prepared, method, target, options, cache, curves=True):
+    """`ui_helpers.run_method` as a GPU entry point (one method's map, and its curves unless curves=False)."""
+    return ui.run_method(bundle, prepared, method, target, options, cache=cache, curves=curves)
+
+
+@gpu(60)
+def add_curves(bundle, prepared, record, cache):
+    """`ui_helpers.add_curves` as a GPU entry point (deletion and insertion curves of one map)."""
+    return ui.add_curves(bundle, prepared, record, cache)
+
+
+class Services:
+    """What the whole app shares (thread-safe): model loader, explanation cache, review store, jobs, SAM.
+
+    `loader` (name -> ModelBundle), `model_names` (list or callable), `state_dir` (SQLite files, exported mask
+    sets), `jobs_root` (fine-tune jobs; default state_dir/jobs), `sam_variant` ("auto", "vit_b", "mobile_sam"),
+    `weights_dir` (where fine-tuned models are written; default the model zoo's), `parallel` (explanations
+    run side by side), `decoy_roots` (folders that may hold decoy BloodMNIST and its models; default
+    `browse.decoy_locations()`)."""
+
+    def __init__(self, loader, model_names, state_dir, jobs_root=None, sam_variant="auto", hf_token=None,
+                 weights_dir=None, parallel=1, decoy_roots=None):
+        from .models import WEIGHTS_DIR
+
+        self.loader = loader
+        self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
+        self.model_names = model_names
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.cache = ui.ExplanationCache(parallel=parallel)
+        self.store = ReviewStore(self.state_dir / "review.sqlite")
+        self.downloads = Path(tempfile.mkdtemp(prefix="saliency-lab-"))
+        self.jobs_root = Path(jobs_root or self.state_dir / "jobs")
+        self.sam_variant = sam_variant
+        self.hf_token = hf_token if hf_token is not None else os.environ.get("HF_TOKEN")
+        self._decoy_roots = None if decoy_roots is None else [Path(p) for p in decoy_roots]
+        self._runner = None
+        self._segmenter_cache = None
+        self._objects = {}
+        self._written = 0
+        self._lock = threading.Lock()
+
+    @property
+    def decoy_roots(self) -> list:
+        """Folders that may hold `decoy-bloodmnist/` and decoy models in `weights/` (read at each call, so the
+        environment variable SALIENCY_LAB_DECOY_DIR applies without a restart, unless given explicitly)."""
+        if self._decoy_roots is not None:
+            return list(self._decoy_roots)
+        from .browse import decoy_locations
+
+        return decoy_locations()
+
+    def pictures(self, items, fmt: str = "jpeg") -> list:
+        """[(PIL, caption)] -> [(file path, caption)], named by content, so Gradio only copies files instead of
+        encoding every overlay as a default-level PNG on each slider move (the largest CPU cost of a redraw on
+        2 vCPUs). JPEG quality 92 without chroma subsampling for overlays; downloads are PNG."""
+        folder = self.downloads / "pictures"
+        folder.mkdir(exist_ok=True)
+        out = []
+        for picture, text in items:
+            buffer = io.BytesIO()
+            if fmt == "png":
+                picture.save(buffer, format="PNG", compress_level=1)
+            else:
+                picture.convert("RGB").save(buffer, format="JPEG", quality=92, subsampling=0)
+            data = buffer.getvalue()
+            path = folder / f"{hashlib.sha1(data).hexdigest()[:24]}.{'png' if fmt == 'png' else 'jpg'}"
+            if not path.exists():
+                path.write_bytes(data)
+            out.append((str(path), text))
+        self._written += len(items)
+        if self._written > 500:  # keep the folder bounded: drop pictures older than an hour
+            self._written = 0
+            cutoff = time.time() - 3600
+            for old in folder.iterdir():
+                try:
+                    if old.stat().st_mtime < cutoff:
+                        old.unlink()
+                except OSError:
+                    pass
+        return out
+
+    def cached(self, key, build):
+        """A shared object built once (e.g. a model loaded from a card outside the zoo)."""
+        with self._lock:
+            if key not in self._objects:
+                self._objects[key] = build()
+            return self._objects[key]
+
+    def names(self) -> list:
+        return list(self.model_names()) if callable(self.model_names) else list(self.model_names)
+
+    @gpu(120)
+    def bundle(self, name):
+        if not name:
+            raise ModelUnavailableError("Pick a model first.")
+        return self.loader(name)
+
+    def runner(self):
+        """The fine-tune job runner (started on first use), with the 'camal' job kind registered."""
+        with self._lock:
+            if self._runner is None:
+                from .jobs import JobRunner
+
+                try:
+                    from . import camal  # noqa: F401  (registers the 'camal' job kind)
+                except ImportError:
+                    pass
+                self._runner = JobRunner(self.jobs_root, hf_token=self.hf_token)
+            return self._runner
+
+    def segmenters(self):
+        """SAM (or the labelled GrabCut fallback) with one prepared image per session (8 sessions at most)."""
+        with self._lock:
+            if self._segmenter_cache is None:
+                from .masks import SegmenterCache, get_segmenter
+
+                self._segmenter_cache = SegmenterCache(get_segmenter(self.sam_variant), max_sessions=8)
+            return self._segmenter_cache
+
+    def forget_session(self, session: str):
+        if self._segmenter_cache is not None:
+            self._segmenter_cache.discard(session)
