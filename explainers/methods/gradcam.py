@@ -30,7 +30,8 @@ def gradcam_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, layer_n
             if not any(p.requires_grad for p in bundle.network.parameters()) and not images.requires_grad:
                 inputs = images.detach().requires_grad_(True)  # a frozen model still needs a graph
             logits = bundle(inputs)
-            score = logits.gather(1, targets.view(-1, 1).to(logits.device)).sum()
+            index = targets.view(-1, 1).to(logits.device).clone()  # clone: targets may come from inference mode
+            score = logits.gather(1, index).sum()
             activations = captured["activations"]
             (gradients,) = torch.autograd.grad(score, activations, create_graph=differentiable,
                                                retain_graph=differentiable)
