@@ -136,6 +136,17 @@ def segment_prompts(services, image, points, labels, box, session="api"):
     return prepared.segment(points or None, labels or None, box)
 
 
+def prompt_summary(prompts) -> str:
+    """"2 object points, 1 background point and a box" (what SAM was given)."""
+    objects = sum(1 for label in prompts["labels"] if label)
+    backgrounds = len(prompts["labels"]) - objects
+    parts = [f"{n} {kind} point{'s' if n > 1 else ''}" for n, kind in ((objects, "object"), (backgrounds, "background"))
+             if n]
+    if prompts.get("box") is not None:
+        parts.append("a box")
+    return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "no prompt"
+
+
 @dataclass
 class PromptView:
     """What the Masks tab shows after a prompt: the SAM view with the mask, points and box (`view`), the new
@@ -155,7 +166,7 @@ def segment_view(services, picture, prompts, session="api", original=None) -> Pr
     result = segment_prompts(services, picture, prompts["points"], prompts["labels"], prompts["box"], session)
     rgb = ui.as_rgb(picture)
     view = ui.mask_overlay(rgb, result.mask, (prompts["points"], prompts["labels"]), prompts["box"])
-    note = f"Mask by **{result.source}**: {result.area_fraction:.0%} of the image."
+    note = f"Mask by **{result.source}** from {prompt_summary(prompts)}: {result.area_fraction:.0%} of the image."
     if result.is_fallback:
         note += " SAM's weights are not available offline here, so OpenCV GrabCut stands in for it."
     state = {"mask": result.mask, "source": result.source, "image": rgb, "original": original}

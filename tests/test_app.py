@@ -48,7 +48,8 @@ def running(tmp_path_factory):
         pass
     state = tmp_path_factory.mktemp("state")
     demo = app.build_app(model_names=["tiny-cnn", "tiny-vit"], default_model="tiny-cnn", data_dir=str(CELLS),
-                         state_dir=state, weights_dir=state / "weights", sam_variant="vit_b")
+                         state_dir=state, weights_dir=state / "weights", sam_variant="vit_b",
+                         decoy_roots=[])  # decoy data and models only from the test's own weights folder
     _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, ssr_mode=False)
     from gradio_client import Client
 
@@ -77,7 +78,7 @@ def test_every_public_endpoint_is_listed(running):
     endpoints = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     for name in ("/explain", "/explain_maps", "/explain_curves", "/explain_target", "/explain_new_image", "/alpha_preview", "/alpha_curves", "/refine",
                  "/redraw", "/downloads", "/select_model", "/browse", "/browse_pick", "/mask_from_drawing",
-                 "/mask_use_explain_image", "/sam_click", "/sam_clear", "/add_mask", "/start_finetune",
+                 "/mask_use_explain_image", "/sam_click", "/sam_box", "/sam_box_from_stroke", "/sam_clear", "/add_mask", "/start_finetune",
                  "/finetune_status", "/cancel_finetune", "/review_load", "/review_open", "/review_note",
                  "/review_page", "/verdict_plausible", "/verdict_implausible", "/verdict_unsure", "/review_export",
                  "/sanity_check", "/decoy"):
@@ -282,6 +283,69 @@ def test_masks_sam_clicks_and_mask_set(running):
     client.predict(api_name="/sam_clear")
 
 
+def preview_mask(preview, image=CELL) -> np.ndarray:
+    """The mask shown in the preview: the pixels the blue tint changed in the SAM view (a PNG, so exact)."""
+    from explainers import ui_helpers as ui
+    from explainers.images import load_image
+
+    view = ui.display_rgb(np.asarray(load_image(image)))
+    with Image.open(preview) as picture:
+        shown = np.asarray(picture.convert("RGB"), dtype=int)
+    assert shown.shape == view.shape
+    return np.abs(shown - view.astype(int)).max(axis=-1) > 0
+
+
+def test_sam_box_by_drag(running):
+    """A dragged box in the SAM view's pixels (the 64 px cell is shown at 320 px): the mask stays in the box."""
+    _, client, _ = running
+    from gradio_client import handle_file
+
+    client.predict(handle_file(CELL), api_name="/mask_use_explain_image")
+    view, preview, info = client.predict(260, 250, 70, 60, api_name="/sam_box")  # corners in any order
+    assert "Mask by" in info and "a box" in info
+    mask = preview_mask(preview)
+    inside = np.zeros_like(mask)
+    inside[60:250, 70:260] = True
+    assert mask.sum() > 0.02 * mask.size and (mask & inside).sum() / mask.sum() > 0.9
+    # the clicked points are kept with the box
+    client.predict("object", 160, 160, api_name="/sam_click")
+    view, preview, info = client.predict(70, 60, 260, 250, api_name="/sam_box")
+    assert "1 object point and a box" in info
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="no area"):
+        client.predict(10, 10, 10, 300, api_name="/sam_box")
+    client.predict(api_name="/sam_clear")
+
+
+def test_sam_box_from_a_painted_stroke(running, tmp_path):
+    """A rough stroke around the cell in the editor (its own 64 px grid) -> its bounding box in the SAM view."""
+    _, client, _ = running
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    client.predict(handle_file(CELL), api_name="/mask_use_explain_image")
+    rgba = np.zeros((64, 64, 4), dtype=np.uint8)
+    rgba[12:52, 12:52] = (0, 114, 178, 255)
+    rgba[15:49, 15:49] = 0  # only the outline: a stroke around the object
+    layer = tmp_path / "stroke.png"
+    Image.fromarray(rgba).save(layer)
+    value = {"background": handle_file(CELL), "layers": [handle_file(str(layer))], "composite": handle_file(CELL)}
+    view, preview, info = client.predict(value, api_name="/sam_box_from_stroke")
+    assert "Mask by" in info and "a box" in info
+    mask = preview_mask(preview)
+    inside = np.zeros_like(mask)
+    inside[60:260, 60:260] = True  # rows/columns 12..51 of the cell, 5x
+    assert mask.any() and (mask & inside).sum() / mask.sum() > 0.9
+    with Image.open(view) as picture:  # the box is drawn on the SAM view (orange outline)
+        drawn = np.asarray(picture.convert("RGB"))
+    assert tuple(drawn[160, 60]) == (230, 159, 0)
+    empty = {"background": handle_file(CELL), "layers": [], "composite": handle_file(CELL)}
+    with pytest.raises(AppError, match="Paint a rough stroke"):
+        client.predict(empty, api_name="/sam_box_from_stroke")
+    client.predict(api_name="/sam_clear")
+
+
 def test_drawn_mask(running):
     _, client, _ = running
     from gradio_client import handle_file
@@ -309,6 +373,56 @@ def test_decoy_examples(running):
     _, client, _ = running
     gallery, info = client.predict(api_name="/decoy")
     assert len(gallery) >= 4 and info
+
+
+def test_decoy_before_after_with_tiny_models(running):
+    """Two tiny 'decoy' models written as cards (a classifier and its CAMAL fine-tune): the decoy view makes
+    decoy test images from the shipped cells and shows both models' Grad-CAM, predictions and card numbers."""
+    demo, client, state = running
+    import timm
+    import torch
+
+    from explainers.decoy import PALETTE
+    from explainers.training import export_classifier
+
+    weights = state / "weights"
+    weights.mkdir(exist_ok=True)
+    kwargs = {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16], "output_stride": 8, "num_classes": 8}
+    names = (CELLS / "classes.txt").read_text().split("\n")[:8]
+    extras = {"decoy-tiny": {"decoy": {"test": {"test": {"count": 40, "accuracy": 0.25, "iou": 0.3}}}},
+              "decoy-tiny-camal": {"camal": {"base_model": "decoy-tiny", "before": {"test": {"accuracy": 0.25}},
+                                             "after": {"test": {"count": 40, "accuracy": 0.75}}}}}
+    written = []
+    try:
+        for seed, (name, extra) in enumerate(extras.items()):
+            torch.manual_seed(seed)
+            network = timm.create_model("resnet18", pretrained=False, **kwargs)
+            export_classifier(network, name=name, out_dir=weights, timm_name="resnet18", timm_kwargs=kwargs,
+                              mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), class_names=names, data="synthetic",
+                              val_accuracy=None, test_data=None, seed=seed, history=[], epochs=0,
+                              train_seconds=0.0, input_size=64, extra=extra)
+            written += [weights / f"{name}.json", weights / f"{name}.safetensors"]
+        gallery, info = client.predict(api_name="/decoy")
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
+    captions = [item["caption"] for item in gallery]
+    assert len(gallery) == 4 * 3  # per image: the decoy image, before, after
+    for index in range(4):
+        image, before, after = captions[3 * index: 3 * index + 3]
+        assert image.startswith("decoy test image") and "square:" in image
+        assert before.startswith("before (decoy test acc. 25%): predicts ")
+        assert after.startswith("after CAMAL (decoy test acc. 75%): predicts ")
+    with Image.open(gallery[0]["image"]) as picture:  # a palette square in one corner of the decoy image
+        rgb = np.asarray(picture.convert("RGB"))
+    corners = [rgb[6:24, 6:24], rgb[6:24, -24:-6], rgb[-24:-6, 6:24], rgb[-24:-6, -24:-6]]  # 6 px at 2 px, 3x
+    assert sum(tuple(c[0, 0]) in PALETTE and (c == c[0, 0]).all() for c in corners) == 1
+    assert "made here from the shipped cells" in info
+    assert "**decoy-tiny**" in info and "**decoy-tiny-camal**" in info
+    assert "accuracy 25.0%" in info and "accuracy 25.0% → 75.0%" in info
+    for item in gallery[1:3]:  # the maps are drawn (not blank)
+        with Image.open(item["image"]) as picture:
+            assert np.asarray(picture).std() > 0
 
 
 def test_finetune_errors_without_masks(running):

@@ -1,0 +1,385 @@
+"""Unit tests of the library behind the app (no Gradio, no server): data-folder safety and browsing, SAM prompt
+bookkeeping (clicks, a box from two corners or from a painted stroke), mask sets, the Explain tab's helpers,
+fine-tune data choices, review helpers, the decoy demonstration and the service container.
+
+Tiny models and the 24 cells shipped in assets/; nothing from ../shared, no network."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from explainers import browse, decoy_view, explanation, finetune, mask_editor, review_session
+from explainers import ui_helpers as ui
+from explainers.errors import is_skippable, is_user_error, user_message
+from explainers.masks import GrabCutSegmenter, MaskError, SegmenterCache
+from explainers.review import ReviewStore
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = ROOT / "assets" / "bloodmnist"
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    """One allowed data root (a copy of three shipped cells with labels.csv) and a folder outside it."""
+    allowed = tmp_path / "allowed"
+    folder = allowed / "cells"
+    folder.mkdir(parents=True)
+    rows = ["file,class_index"]
+    for index, name in enumerate(("test_00000.jpg", "test_00121.jpg", "test_00122.jpg")):
+        (folder / name).write_bytes((CELLS / name).read_bytes())
+        rows.append(f"{name},{0 if index == 0 else 1}")
+    (folder / "labels.csv").write_text("\n".join(rows) + "\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "labels.csv").write_text("file,class_index\n")
+    monkeypatch.setenv("SALIENCY_LAB_DATA_ROOTS", str(allowed))
+    monkeypatch.delenv("SALIENCY_LAB_DECOY_DIR", raising=False)
+    return allowed, folder, outside
+
+
+# ------------------------------------------------------------------ browse: allowed roots, paging, picking
+def test_data_roots_follow_the_environment(roots):
+    allowed, _, _ = roots
+    assert browse.data_roots() == [allowed.resolve()]
+
+
+def test_default_data_roots_are_assets_data_and_shared(monkeypatch):
+    monkeypatch.delenv("SALIENCY_LAB_DATA_ROOTS", raising=False)
+    monkeypatch.delenv("SALIENCY_LAB_DECOY_DIR", raising=False)
+    assert browse.data_roots() == [(ROOT / "assets").resolve(), (ROOT / "data").resolve(),
+                                   (ROOT / ".." / "shared" / "data").resolve()]
+
+
+def test_resolve_folder_refuses_outside_dotdot_and_symlink_escapes(roots):
+    allowed, folder, outside = roots
+    assert browse.resolve_folder(str(folder)) == folder.resolve()
+    with pytest.raises(ValueError, match="outside the data folders"):
+        browse.resolve_folder(str(outside))
+    with pytest.raises(ValueError, match="outside the data folders"):
+        browse.resolve_folder("/etc")
+    with pytest.raises(ValueError, match="outside the data folders"):  # '..' climbs out of the root
+        browse.resolve_folder(f"{folder}/../../outside")
+    with pytest.raises(ValueError, match="outside the data folders"):  # relative paths start at the project root
+        browse.resolve_folder("assets/bloodmnist")
+    link = allowed / "escape"
+    link.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ValueError, match="outside the data folders"):  # a symlink inside pointing outside
+        browse.resolve_folder(str(link))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        browse.resolve_folder(str(allowed / "missing"))
+    with pytest.raises(ValueError, match="Type the path"):
+        browse.resolve_folder("  ")
+    assert browse.resolve_folder(f"{folder}/../cells") == folder.resolve()  # '..' that stays inside is fine
+
+
+def test_inside():
+    assert browse.inside("/a/b/c", ["/a/b"]) and browse.inside("/a/b", ["/a/b"])
+    assert not browse.inside("/a/bc", ["/a/b"]) and not browse.inside("/a/b/../x", ["/a/b"])
+
+
+def test_browse_pages_filters_and_picks(roots):
+    _, folder, _ = roots
+    page = browse.browse(str(folder), "all", 1)
+    assert len(page.items) == 3 and page.indices == [0, 1, 2] and page.pages == 1
+    assert "3 images" in page.info and [caption for _, caption in page.items] == ["0", "1", "1"]  # no classes.txt
+    page = browse.browse(str(folder), "1", 5, page_size=1)
+    assert page.indices == [2] and page.page == 2 and page.pages == 2 and "in this class" in page.info
+    assert page.class_choices[0] == ("All classes", "all")
+    assert browse.pick(str(folder), 1).size == (64, 64)
+    with pytest.raises(ValueError, match="No image 3"):
+        browse.pick(str(folder), 3)
+
+
+def test_class_names_fall_back_to_indices(roots):
+    _, folder, _ = roots
+    dataset = browse.open_folder(str(folder))
+    assert browse.class_names(folder, dataset) == ["0", "1"]
+    assert browse.class_filter_choices(["a", "b"]) == [("All classes", "all"), ("0: a", "0"), ("1: b", "1")]
+
+
+def test_examples_list_has_one_cell_per_class():
+    cells, photos = browse.examples_list()
+    assert len(cells) == 8 and all(Path(p).exists() for p in cells + photos)
+
+
+# ------------------------------------------------------------------ SAM prompts
+def test_two_box_clicks_make_an_ordered_box():
+    prompts = mask_editor.empty_prompts()
+    first, ready = mask_editor.add_click(prompts, "box", 200, 40)
+    assert not ready and first["box_corner"] == [200.0, 40.0] and first["box"] is None
+    assert prompts == mask_editor.EMPTY_PROMPTS  # never changed in place
+    second, ready = mask_editor.add_click(first, "box", 60, 180)
+    assert ready and second["box"] == [60.0, 40.0, 200.0, 180.0] and second["box_corner"] is None
+    third, ready = mask_editor.add_click(second, "background", 5, 6)
+    assert ready and third["points"] == [[5.0, 6.0]] and third["labels"] == [0] and third["box"] == second["box"]
+    with pytest.raises(ValueError, match="Unknown click mode"):
+        mask_editor.add_click(third, "lasso", 1, 1)
+
+
+def test_clip_box_orders_clips_and_refuses_empty_boxes():
+    assert mask_editor.clip_box([300, 250, -10, 20], (240, 320)) == [0.0, 20.0, 300.0, 240.0]
+    with pytest.raises(ValueError, match="no area"):
+        mask_editor.clip_box([10, 10, 10.5, 50], (100, 100))
+    with pytest.raises(ValueError, match="four numbers"):
+        mask_editor.clip_box([1, 2, 3], (100, 100))
+
+
+def stroke_layer(size=64, rows=(10, 21), cols=(30, 41), ring=False):
+    layer = np.zeros((size, size, 4), np.uint8)
+    layer[rows[0]:rows[1], cols[0]:cols[1]] = (0, 114, 178, 255)
+    if ring:  # only the outline: a stroke around the object
+        layer[rows[0] + 2:rows[1] - 2, cols[0] + 2:cols[1] - 2] = 0
+    return layer
+
+
+def test_box_from_a_drag_stroke_maps_to_the_sam_view():
+    """A stroke on the 64 px editor image; the SAM view shows it at 320 px (5x): whole editor pixels map to
+    5 x 5 blocks, so columns 30..40 span x 150..205 of the view."""
+    value = {"background": np.zeros((64, 64, 4), np.uint8), "layers": [stroke_layer(ring=True)], "composite": None}
+    assert mask_editor.box_from_stroke(value, (320, 320)) == [150.0, 50.0, 205.0, 105.0]
+    assert mask_editor.box_from_stroke(value, (64, 64)) == [30.0, 10.0, 41.0, 21.0]  # same grid: as painted
+    two = {"layers": [stroke_layer(rows=(2, 4), cols=(2, 4)), stroke_layer(rows=(50, 60), cols=(40, 44))]}
+    assert mask_editor.box_from_stroke(two, (64, 128)) == [4.0, 2.0, 88.0, 60.0]  # union of layers, W scaled 2x
+    for empty in (None, {"layers": []}, {"layers": [np.zeros((64, 64, 4), np.uint8)]}):
+        with pytest.raises(MaskError, match="Paint a rough stroke"):
+            mask_editor.box_from_stroke(empty, (320, 320))
+
+
+class FakeServices:
+    """The parts of explainers.services.Services the mask editor uses, with the offline GrabCut segmenter."""
+
+    def __init__(self, tmp_path=None):
+        self._segmenters = SegmenterCache(GrabCutSegmenter(), max_sessions=2)
+        if tmp_path is not None:
+            self.store = ReviewStore(tmp_path / "review.sqlite")
+
+    def segmenters(self):
+        return self._segmenters
+
+
+def test_click_logic_first_corner_waits_then_segments():
+    services, picture = FakeServices(), ui.display_rgb(np.asarray(Image.open(CELLS / "test_00000.jpg")))
+    shown = mask_editor.click(services, picture, None, "box", 60, 60)
+    assert not shown.ready and shown.preview is None and shown.mask_state is None and "opposite corner" in shown.note
+    shown = mask_editor.click(services, picture, shown.prompts, "box", 260, 260, original=np.zeros((64, 64, 3)))
+    assert shown.ready and shown.prompts["box"] == [60.0, 60.0, 260.0, 260.0]
+    mask = shown.mask_state["mask"]
+    assert mask.shape == (320, 320) and mask.any() and not mask[:60].any() and not mask[:, 261:].any()
+    assert "GrabCut" in shown.note and "a box" in shown.note
+    with pytest.raises(ValueError, match="Load an image first"):
+        mask_editor.click(services, None, None, "object", 1, 1)
+
+
+def test_stroke_box_prompt_keeps_points_and_masks_inside_the_box():
+    services, picture = FakeServices(), ui.display_rgb(np.asarray(Image.open(CELLS / "test_00000.jpg")))
+    shown = mask_editor.click(services, picture, None, "object", 160, 160)
+    value = {"layers": [stroke_layer(rows=(12, 52), cols=(12, 52), ring=True)]}
+    shown = mask_editor.stroke_box_prompt(services, value, picture, shown.prompts)
+    assert shown.prompts["box"] == [60.0, 60.0, 260.0, 260.0] and shown.prompts["points"] == [[160.0, 160.0]]
+    mask = shown.mask_state["mask"]
+    inside = np.zeros_like(mask)
+    inside[60:260, 60:260] = True
+    assert mask.any() and (mask & inside).sum() / mask.sum() > 0.95
+    assert "1 object point and a box" in shown.note
+
+
+def test_masks_are_stored_at_the_images_own_size(tmp_path):
+    services = FakeServices(tmp_path)
+    original = np.asarray(Image.open(CELLS / "test_00000.jpg").convert("RGB"))
+    view = ui.display_rgb(original)
+    shown = mask_editor.box_prompt(services, view, None, [60, 60, 260, 260], original=original)
+    with pytest.raises(ValueError, match="Pick the class label"):
+        mask_editor.add_to_mask_set(services.store, "set-a", "", shown.mask_state)
+    with pytest.raises(ValueError, match="class index"):
+        mask_editor.add_to_mask_set(services.store, "set-a", "basophil", shown.mask_state)
+    with pytest.raises(ValueError, match="Make a mask first"):
+        mask_editor.add_to_mask_set(services.store, "set-a", "3", None)
+    entry = mask_editor.add_to_mask_set(services.store, "set-a", "3: immature granulocytes", shown.mask_state)
+    picture, mask, label = services.store.mask_item(entry)
+    assert np.asarray(picture).shape[:2] == (64, 64) and mask.shape == (64, 64) and label == "3"
+    items, summary = mask_editor.mask_set_view(services.store, "set-a")
+    assert len(items) == 1 and "**set-a** (1)" in summary
+
+
+def test_drawn_mask_and_editor_picture():
+    background = np.asarray(Image.open(CELLS / "test_00000.jpg").convert("RGB"))
+    value = {"background": background, "layers": [stroke_layer()], "composite": background}
+    preview, state, note = mask_editor.drawn_mask(value)
+    assert state["mask"].sum() == 11 * 11 and state["source"] == "drawn" and "3%" in note
+    rgb, view = mask_editor.editor_picture(value)
+    assert rgb.shape == (64, 64, 3) and view.shape == (320, 320, 3)
+    assert mask_editor.editor_picture(None) is None
+    with pytest.raises(ValueError, match="Upload an image"):
+        mask_editor.drawn_mask(None)
+
+
+# ------------------------------------------------------------------ Explain helpers
+def test_explanation_helpers():
+    prediction = [(3, "cat", 0.5), (1, "dog", 0.3), (7, "cat", 0.2)]
+    assert explanation.target_choices(prediction)[1] == ("cat · 50.0%", "3")
+    assert explanation.label_value(prediction) == {"cat": 0.5, "dog": 0.3, "cat (7)": 0.2}
+    assert explanation.target_choice("7", prediction) == "7" and explanation.target_choice("9", prediction) == "auto"
+    assert explanation.target_choice(None, prediction) == "auto"
+    state = {"model": "m", "target": 3, "target_name": "cat", "skipped": ["Rollout: not a ViT"],
+             "results": [{"label": "Grad-CAM", "seconds": 0.012, "method": "gradcam"}]}
+    text = explanation.status_text(state)
+    assert "Model **m**" in text and "**Grad-CAM** 12 ms" in text and "**Skipped:** Rollout: not a ViT" in text
+    assert explanation.has_method(state, "gradcam") and not explanation.has_method(state, "aha")
+    with pytest.raises(ValueError, match="Upload an image"):
+        explanation.prepared(None, "m", None)
+
+
+def test_explain_maps_skips_a_method_that_cannot_explain_the_model(tmp_path, cnn_bundle):
+    from explainers.services import Services
+
+    services = Services(lambda name: cnn_bundle, ["tiny-cnn"], tmp_path)
+    warnings = []
+    state, image = explanation.explain_maps(services, str(CELLS / "test_00000.jpg"), "tiny-cnn",
+                                            ["rollout", "gradcam"], warn=warnings.append)
+    assert [r["method"] for r in state["results"]] == ["gradcam"] and state["results"][0]["deletion_auc"] is None
+    assert len(state["skipped"]) == 1 and "Attention rollout" in warnings[0]
+    state, _ = explanation.explain_curves(services, state)
+    assert state["results"][0]["deletion_auc"] is not None
+    with pytest.raises(ValueError, match="at least one"):
+        explanation.explain_maps(services, str(CELLS / "test_00000.jpg"), "tiny-cnn", [])
+
+
+def test_errors_messages():
+    assert user_message(KeyError("no such model")) == "No such model"
+    assert is_user_error(ValueError("x")) and is_user_error(MaskError("x")) and not is_user_error(ZeroDivisionError())
+    assert is_skippable(ValueError("x")) and not is_skippable(RuntimeError("CUDA failure"))
+
+
+# ------------------------------------------------------------------ fine-tune data and review helpers
+def test_finetune_data_choices_are_prefixed_once(tmp_path):
+    ready = tmp_path / "decoy-bloodmnist" / "train"
+    ready.mkdir(parents=True)
+    (ready / "masks.csv").write_text("file,mask_file,class_index\n")
+    found = finetune.finetune_datasets([tmp_path])
+    assert found[0] == ("Decoy BloodMNIST, train (cell masks)", f"path:{ready.resolve()}")
+
+    class Store:
+        def mask_sets(self):
+            return [("mine", 3)]
+
+    services = type("S", (), {"store": Store(), "decoy_roots": [tmp_path]})()
+    choices = finetune.data_choices(services)
+    assert choices[0] == ("Mask set: mine (3 images)", "set:mine")
+    assert all(value.count("path:") <= 1 for _, value in choices)
+
+
+def test_finetune_refuses_bad_choices(tmp_path):
+    services = type("S", (), {"hf_token": None, "state_dir": tmp_path})()
+    with pytest.raises(ValueError, match="training masks"):
+        finetune.start_finetune(services, "m", None)
+    with pytest.raises(ValueError, match="HF_TOKEN"):
+        finetune.start_finetune(services, "m", "set:x", backend="hf-jobs")
+    with pytest.raises(ValueError, match="Unknown training data"):
+        finetune.training_folder(services, "zip:x")
+    with pytest.raises(ValueError, match="outside the data folders"):
+        finetune.training_folder(services, "path:/etc")
+
+
+def test_review_helpers():
+    assert review_session.reviewer_name("  ") == "anonymous" and review_session.reviewer_name(" dr ") == "dr"
+    with pytest.raises(ValueError, match="Load a data set"):
+        review_session.filter_page(None, None)
+    with pytest.raises(ValueError, match="Open an image"):
+        review_session.current_row({"current": None})
+    assert review_session.save_note(None, {"current": None}, "dr", "x") is None
+
+
+# ------------------------------------------------------------------ decoy demonstration
+def test_decoy_test_images_never_carry_their_own_class_square():
+    from explainers.decoy import CORNERS, PALETTE, square_box
+
+    images = decoy_view.decoy_test_images(count=8, seed=3)
+    assert sorted(label for _, label, _ in images) == list(range(8))  # one cell per class
+    for picture, label, caption in images:
+        rgb = np.asarray(picture)
+        squares = []
+        for corner in range(4):
+            y0, y1, x0, x1 = square_box(corner, 64, 64, 6, 2)
+            patch = rgb[y0:y1, x0:x1].reshape(-1, 3)
+            if (patch == patch[0]).all() and tuple(patch[0]) in PALETTE:
+                squares.append((corner, PALETTE.index(tuple(patch[0]))))
+        assert len(squares) == 1, caption
+        corner, colour = squares[0]
+        assert corner != label % 4 and colour != label, caption
+        assert CORNERS[corner] in caption and "true:" in caption
+    again = decoy_view.decoy_test_images(count=8, seed=3)
+    assert all(np.array_equal(np.asarray(a[0]), np.asarray(b[0])) for a, b in zip(images, again))  # seeded
+
+
+def test_card_numbers_come_from_the_card_only():
+    before = {"data": {"test": None, "test_accuracy": None},
+              "decoy": {"test": {"test": {"count": 800, "accuracy": 0.385, "iou": 0.4694},
+                                 "test-clean": {"count": 800, "accuracy": 0.54}}}}
+    after = {"camal": {"before": {"test": {"accuracy": 0.385, "iou": 0.4694}},
+                       "after": {"test": {"count": 800, "accuracy": 0.8225, "iou": 0.8516, "pointing_game": 0.99}}}}
+    assert decoy_view.card_numbers(before) == [
+        "decoy test (random squares), 800 images: accuracy 38.5%, CAM-mask IoU 0.469",
+        "clean test (no square), 800 images: accuracy 54.0%"]
+    assert decoy_view.card_numbers(after) == [
+        "decoy test (random squares), 800 images: accuracy 38.5% → 82.2%, CAM-mask IoU 0.469 → 0.852, "
+        "pointing game 99.0%"]
+    assert decoy_view.card_headline(before) == "decoy test acc. 38%"
+    assert decoy_view.card_headline(after) == "decoy test acc. 82%"
+    assert decoy_view.card_numbers({}) == [] and decoy_view.card_headline({"data": None}) is None
+    assert decoy_view.card_numbers({"data": {"test_accuracy": 0.9, "test": "t"}}) == ["test accuracy 90.0% on t"]
+
+
+def test_decoy_model_cards_pair_the_finetune_with_its_base(tmp_path):
+    def card(name, **extra):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"kind": "classifier", "name": name, **extra}))
+
+    card("decoy-a")
+    card("decoy-b")
+    card("decoy-a-camal", camal={"base_model": "zzz"})
+    card("decoy-b-camal", camal={"base_model": str(tmp_path / "decoy-b.json")})
+    card("aha-decoy-b", camal={"base_model": "decoy-b"})  # explainers are not classifiers
+    before, after = ui.decoy_model_cards([tmp_path])
+    assert (before.name, after.name) == ("decoy-b.json", "decoy-b-camal.json")
+    (tmp_path / "decoy-b-camal.json").unlink()
+    before, after = ui.decoy_model_cards([tmp_path])
+    assert (before.name, after.name) == ("decoy-a.json", "decoy-a-camal.json")  # no pair: the first of each
+    assert ui.decoy_model_cards([tmp_path / "missing"]) == (None, None)
+
+
+def test_decoy_view_without_models_shows_the_training_rule(tmp_path):
+    from explainers.services import Services
+
+    services = Services(lambda name: None, [], tmp_path / "state", weights_dir=tmp_path / "weights",
+                        decoy_roots=[])
+    pictures, text = decoy_view.decoy_view(services)
+    assert len(pictures) == 8 and "not built here yet" in text
+    assert all(Path(path).exists() for path, _ in pictures)
+
+
+# ------------------------------------------------------------------ the service container
+def test_services_pictures_are_named_by_content_and_gpu_is_a_no_op(tmp_path, monkeypatch):
+    from explainers import services as services_module
+    from explainers.models import ModelUnavailableError
+
+    monkeypatch.delenv("SALIENCY_LAB_DECOY_DIR", raising=False)
+    store = services_module.Services(lambda name: name, lambda: ["a", "b"], tmp_path)
+    red = Image.new("RGB", (8, 8), (255, 0, 0))
+    first = store.pictures([(red, "one"), (red.copy(), "two")], "png")
+    assert first[0][0] == first[1][0] and [c for _, c in first] == ["one", "two"]
+    assert store.names() == ["a", "b"] and store.bundle("a") == "a"
+    assert store.cached("k", lambda: object()) is store.cached("k", lambda: object())
+    with pytest.raises(ModelUnavailableError, match="Pick a model"):
+        store.bundle("")
+    monkeypatch.delitem(sys.modules, "spaces", raising=False)
+
+    def fn():
+        return 1
+
+    assert services_module.gpu(10)(fn) is fn
+    assert store.decoy_roots == browse.decoy_locations() == [ROOT / "data", ROOT / ".." / "shared" / "data", ROOT]
+    monkeypatch.setenv("SALIENCY_LAB_DECOY_DIR", str(tmp_path))
+    assert store.decoy_roots[0] == tmp_path  # read at each call
+    assert services_module.Services(None, [], tmp_path / "s2", decoy_roots=[]).decoy_roots == []
