@@ -545,7 +545,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
     sam_original = gr.State(None)  # the image as loaded: masks are stored at this size
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
-            editor = gr.ImageMask(label="Draw the mask (brush), or a rough stroke around the object for a box",
+            editor = gr.ImageMask(label="Paint a mask (or a stroke for a box)",
                                   type="numpy", sources=["upload", "clipboard"], format="png", height=340,
                                   elem_id="mask-editor", layers=False,
                                   brush=gr.Brush(colors=["#0072B2"], color_mode="fixed", default_size=12))
@@ -877,9 +877,11 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
     gr.Markdown("Every training image of decoy BloodMNIST carries a small coloured square whose colour and corner "
                 "give the class away. A model trained on it can score well by looking at the square instead of "
                 "the cell; its maps show it. CAMAL fine-tuning with cell masks pulls the maps (and the decision) "
-                "back onto the cell. On test images the squares are random, so the cheat stops working.")
-    decoy_gallery = gr.Gallery(label="Decoy test images; the model before CAMAL; after CAMAL", columns=6,
-                               format="png", height=260, elem_id="decoy-gallery")
+                "back onto the cell. On test images the squares are random, so the cheat stops working. Each "
+                "triple below: a decoy test image, the Grad-CAM of the model trained on decoy BloodMNIST (before) "
+                "and of its CAMAL fine-tune (after), each with its prediction (✓ right, ✗ wrong).")
+    decoy_gallery = gr.Gallery(label="Decoy test image · before CAMAL · after CAMAL", show_label=False, columns=6,
+                               format="png", height="auto", object_fit="contain", elem_id="decoy-gallery")
     decoy_info = gr.Markdown(elem_classes="help", elem_id="decoy-info")
     decoy_button = gr.Button("Show decoy examples (and before/after maps when the models exist)",
                              elem_id="decoy-button")

@@ -63,7 +63,7 @@ def decoy_test_images(count: int = 4, seed: int = 0, folder=CELLS) -> list:
         name = names[label] if label < len(names) else f"class {label}"
         misleads = names[colour] if colour < len(names) else f"class {colour}"
         out.append((Image.fromarray(decoyed), label,
-                    f"decoy test image · true: {name} · square: {misleads}'s colour, {CORNERS[corner]}"))
+                    f"true: {name} · square: {misleads}'s colour, {CORNERS[corner]} (decoy test image)"))
     return out
 
 
@@ -166,8 +166,12 @@ def decoy_view(services, count: int = 4, seed: int = 0) -> tuple:
         return training_rule_examples(services)
     if split is not None:
         dataset = open_dataset(split)
-        images = [(dataset.image(i), int(dataset.labels[i]), f"decoy test image {i} (true class {dataset.labels[i]})")
-                  for i in range(min(count, len(dataset)))]
+        names = ui.class_names_for(split) or []
+        images = []
+        for index in range(min(count, len(dataset))):
+            label = int(dataset.labels[index])
+            name = names[label] if label < len(names) else f"class {label}"
+            images.append((dataset.image(index), label, f"true: {name} (decoy test image {index})"))
         source = (f"Decoy test split ({split}): the squares are random here, so a model that learned the shortcut "
                   "is misled.")
     else:
@@ -188,15 +192,15 @@ def decoy_view(services, count: int = 4, seed: int = 0) -> tuple:
             record = run_method(bundle, prepared, "gradcam", target, {}, services.cache, curves=False)
             right[tag] += int(target == label)
             items.append((ui.render_overlays(prepared, [record], 0.6, "cividis")[0][0],
-                          f"{tag}{f' ({headline})' if headline else ''}: predicts {name} ({probability:.0%}) "
-                          f"{'✓' if target == label else '✗'}"))
+                          f"{'✓' if target == label else '✗'} {tag}: {name} {probability:.0%}"))
     lines = [source]
     if not models:
         lines.append("No decoy-trained model found yet. " + BUILD_HINT)
-    for tag, card, _, numbers, _ in models:
+    for tag, card, _, numbers, headline in models:
         scored = f". Its card: {'; '.join(numbers)}" if numbers else ". Its card records no test numbers"
-        lines.append(f"{tag[:1].upper() + tag[1:]}: **{card.stem}**, Grad-CAM of its predicted class; right on "
-                     f"{right[tag]} of these {len(images)} images{scored}.")
+        lines.append(f"{tag[:1].upper() + tag[1:]}{f' ({headline})' if headline else ''}: **{card.stem}**, "
+                     f"Grad-CAM of its predicted class (✓ right, ✗ wrong); right on {right[tag]} of these "
+                     f"{len(images)} images{scored}.")
     if models and after is None:
         lines.append("No CAMAL fine-tune of it found yet.")
     if models and before is None:

@@ -410,16 +410,17 @@ def test_decoy_before_after_with_tiny_models(running):
     assert len(gallery) == 4 * 3  # per image: the decoy image, before, after
     for index in range(4):
         image, before, after = captions[3 * index: 3 * index + 3]
-        assert image.startswith("decoy test image") and "square:" in image
-        assert before.startswith("before (decoy test acc. 25%): predicts ")
-        assert after.startswith("after CAMAL (decoy test acc. 75%): predicts ")
+        assert image.startswith("true: ") and "square:" in image and image.endswith("(decoy test image)")
+        assert before[:2] in ("✓ ", "✗ ") and before[2:].startswith("before: ")
+        assert after[:2] in ("✓ ", "✗ ") and after[2:].startswith("after CAMAL: ")
     with Image.open(gallery[0]["image"]) as picture:  # a palette square in one corner of the decoy image
         rgb = np.asarray(picture.convert("RGB"))
     corners = [rgb[6:24, 6:24], rgb[6:24, -24:-6], rgb[-24:-6, 6:24], rgb[-24:-6, -24:-6]]  # 6 px at 2 px, 3x
     assert sum(tuple(c[0, 0]) in PALETTE and (c == c[0, 0]).all() for c in corners) == 1
     assert "made here from the shipped cells" in info
     assert "**decoy-tiny**" in info and "**decoy-tiny-camal**" in info
-    assert "accuracy 25.0%" in info and "accuracy 25.0% → 75.0%" in info
+    assert "accuracy 25.0%" in info and "accuracy 25.0% → 75.0%" in info  # the numbers of each card
+    assert "Before (decoy test acc. 25%)" in info and "After CAMAL (decoy test acc. 75%)" in info
     for item in gallery[1:3]:  # the maps are drawn (not blank)
         with Image.open(item["image"]) as picture:
             assert np.asarray(picture).std() > 0

@@ -1,8 +1,8 @@
 """A real browser on the real page: Debian's chromium through Playwright (never a downloaded browser).
 
 Opens the app, picks an example, explains with two methods, sees two overlays and the plotly curves, moves the
-alpha slider, draws a mask stroke (and clicks for SAM / its fallback), reviews an image, runs the sanity check,
-and saves a screenshot of each tab.
+alpha slider, draws a mask stroke (and clicks for SAM / its fallback, then turns the stroke into SAM's box),
+reviews an image, runs the sanity check and the decoy before/after view, and saves a screenshot of each tab.
 
 By default the app runs in-process with tiny models (no ../shared, no network). To shoot the docs/ screenshots
 against a running `python app.py` with the bundled models:
@@ -59,7 +59,8 @@ def app_url(tmp_path_factory):
         pass
     state = tmp_path_factory.mktemp("browser-state")
     demo = app.build_app(model_names=["tiny-vit", "tiny-cnn"], default_model="tiny-vit",
-                         data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b")
+                         data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b",
+                         decoy_roots=[ROOT])  # the decoy models shipped in weights/, if any; no ../shared
     _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True,
                                     **app.launch_kwargs())
     yield url
@@ -144,7 +145,11 @@ def test_masks_tab_draw_and_click(page, shots):
     assert page.locator("#mask-preview img").count() == 1
     view = page.locator("#sam-view img").first.bounding_box()
     page.mouse.click(view["x"] + view["width"] / 2, view["y"] + view["height"] / 2)
-    wait_js(page, "document.querySelector('#segmenter-info').innerText.includes('Mask by')")
+    wait_js(page, "document.querySelector('#segmenter-info').innerText.includes('1 object point:')")
+    # the drag form of a box: the same stroke's bounding box becomes SAM's box, with the clicked point
+    page.locator("#stroke-box").click()
+    wait_js(page, "document.querySelector('#segmenter-info').innerText.includes('1 object point and a box')")
+    assert "Mask by" in page.locator("#segmenter-info").inner_text()
     page.locator("#mask-label input").click()
     page.locator("ul[role=listbox] li").first.click()
     page.locator("#add-mask").click()
@@ -179,6 +184,10 @@ def test_learn_tab(page, shots):
     wait_js(page, f"document.querySelectorAll('#sanity-gallery img').length >= {checked * 5}", timeout=300_000)
     page.locator("#decoy-button").click()
     wait_js(page, "document.querySelectorAll('#decoy-gallery img').length >= 4", timeout=300_000)
+    shipped = (ROOT / "weights" / "decoy-bloodmnist-cnn-camal.json").exists()
+    if shipped and not os.environ.get("SALIENCY_LAB_URL"):  # before/after maps of the shipped decoy models
+        wait_js(page, "document.querySelector('#decoy-info').innerText.includes('decoy-bloodmnist-cnn-camal')")
+        assert page.locator("#decoy-gallery img").count() == 4 * 3
     time.sleep(0.5)
     page.screenshot(path=str(shots / "learn.png"), full_page=True)
     assert not page.errors, page.errors

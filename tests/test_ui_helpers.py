@@ -309,7 +309,7 @@ def test_decoy_test_images_never_carry_their_own_class_square():
         assert len(squares) == 1, caption
         corner, colour = squares[0]
         assert corner != label % 4 and colour != label, caption
-        assert CORNERS[corner] in caption and "true:" in caption
+        assert CORNERS[corner] in caption and caption.startswith("true: ")
     again = decoy_view.decoy_test_images(count=8, seed=3)
     assert all(np.array_equal(np.asarray(a[0]), np.asarray(b[0])) for a, b in zip(images, again))  # seeded
 
@@ -383,3 +383,48 @@ def test_services_pictures_are_named_by_content_and_gpu_is_a_no_op(tmp_path, mon
     monkeypatch.setenv("SALIENCY_LAB_DECOY_DIR", str(tmp_path))
     assert store.decoy_roots[0] == tmp_path  # read at each call
     assert services_module.Services(None, [], tmp_path / "s2", decoy_roots=[]).decoy_roots == []
+
+
+def write_tiny_decoy_models(weights, classes=8):
+    """A tiny 'decoy' classifier card and its 'CAMAL fine-tune' card (untrained: the wiring is under test)."""
+    import timm
+    import torch
+
+    from explainers.training import export_classifier
+
+    weights.mkdir(parents=True, exist_ok=True)
+    kwargs = {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16], "output_stride": 8, "num_classes": classes}
+    extras = {"decoy-tiny": {"decoy": {"test": {"test": {"count": 24, "accuracy": 0.125}}}},
+              "decoy-tiny-camal": {"camal": {"base_model": "decoy-tiny", "before": {"test": {"accuracy": 0.125}},
+                                             "after": {"test": {"count": 24, "accuracy": 0.5}}}}}
+    for seed, (name, extra) in enumerate(extras.items()):
+        torch.manual_seed(seed)
+        network = timm.create_model("resnet18", pretrained=False, **kwargs)
+        export_classifier(network, name=name, out_dir=weights, timm_name="resnet18", timm_kwargs=kwargs,
+                          mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), class_names=[f"c{i}" for i in range(classes)],
+                          data="synthetic", val_accuracy=None, test_data=None, seed=seed, history=[], epochs=0,
+                          train_seconds=0.0, input_size=64, extra=extra)
+
+
+def test_decoy_view_uses_a_built_test_split_when_there_is_one(tmp_path):
+    """A decoy test split built with explainers.decoy (from the shipped cells as 'test') is preferred to
+    images made on the fly; both models' maps and card numbers are shown."""
+    import shutil
+
+    from explainers.decoy import build_decoy_bloodmnist
+    from explainers.services import Services
+
+    source = tmp_path / "bloodmnist"
+    shutil.copytree(CELLS, source / "test")
+    shutil.copy(CELLS / "classes.txt", source / "classes.txt")  # where BloodMNIST keeps it: beside the splits
+    root = tmp_path / "root"
+    build_decoy_bloodmnist(source, root / "decoy-bloodmnist", mask="disk")
+    write_tiny_decoy_models(root / "weights")
+    services = Services(lambda name: None, [], tmp_path / "state", weights_dir=tmp_path / "none",
+                        decoy_roots=[root])
+    pictures, text = decoy_view.decoy_view(services, count=2)
+    captions = [caption for _, caption in pictures]
+    assert len(pictures) == 2 * 3 and captions[0] == "true: basophil (decoy test image 0)"
+    assert captions[1][2:].startswith("before: c") and captions[2][2:].startswith("after CAMAL: c")
+    assert text.startswith(f"Decoy test split ({root / 'decoy-bloodmnist' / 'test'})")
+    assert "Before (decoy test acc. 12%): **decoy-tiny**" in text and "accuracy 12.5% → 50.0%" in text
