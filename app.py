@@ -32,7 +32,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from explainers import browse as data
+from explainers import browse as browsing
 from explainers import decoy_view as decoy
 from explainers import explanation as ex
 from explainers import finetune as ft
@@ -45,7 +45,7 @@ from explainers.methods import METHODS
 from explainers.sanity import sanity_run
 from explainers.services import DEVICE, Services, configure_torch, default_loader
 
-default_data_dir = data.default_data_dir  # (kept importable from app)
+default_data_dir = browsing.default_data_dir  # (kept importable from app)
 
 
 class _AggAlready:
@@ -142,23 +142,6 @@ CSS = """
 footer { display: none !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
-"""
-
-METRICS_TEXT = """
-**Deletion** removes the pixels the map calls most important first (they take the data set's mean colour)
-and plots the model's probability for the target class. A faithful map makes it fall fast: **lower deletion
-AUC is better.**
-
-**Insertion** starts from a blank (mean-colour) image and puts the most important pixels back first: a faithful
-map makes the probability rise fast: **higher insertion AUC is better.** *Insertion − deletion* sums both up.
-
-**AUC** is the area under each curve (trapezoid rule over 0-100 % of the pixels, 21 points).
-**Pointing game**: does the map's peak fall inside the expert's mask (15 px tolerance)? **IoU**: overlap of
-the map's top pixels (as many as the mask has) with the mask.
-
-**Sanity check** (Adebayo et al. 2018): re-initialise the model's layers from the top down. A map that barely
-changes did not depend on what the model learned; a faithful method's map must change (its rank correlation
-with the original falls well below 1).
 """
 
 INTRO = """# Saliency Lab
@@ -307,7 +290,7 @@ def methods_change(methods):
 @friendly
 def browse(folder, class_filter, page):
     """Thumbnails of one page of a labelled folder, filtered by class; returns (gallery, indices, info, ...)."""
-    shown = data.browse(folder, class_filter, page)
+    shown = browsing.browse(folder, class_filter, page)
     return shown.items, shown.indices, shown.info, gr.update(choices=shown.class_choices), \
         gr.update(maximum=shown.pages, value=shown.page)
 
@@ -315,7 +298,7 @@ def browse(folder, class_filter, page):
 @friendly
 def browse_pick(folder, index):
     """The image at data-set position `index` (explicit coordinates: the API form of a gallery click)."""
-    return data.pick(folder, index)
+    return browsing.pick(folder, index)
 
 
 # ================================================================================================
@@ -339,10 +322,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
     configure_torch(heavy_concurrency)
     names = services.names()
     first_model = default_model or ui.default_model(names)
-    data_dir = data_dir or data.default_data_dir()
+    data_dir = data_dir or browsing.default_data_dir()
     heavy = dict(concurrency_id="heavy", concurrency_limit=heavy_concurrency)
     light = dict(concurrency_id="light", concurrency_limit=16, show_progress="hidden")
-    cell_examples, photo_examples = data.examples_list()
+    cell_examples, photo_examples = browsing.examples_list()
     all_methods = [(ui.method_label(n), n) for n in ui.method_order(list(METHODS)) if n != "random"]
     first_methods = ["aha", "gradcam"]
     try:  # the first model's defaults (its load is shared with every session: load_model caches); the menu
@@ -783,7 +766,7 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
         if warning:
             gr.Warning(warning)
         shown = review.filter_page(services, state, class_value, correct_value, 1, name)
-        return (*page_outputs(shown), gr.update(choices=data.class_filter_choices(state["names"])))
+        return (*page_outputs(shown), gr.update(choices=browsing.class_filter_choices(state["names"])))
 
     gallery_outputs = [gallery, review_state, progress_md, page]
     load_button.click(load, [folder, review_model, limit, class_filter, correctness, reviewer],
@@ -850,7 +833,7 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
     gr.Markdown("## What the methods do")
     gr.Markdown("\n\n".join(f"**{label}.** {text}" for label, text in ui.method_descriptions()))
     gr.Markdown("## What the scores mean")
-    gr.Markdown(METRICS_TEXT)
+    gr.Markdown(ui.METRICS_TEXT)
     gr.Markdown("## Sanity check, live\nRandomise the model's top layers, stage by stage, and watch which maps "
                 "change. Uses the Explain tab's image (or the first example).")
     with gr.Row():

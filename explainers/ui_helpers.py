@@ -45,6 +45,24 @@ CURVE_NOTE = "Lower deletion AUC is better (the score falls fast when the top pi
 DISPLAY_MIN, DISPLAY_MAX = 256, 512
 SEED = 0
 
+# What the scores mean (Markdown: the Learn tab, and anywhere else the scores are explained).
+METRICS_TEXT = """
+**Deletion** removes the pixels the map calls most important first (they take the data set's mean colour)
+and plots the model's probability for the target class. A faithful map makes it fall fast: **lower deletion
+AUC is better.**
+
+**Insertion** starts from a blank (mean-colour) image and puts the most important pixels back first: a faithful
+map makes the probability rise fast: **higher insertion AUC is better.** *Insertion − deletion* sums both up.
+
+**AUC** is the area under each curve (trapezoid rule over 0-100 % of the pixels, 21 points).
+**Pointing game**: does the map's peak fall inside the expert's mask (15 px tolerance)? **IoU**: overlap of
+the map's top pixels (as many as the mask has) with the mask.
+
+**Sanity check** (Adebayo et al. 2018): re-initialise the model's layers from the top down. A map that barely
+changes did not depend on what the model learned; a faithful method's map must change (its rank correlation
+with the original falls well below 1).
+"""
+
 
 # ------------------------------------------------------------------------------------------------
 # Models and methods
