@@ -169,9 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     camal.add_argument("--seed", type=int, default=0)
     camal.set_defaults(handler=cmd_camal)
 
-    from .aha.train import add_train_aha_parser  # AHA explainer training (explainers/aha/train.py)
+    from .aha.train import add_aha_figures_parser, add_train_aha_parser  # AHA explainers (explainers/aha/train.py)
 
     add_train_aha_parser(commands)
+    add_aha_figures_parser(commands)
     return parser
 
 

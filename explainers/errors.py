@@ -21,7 +21,7 @@ from .review import ReviewError
 USER_ERRORS = (ImageError, ModelUnavailableError, MethodNotApplicable, ReviewError, FileNotFoundError, ValueError,
                KeyError)
 # The same, for classes that are only importable with optional packages (matched by name).
-USER_ERROR_NAMES = ("MaskError", "SamUnavailableError", "ExplainerUnavailable", "JobError")
+USER_ERROR_NAMES = ("MaskError", "SamUnavailableError", "ExplainerUnavailable", "JobError", "HFJobsError")
 # What makes one method fail without failing the others: it is skipped with a note.
 SKIPPABLE = ("ExplainerUnavailable", "ModelUnavailableError")
 

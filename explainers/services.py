@@ -165,7 +165,7 @@ class Services:
                     from . import camal  # noqa: F401  (registers the 'camal' job kind)
                 except ImportError:
                     pass
-                self._runner = JobRunner(self.jobs_root, hf_token=self.hf_token)
+                self._runner = JobRunner(self.jobs_root, hf_token=self.hf_token, results_dir=self.weights_dir)
             return self._runner
 
     def segmenters(self):

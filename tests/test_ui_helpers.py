@@ -250,6 +250,8 @@ def test_explain_maps_skips_a_method_that_cannot_explain_the_model(tmp_path, cnn
 def test_errors_messages():
     assert user_message(KeyError("no such model")) == "No such model"
     assert is_user_error(ValueError("x")) and is_user_error(MaskError("x")) and not is_user_error(ZeroDivisionError())
+    from explainers.hf_jobs import HFJobsError
+    assert is_user_error(HFJobsError("Set HF_TOKEN"))
     assert is_skippable(ValueError("x")) and not is_skippable(RuntimeError("CUDA failure"))
 
 

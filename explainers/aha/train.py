@@ -198,6 +198,29 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
     return figures
 
 
+def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 256,
+                     compare: tuple = ("gradcam", "random")) -> dict:
+    """Measure a trained explainer's held-out figures again (e.g. on another sample) and store them in its card;
+    the weights are untouched. Returns the figures."""
+    from ..models import load_model
+    from .store import load_explainer
+
+    bundle = load_model(model)
+    stem = stem_from_out(stem) if stem else explainer_stem(model)
+    explainer = load_explainer(bundle, stem).eval()
+    x_val, y_val = load_eval_images(bundle, val_data, val_limit)
+    figures = held_out_figures(explainer, x_val, y_val, compare=tuple(compare))
+    figures.update({"data": str(val_data), "sample": f"{len(x_val)} images spread evenly over the file",
+                    "command": " ".join(["python -m explainers"] + sys.argv[1:])})
+    card_file = Path(str(stem) + ".json")
+    card = json.loads(card_file.read_text())
+    card["held_out"] = figures
+    from ..training import atomic_write_text
+
+    atomic_write_text(json.dumps(card, indent=2), card_file)  # the same card writer as save_explainer
+    return figures
+
+
 # --- training -----------------------------------------------------------------------------------------
 
 def _targets(logits: torch.Tensor, labels: torch.Tensor, mode: str):
@@ -378,6 +401,16 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
 
 
 # --- command line -------------------------------------------------------------------------------------
+
+def add_aha_figures_parser(commands) -> None:
+    p = commands.add_parser("aha-figures", help="measure a trained AHA explainer's held-out figures into its card")
+    p.add_argument("--model", required=True)
+    p.add_argument("--val-data", required=True, help="held-out images (never trained on)")
+    p.add_argument("--val-limit", type=int, default=256)
+    p.add_argument("--explainer", default=None, help="explainer stem (default weights/aha-<model>)")
+    p.set_defaults(handler=lambda args: print(json.dumps(refresh_held_out(
+        args.model, args.val_data, stem=args.explainer, val_limit=args.val_limit), indent=2)) or 0)
+
 
 def add_train_aha_parser(commands) -> None:
     """Register `train-aha` on an argparse subparsers object (explainers/cli.py)."""
