@@ -144,6 +144,7 @@ def _start_then_crash(runners, kind, params, min_step):
     job_id = runner.submit(kind, params)
     wait_until(lambda: (runner.get(job_id)["progress"]["step"] or 0) >= min_step, timeout=30)
     pid, thread = runner.get(job_id)["pid"], runner._thread
+    os.kill(pid, signal.SIGSTOP)  # freeze it mid-way at once: on a loaded machine it could otherwise finish first
     runners.made.remove(runner)
     del runner
     gc.collect()
