@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from . import ui_helpers as ui
 from .images import load_image
-from .masks import MaskError, mask_from_drawing, resize_mask
+from .masks import MaskError, drawn_pixels, mask_from_drawing, resize_mask
 
 EMPTY_PROMPTS = {"points": [], "labels": [], "box_corner": None, "box": None}
 MODES = ("object", "background", "box")
@@ -79,23 +78,6 @@ def clip_box(box, hw) -> list:
     return [x0, y0, x1, y1]
 
 
-def _alpha(layer) -> np.ndarray:
-    """The painted pixels of one editor layer (RGBA: alpha > 0; RGB or grey: nonzero), as H x W bool."""
-    if isinstance(layer, (str, Path)):
-        with Image.open(layer) as handle:
-            layer = handle.copy()
-    if isinstance(layer, Image.Image):
-        layer = np.asarray(layer.convert("RGBA") if "A" in layer.getbands() else layer.convert("L"))
-    array = np.asarray(layer)
-    if array.ndim == 3 and array.shape[-1] == 4:
-        return array[..., 3] > 0
-    if array.ndim == 3:
-        return array.max(axis=-1) > 0
-    if array.ndim == 2:
-        return array > 0
-    raise MaskError(f"Cannot read a stroke from an array of shape {tuple(array.shape)}.")
-
-
 def stroke_mask(value) -> np.ndarray | None:
     """The union of the painted pixels of a gr.ImageMask / gr.ImageEditor value (`{"background", "layers",
     "composite"}`, or one layer), in the editor's pixel grid; None when nothing is painted."""
@@ -105,7 +87,7 @@ def stroke_mask(value) -> np.ndarray | None:
         else [value]
     painted = None
     for layer in layers:
-        alpha = _alpha(layer)
+        alpha = drawn_pixels(layer)
         painted = alpha if painted is None else painted | resize_mask(alpha, painted.shape)
     return painted if painted is not None and painted.any() else None
 

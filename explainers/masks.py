@@ -134,15 +134,16 @@ def mask_from_drawing(value, image_hw) -> MaskResult:
                             "look at.")
         drawn = None
         for layer in layers:
-            alpha = _drawing_alpha(layer)
+            alpha = drawn_pixels(layer)
             drawn = alpha if drawn is None else drawn | resize_mask(alpha, drawn.shape)
     else:
-        drawn = _drawing_alpha(value)
+        drawn = drawn_pixels(value)
     mask = resize_mask(drawn, image_hw)
     return MaskResult(validate_mask(mask, image_hw, what="The drawn mask"), source="drawing")
 
 
-def _drawing_alpha(layer) -> np.ndarray:
+def drawn_pixels(layer) -> np.ndarray:
+    """The painted pixels of one editor layer (RGBA: alpha > 0; RGB or grey: nonzero), as H x W bool."""
     if isinstance(layer, (str, Path)):
         with Image.open(layer) as image:
             layer = image.copy()
