@@ -221,28 +221,17 @@ def alpha_change_handler(services):
     return on_alpha
 
 
-def alpha_release_handler(services):
+def option_release_handler(services, method: str, option: str, cast):
+    """A slider released: re-run `method` with the new `option` value and its curves, keeping the other methods.
+    GradSkip's alpha recombines cached statistics: only the curves run."""
     @friendly
-    def on_alpha_release(alpha, state, opacity, colormap):
-        """Alpha released: GradSkip's curves for this alpha (the statistics are cached; only curves run)."""
-        if not ex.has_method(state, "gradskip"):
+    def on_release(value, state, opacity, colormap):
+        if not ex.has_method(state, method):
             return (gr.skip(),) * 5
-        state, image = ex.rerun_method(services, state, "gradskip", {"alpha": float(alpha)})
+        state, image = ex.rerun_method(services, state, method, {option: cast(value)})
         return outputs_of(services, state, opacity, colormap, image)
 
-    return on_alpha_release
-
-
-def refine_handler(services):
-    @friendly
-    def on_refine(refine_steps, state, opacity, colormap):
-        """T changed: re-run AHA with T refinement steps (the other methods are kept)."""
-        if not ex.has_method(state, "aha"):
-            return (gr.skip(),) * 5
-        state, image = ex.rerun_method(services, state, "aha", {"refine_steps": int(refine_steps)})
-        return outputs_of(services, state, opacity, colormap, image)
-
-    return on_refine
+    return on_release
 
 
 def redraw_handler(services):
@@ -459,10 +448,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                        show_progress="hidden", queue=False)
         alpha.change(alpha_change_handler(services), [alpha, explain_state, opacity, colormap],
                      [overlays, heads, explain_state], api_name="alpha_preview", **light)
-        alpha.release(alpha_release_handler(services), [alpha, explain_state, opacity, colormap],
+        alpha.release(option_release_handler(services, "gradskip", "alpha", float), [alpha, explain_state, opacity, colormap],
                       [overlays, curves, aucs, status, explain_state], api_name="alpha_curves",
                       trigger_mode="always_last", **heavy)
-        refine_steps.release(refine_handler(services), [refine_steps, explain_state, opacity, colormap],
+        refine_steps.release(option_release_handler(services, "aha", "refine_steps", int), [refine_steps, explain_state, opacity, colormap],
                              [overlays, curves, aucs, status, explain_state], api_name="refine",
                              trigger_mode="always_last", **heavy)
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],

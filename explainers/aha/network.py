@@ -110,6 +110,14 @@ def _level_indices(network: nn.Module, levels: int) -> tuple:
     return tuple(range(available - levels, available)), False
 
 
+def resolve_targets(logits: torch.Tensor, targets=None) -> torch.Tensor:
+    """One target per image: the top-1 classes when None; a single target is repeated for the batch."""
+    if targets is None:
+        return logits.argmax(dim=1)
+    targets = torch.as_tensor(targets, dtype=torch.long, device=logits.device).view(-1)
+    return targets.expand(logits.shape[0]) if targets.numel() == 1 else targets
+
+
 class AHAExplainer(nn.Module):
     """Explainer for one classifier (a `ModelBundle`). Only the decoder's parameters live in this module;
     the classifier is held by reference, frozen, and never saved with the explainer."""
@@ -269,11 +277,7 @@ class AHAExplainer(nn.Module):
     def predict_and_explain(self, images: torch.Tensor, targets=None):
         """(logits, maps, targets) from one classifier pass; targets default to the top-1 classes."""
         encoded = self.encode(images)
-        if targets is None:
-            targets = encoded.logits.argmax(dim=1)
-        targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
-        if targets.numel() == 1 and images.shape[0] > 1:
-            targets = targets.expand(images.shape[0])
+        targets = resolve_targets(encoded.logits, targets)
         return encoded.logits, self.forward(encoded, targets), targets
 
     def head_parameters(self) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..aha.network import resolve_targets
 from ..aha.refine import MAX_REFINE_STEPS, REFINE_LR, check_refine_steps, refine_maps
 from ..aha.store import ExplainerUnavailable, get_explainer
 from . import register
@@ -47,11 +48,7 @@ class AHA(Method):
                 logits, maps, targets = explainer.predict_and_explain(images, targets)
             return logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
         encoded = explainer.encode(images)
-        if targets is None:
-            targets = encoded.logits.argmax(dim=1)
-        targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
-        if targets.numel() == 1 and images.shape[0] > 1:
-            targets = targets.expand(images.shape[0])
+        targets = resolve_targets(encoded.logits, targets)
         maps = refine_maps(explainer, images, targets, steps=self.refine_steps, lr=self.refine_lr,
                            reference=self.reference, encoded=encoded)
         return encoded.logits, maps.detach(), targets
