@@ -13,7 +13,9 @@
   output head (3x3 conv, ReLU, 1x1 conv, bilinear upsampling to the input size). The map is unbounded
   (higher = more important): gain * (cam_weight * CAM + head output). The head's last conv starts at zero,
   so an untrained explainer returns the class activation map; training (and test-time refinement of
-  `head`) moves it towards the deletion/insertion optimum.
+  `head`) moves it towards the deletion/insertion optimum. The CAM skip is used on globally pooled networks
+  only: on class-token ViTs the patch-token CAM points the wrong way (measured), so there it is off.
+  The loss only sees a map's ranking (standardised scores), so the gain is inert: refinement leaves it.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 DEFAULT_ARCH = {"levels": 4, "width": 32, "embed_dim": 64, "gain_init": 10.0}
+PRIORS = ("cam", "rollout", "none")
 
 
 @dataclass
@@ -110,6 +113,25 @@ def _level_indices(network: nn.Module, levels: int) -> tuple:
     return tuple(range(available - levels, available)), False
 
 
+def _pools_class_token(network: nn.Module) -> bool:
+    """True for networks whose head reads a class/prefix token (timm ViTs with global_pool 'token' or 'map')."""
+    pool = getattr(network, "global_pool", None)
+    return isinstance(pool, str) and pool in ("token", "map") and int(getattr(network, "num_prefix_tokens", 0)) > 0
+
+
+def attention_rollout_grid(attentions: list, bundle, image_hw: tuple) -> torch.Tensor:
+    """Attention rollout (mean over heads, identity for the skip) read at the class token: B x 1 x gh x gw."""
+    from ..attention import class_token_relevance, tokens_to_map
+
+    rollout = None
+    for attention in attentions:
+        fused = attention.float().mean(dim=1)
+        step = 0.5 * fused + 0.5 * torch.eye(fused.shape[-1], device=fused.device)
+        step = step / step.sum(dim=-1, keepdim=True)
+        rollout = step if rollout is None else step @ rollout
+    return tokens_to_map(class_token_relevance(rollout, bundle), bundle, image_hw).unsqueeze(1)
+
+
 def resolve_targets(logits: torch.Tensor, targets=None) -> torch.Tensor:
     """One target per image: the top-1 classes when None; a single target is repeated for the batch."""
     if targets is None:
@@ -124,7 +146,7 @@ class AHAExplainer(nn.Module):
 
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
                  class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
-                 fusion_units: int = 2):
+                 fusion_units: int = 2, prior: str = "auto"):
         super().__init__()
         object.__setattr__(self, "bundle", bundle)  # not a submodule: never trained, never saved
         network = bundle.network
@@ -163,8 +185,27 @@ class AHAExplainer(nn.Module):
                                             nn.Linear(embed_dim, embed_dim))
         else:
             self.class_table = nn.Embedding(bundle.num_classes, embed_dim)
-        self.use_cam = bool(use_cam and self._final_channels is not None)
+        # The prior map the decoder starts from (its output skip). A CAM from the patch tokens is not what a
+        # class-token ViT classifies from: measured on the bundled ViT it ranks worse than random
+        # (methods.md, "Priors"), so class-token ViTs take attention rollout (from the same pass) instead.
+        # "auto" resolves per network; explainers saved before priors existed said only use_cam.
+        if prior == "auto":
+            if not use_cam:
+                prior = "none"
+            elif _pools_class_token(network) and getattr(bundle, "is_vit", False):
+                prior = "rollout"
+            else:
+                prior = "cam"
+        if prior not in PRIORS:
+            raise ValueError(f"prior must be one of {', '.join(PRIORS)} or 'auto', got {prior!r}")
+        if prior == "cam" and self._final_channels is None:
+            prior = "none"
+        if prior == "rollout" and not getattr(bundle, "is_vit", False):
+            raise ValueError(f"a rollout prior needs a ViT; '{bundle.name}' is not one")
+        self.prior = prior
+        self.use_cam = prior != "none"  # the prior's channel and skip (named after the first prior, the CAM)
         self.arch["use_cam"] = self.use_cam
+        self.arch["prior"] = prior
 
         self.projections = nn.ModuleList(nn.Conv2d(c, width, 1) for c in channels)
         self.films = nn.ModuleList(nn.Linear(embed_dim, 2 * width) for _ in channels)
@@ -204,10 +245,17 @@ class AHAExplainer(nn.Module):
     def encode(self, images: torch.Tensor) -> Encoded:
         """One classifier pass: logits (== bundle(images)) and the decoder's features. No gradient."""
         with torch.no_grad():
-            final, inter = self._features(images)
-            logits = self.bundle.network.forward_head(final)
             grid = None
-            if self.use_cam:
+            if self.prior == "rollout":  # the attention of this same pass, recorded by hooks
+                from ..attention import AttentionRecorder
+
+                with AttentionRecorder(self.bundle) as recorder:
+                    final, inter = self._features(images)
+                grid = attention_rollout_grid(recorder.attentions, self.bundle, tuple(images.shape[-2:]))
+            else:
+                final, inter = self._features(images)
+            logits = self.bundle.network.forward_head(final)
+            if self.prior == "cam":
                 grid = self._final_to_grid(final, tuple(inter[-1].shape[-2:]), self._final_channels)
         return Encoded(logits=logits, levels=list(inter), final_grid=grid, image_hw=tuple(images.shape[-2:]))
 
@@ -224,8 +272,11 @@ class AHAExplainer(nn.Module):
         """Standardised <final features, w_c> at the input size (B x H x W), or None."""
         if not self.use_cam or encoded.final_grid is None:
             return None
-        weight = self.bundle.network.get_classifier().weight.detach()
-        cam = torch.einsum("bchw,bc->bhw", encoded.final_grid.float(), weight[targets].float())
+        if self.prior == "rollout":  # class-agnostic: B x 1 x h x w
+            cam = encoded.final_grid[:, 0].float()
+        else:
+            weight = self.bundle.network.get_classifier().weight.detach()
+            cam = torch.einsum("bchw,bc->bhw", encoded.final_grid.float(), weight[targets].float())
         flat = cam.flatten(1)
         cam = (cam - flat.mean(1).view(-1, 1, 1)) / flat.std(1).clamp_min(1e-6).view(-1, 1, 1)
         return cam

@@ -1,6 +1,9 @@
 """AHA's differentiable objective (methods.md section 2, ref).
 
-loss = soft deletion AUC + (1 - soft insertion AUC) + 0.0025 * peak penalty
+loss = soft deletion AUC + (1 - soft insertion AUC) + 0.0025 * peak penalty (of the standardised map)
+
+The loss depends on the map's ranking only: the sort standardises the cell scores, and the peak penalty is
+taken on the map standardised per image, so scaling a map (its gain) changes nothing.
 
 The map is average-pooled to a G x G grid, softly sorted (`sort.gumbel_sinkhorn`), and for every fraction p
 the soft top-p mask (G x G) is upsampled (nearest) to the image, smoothed (Gaussian, sigma 1, reflect
@@ -85,6 +88,14 @@ def reference_batch(images: torch.Tensor, kind: str, mean_color=(0.5, 0.5, 0.5),
 
 
 # --- pieces of the loss ------------------------------------------------------------------------------
+
+def standardise_maps(maps: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Per-map z-scores of B x H x W maps: the loss sees a map's ranking, never its gain."""
+    flat = maps.flatten(1)
+    mean = flat.mean(1).view(-1, 1, 1)
+    std = flat.std(1, unbiased=False).clamp_min(eps).view(-1, 1, 1)
+    return (maps - mean) / std
+
 
 def peak_penalty(maps: torch.Tensor, kernel: int = PEAK_KERNEL) -> torch.Tensor:
     """Per-map mean(relu(a - avgpool_15(a))^2) on the full-resolution map (B x H x W -> B)."""
@@ -208,7 +219,7 @@ def aha_loss(classify, images, maps, targets, references, *, grid: int, tau: flo
                          fraction_samples=fraction_samples, generator=generator, rng=rng,
                          endpoint_probs=endpoint_probs)
     deletion_auc, insertion_auc = curves.deletion_auc, curves.insertion_auc
-    peak = peak_penalty(maps.float())
+    peak = peak_penalty(standardise_maps(maps.float()))  # on the standardised map: scale-free like the sort
     per_sample = deletion_auc + (1 - insertion_auc) + peak_weight * peak
     return LossTerms(loss=per_sample.mean() if reduce else per_sample, deletion_auc=deletion_auc.detach(),
                      insertion_auc=insertion_auc.detach(), peak=peak.detach())

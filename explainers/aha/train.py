@@ -165,7 +165,7 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
     torch.manual_seed(seed)
     untrained = AHAExplainer(bundle, **{k: explainer.arch[k] for k in ("width", "embed_dim", "gain_init",
                                                                       "class_embedding", "use_cam", "indices", "scales",
-                                                                      "fusion_units")})
+                                                                      "fusion_units", "prior") if k in explainer.arch})
     untrained.to(device).eval()
     rows = {"aha": [], "aha_untrained": []}
     rows.update({name: [] for name in compare})
@@ -196,6 +196,31 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
         figures[f"{name}_deletion_auc"] = float(values[:, 0].mean())
         figures[f"{name}_insertion_auc"] = float(values[:, 1].mean())
     return figures
+
+
+def validation_scores(explainer: AHAExplainer, images: torch.Tensor, *, batch_size: int = 32,
+                      steps: int = 20) -> dict:
+    """The fixed validation metric logged during training: hard deletion / insertion AUCs (the evaluation
+    engine, mean reference, K = `steps`) of the explainer's top-1 maps on fixed held-out images."""
+    from ..metrics import deletion_insertion
+
+    bundle = explainer.bundle
+    was_training = explainer.training
+    explainer.eval()
+    deletion, insertion = [], []
+    try:
+        for start in range(0, len(images), batch_size):
+            x = images[start:start + batch_size].to(bundle.device)
+            with torch.no_grad():
+                _, maps, targets = explainer.predict_and_explain(x)
+            curves = deletion_insertion(bundle, x, maps.float(), targets, steps=steps, reference="mean")
+            deletion.append(np.asarray(curves.deletion_auc))
+            insertion.append(np.asarray(curves.insertion_auc))
+    finally:
+        explainer.train(was_training)
+    deletion, insertion = np.concatenate(deletion), np.concatenate(insertion)
+    return {"deletion_auc": round(float(deletion.mean()), 5), "insertion_auc": round(float(insertion.mean()), 5),
+            "ins_minus_del": round(float((insertion - deletion).mean()), 5)}
 
 
 def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 256,
@@ -245,9 +270,20 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               width: int = DEFAULT_ARCH["width"], embed_dim: int = DEFAULT_ARCH["embed_dim"],
               gain_init: float = DEFAULT_ARCH["gain_init"], fusion_units: int = 2, time_budget_minutes: float | None = None,
               checkpoint_every: int = 25, log_every: int = 5, compare: tuple = ("gradcam", "random"),
-              progress: bool = True, command: str | None = None) -> dict:
-    """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0)."""
+              val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None) -> dict:
+    """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0).
+    `val_every` > 0 measures the fixed validation metric (hard AUCs on `val_track` images of `val_data`)
+    every that many steps, logs it, and exports the best checkpoint by ins-del instead of the last."""
     from ..models import load_model
+
+    options = dict(data=data, out=out, val_data=val_data, val_limit=val_limit, steps=steps, epochs=epochs,
+                   batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, clip=clip, targets=targets,
+                   fractions=fractions, fraction_samples=fraction_samples, peak_weight=peak_weight,
+                   tau_start=tau_start, tau_end=tau_end, grid_min=grid_min, grid_max=grid_max, references=references,
+                   augment=augment, subset=subset, seed=seed, width=width, embed_dim=embed_dim, gain_init=gain_init,
+                   fusion_units=fusion_units, time_budget_minutes=time_budget_minutes,
+                   checkpoint_every=checkpoint_every, log_every=log_every, compare=compare, val_every=val_every,
+                   val_track=val_track, progress=progress, command=command)
 
     if targets not in TARGET_MODES:
         raise ValueError(f"targets must be one of {TARGET_MODES}")
@@ -258,7 +294,23 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     bundle = bundle or load_model(model)
     bundle.to(device)
+    # the classifier is shared (the model cache): freeze it for training, put every flag back afterwards
+    saved_flags = [(p, p.requires_grad) for p in bundle.network.parameters()]
+    saved_mode = bundle.network.training
     bundle.network.eval().requires_grad_(False)
+    try:
+        return _train_frozen(bundle, rank=rank, world=world, device=device, **options)
+    finally:
+        for parameter, flag in saved_flags:
+            parameter.requires_grad_(flag)
+        bundle.network.train(saved_mode)
+
+
+def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit, steps, epochs, batch_size, lr,
+                  weight_decay, warmup, clip, targets, fractions, fraction_samples, peak_weight, tau_start, tau_end,
+                  grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
+                  fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
+                  progress, command) -> dict:
     model = bundle.name
     stem = stem_from_out(out) if out else explainer_stem(model)
     checkpoint_path = Path(str(stem) + ".ckpt")
@@ -290,6 +342,10 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         1.0 if s < warmup_steps else 0.5 * (1 + math.cos(math.pi * (s - warmup_steps) / max(1, total_steps - warmup_steps)))))
 
     step, elapsed_before, history = 0, 0.0, []
+    validation, best = [], None  # best: {"step", "ins_minus_del", "state"} by the fixed validation metric
+    x_track = None
+    if val_every and val_data and rank == 0:
+        x_track, _ = load_eval_images(bundle, val_data, val_track)
     if checkpoint_path.exists():
         state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
         if state["total_steps"] != total_steps:
@@ -299,6 +355,10 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         step, elapsed_before, history = state["step"], state["elapsed"], json.loads(state["history"])
+        validation = json.loads(state.get("validation", "[]"))
+        if "best_state" in state:
+            best = {"step": int(state["best_step"]), "ins_minus_del": float(state["best_score"]),
+                    "state": state["best_state"]}
         if rank == 0:
             print(f"Resuming aha-{model} at step {step}/{total_steps}", file=sys.stderr)
 
@@ -313,11 +373,27 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         if rank == 0:
             from ..training import atomic_save
 
-            atomic_save({"explainer": explainer.state_dict(), "optimizer": optimizer.state_dict(),
-                         "schedule": schedule.state_dict(), "step": step, "total_steps": total_steps,
-                         "elapsed": elapsed_before + time.time() - started, "history": json.dumps(history)},
-                        checkpoint_path)
+            state = {"explainer": explainer.state_dict(), "optimizer": optimizer.state_dict(),
+                     "schedule": schedule.state_dict(), "step": step, "total_steps": total_steps,
+                     "elapsed": elapsed_before + time.time() - started, "history": json.dumps(history),
+                     "validation": json.dumps(validation)}
+            if best is not None:
+                state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"])
+            atomic_save(state, checkpoint_path)
 
+    def track_validation():
+        nonlocal best
+        scores = validation_scores(explainer, x_track)
+        scores.update(step=step, seconds=round(elapsed_before + time.time() - started, 1))
+        validation.append(scores)
+        if best is None or scores["ins_minus_del"] > best["ins_minus_del"]:
+            best = {"step": step, "ins_minus_del": scores["ins_minus_del"],
+                    "state": {k: v.detach().clone().cpu() for k, v in explainer.state_dict().items()}}
+        bar.write(f"step {step}: validation deletion {scores['deletion_auc']:.4f} insertion "
+                  f"{scores['insertion_auc']:.4f} ins-del {scores['ins_minus_del']:.4f} (best at step {best['step']})")
+
+    if x_track is not None and step == 0:
+        track_validation()  # the untrained explainer (its prior) is a candidate too
     while step < total_steps:
         epoch, position = divmod(step, steps_per_epoch)
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
@@ -356,6 +432,8 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
                             "peak": round(float(terms.peak.mean()), 4), "tau": round(tau, 4), "grid": grid,
                             "grad_norm": round(float(grad_norm), 4),
                             "seconds": round(elapsed_before + time.time() - started, 1)})
+        if x_track is not None and (step % val_every == 0 or step == total_steps):
+            track_validation()
         if step % checkpoint_every == 0:
             save_checkpoint()
         if time_budget_minutes is not None:
@@ -374,6 +452,10 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
     card = None
     if rank == 0:
         explainer.eval()
+        exported_step = step
+        if best is not None:  # keep the best checkpoint by the fixed validation metric, not the last
+            explainer.load_state_dict(best["state"])
+            exported_step = best["step"]
         recipe = {
             "data": str(data), "train_images": int(len(images)), "subset": subset, "augment": mode,
             "steps": step, "planned_steps": total_steps, "stopped_by_time_budget": stopped_early,
@@ -385,7 +467,12 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
             "lr": lr, "weight_decay": weight_decay, "warmup_fraction": warmup, "schedule": "linear warm-up, cosine",
             "grad_clip": clip, "peak_weight": peak_weight, "seed": seed,
         }
+        if validation:
+            recipe["validation_metric"] = (f"hard deletion/insertion (engine, K=20, mean reference) of top-1 maps on "
+                                           f"{len(x_track)} images of {val_data} spread over the file, every "
+                                           f"{val_every} steps; the exported weights are the best by ins-del")
         card = {"base_model": model, "recipe": recipe, "train_seconds": round(train_seconds, 1),
+                "exported_step": exported_step, "validation": validation,
                 "training_command": command or " ".join(["python -m explainers"] + sys.argv[1:]),
                 "history": history, "ddp_replicas_identical": identical,
                 "software": {"torch": torch.__version__, "python": platform.python_version()}}
@@ -440,6 +527,9 @@ def add_train_aha_parser(commands) -> None:
                    help="residual conv units per fusion level: 2 = DPT, 1 = lighter decoder")
     p.add_argument("--time-budget-minutes", type=float, default=None)
     p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--val-every", type=int, default=0,
+                   help="measure the validation metric every N steps and export the best checkpoint (needs --val-data)")
+    p.add_argument("--val-track", type=int, default=64, help="validation images tracked during training")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=cmd_train_aha)
 
@@ -451,7 +541,8 @@ def cmd_train_aha(args) -> int:
                      fractions=args.fractions, fraction_samples=args.fraction_samples, peak_weight=args.peak_weight,
                      grid_min=args.grid_min, grid_max=args.grid_max, augment=args.augment, subset=args.subset,
                      width=args.width, fusion_units=args.fusion_units, time_budget_minutes=args.time_budget_minutes,
-                     checkpoint_every=args.checkpoint_every, seed=args.seed)
+                     checkpoint_every=args.checkpoint_every, seed=args.seed, val_every=args.val_every,
+                     val_track=args.val_track)
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")
