@@ -2,11 +2,12 @@
 
     python app.py                  # http://127.0.0.1:7860, offline, on the bundled models
 
-Thin on purpose: this file only builds the layout and wires events to library calls (the same functions the
-CLI can call): `explainers.explanation` (the Explain tab), `explainers.browse` (data folders),
-`explainers.mask_editor` and `explainers.finetune` (Masks & fine-tune), `explainers.review_session` (Review),
-`explainers.sanity` and `explainers.decoy_view` (Learn), `explainers.services` (the shared models, caches,
-review store, jobs and SAM). What stays here is Gradio glue: components, events, gr.State, gr.Progress,
+Thin on purpose: this file only builds the layout and wires events to the app's service layer, `saliency_lab`
+(which calls the library, `explainers`, the same functions the CLI calls): `saliency_lab.explain` (the Explain
+tab), `saliency_lab.browse` (data folders), `saliency_lab.masks` and `saliency_lab.finetune` (Masks &
+fine-tune), `saliency_lab.review` (Review), `saliency_lab.learn` (Learn), `saliency_lab.services` (the shared
+models, caches, review store, jobs and SAM), `saliency_lab.menus` / `figures` (menus, plotly figures). The
+method list and its sliders come from the method registry (`explainers.methods`). What stays here is Gradio glue: components, events, gr.State, gr.Progress,
 and turning errors into messages (`friendly`). Per-user state lives in gr.State / gr.BrowserState and
 per-session keys; heavy work shares one concurrency id, so it never starves the sliders, which only recombine
 cached statistics.
@@ -19,7 +20,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("MPLBACKEND", "Agg")  # Gradio switches matplotlib to Agg around every event: start there
 
 try:  # ZeroGPU: `spaces` must be imported before torch; elsewhere the decorator is a no-op
-    import spaces  # type: ignore  # noqa: F401  (explainers.services.gpu uses it once imported)
+    import spaces  # type: ignore  # noqa: F401  (saliency_lab.services.gpu uses it once imported)
 except ImportError:  # pragma: no cover - not on a Space
     spaces = None
 
@@ -32,20 +33,16 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from explainers import browse as browsing
-from explainers import decoy_view as decoy
-from explainers import explanation as ex
-from explainers import finetune as ft
-from explainers import mask_editor as masks
-from explainers import review_session as review
-from explainers import ui_helpers as ui
-from explainers.errors import is_user_error, user_message
+from explainers.engine import CURVE_NOTE
 from explainers.images import COLORMAPS, ImageError, load_image
 from explainers.methods import METHODS
-from explainers.sanity import sanity_run
-from explainers.services import DEVICE, Services, configure_torch, default_loader
+from saliency_lab import browse as browse_module
+from saliency_lab import explain, figures, finetune, learn, masks, menus, review
+from saliency_lab.errors import is_user_error, user_message
+from saliency_lab.services import DEVICE, Services, configure_torch, default_loader
 
-default_data_dir = browsing.default_data_dir  # (kept importable from app)
+default_data_dir = browse_module.default_data_dir  # (kept importable from app)
+SLIDERS = menus.sliders()  # [(method, Option)]: each method's user options, in slider order
 
 
 class _AggAlready:
@@ -153,35 +150,49 @@ explanation methods side by side, and check them with deletion/insertion curves.
 # ================================================================================================
 # Explain (each handler: one library call, then pictures and figures for the outputs)
 # ================================================================================================
+DETAILS = next((METHODS[m].details for m in menus.method_order(list(METHODS)) if METHODS[m].details), "Details")
+LIVE = [i for i, (_, option) in enumerate(SLIDERS) if option.live]  # sliders recombined without a model pass
+
+
+def slider_values(values) -> dict:
+    """{option name: value} of the sliders' values (in SLIDERS order)."""
+    return {option.name: value for (_, option), value in zip(SLIDERS, values)}
+
+
 def explain_maps_handler(services):
     @friendly
-    def explain_maps(image_path, model_name, methods, target_choice, alpha, refine_steps, opacity, colormap):
+    def explain_maps(image_path, model_name, methods, target_choice, *rest):
         """Step 1 of an explanation: the top-5 prediction and each chosen method's map (fast; the curves follow
-        in `explain_curves`, a separate event, so that under load everyone's maps come first)."""
-        state, image = ex.explain_maps(services, image_path, model_name, methods, target_choice, alpha,
-                                       refine_steps, warn=gr.Warning)
+        in `explain_curves`, a separate event, so that under load everyone's maps come first). `rest`: the
+        sliders' values (SLIDERS), the opacity and the colour map."""
+        *values, opacity, colormap = rest
+        state, image = explain.explain_maps(services, image_path, model_name, methods, target_choice,
+                                            slider_values(values), warn=gr.Warning)
         message = ("Computing the deletion and insertion curves…" if state["results"]
                    else "No method could explain this model: see the warnings.")
-        target_update = gr.update(choices=ex.target_choices(state["prediction"]), value=state["target_choice"])
-        return (ex.label_value(state["prediction"]), target_update,
-                ex.overlay_pictures(services, state, opacity, colormap, image), ui.empty_figure(message),
-                ui.auc_table(state["results"]), ex.status_text(state), state)
+        target_update = gr.update(choices=explain.target_choices(state["prediction"]), value=state["target_choice"])
+        return (explain.label_value(state["prediction"]), target_update,
+                explain.overlay_pictures(services, state, opacity, colormap, image), figures.empty_figure(message),
+                figures.auc_table(state["results"]), explain.status_text(state), state)
 
     return explain_maps
 
 
 def explain_curves_handler(services):
     @friendly
-    def explain_curves(state, alpha, opacity, colormap):
-        """Step 2: deletion and insertion curves of every map (2 x 21 model passes each), on one set of axes."""
+    def explain_curves(state, *rest):
+        """Step 2: deletion and insertion curves of every map (2 x 21 model passes each), on one set of axes.
+        `rest`: the live sliders' values, the opacity and the colour map."""
+        *values, opacity, colormap = rest
         if not state or not state.get("results"):
             return (gr.skip(),) * 6
-        state, image = ex.explain_curves(services, state)
-        diagnostics = ex.head_weights(services, state, alpha, image)
-        heads = gr.skip() if diagnostics is None else ui.head_weights_figure(diagnostics)
-        return (ex.overlay_pictures(services, state, opacity, colormap, image),  # the captions now carry the AUCs
-                ui.curves_figure(state["results"]), ui.auc_table(state["results"]), ex.status_text(state), state,
-                heads)
+        state, image = explain.explain_curves(services, state)
+        diagnostics = explain.head_weights(services, state,
+                                           {SLIDERS[i][1].name: v for i, v in zip(LIVE, values)}, image)
+        heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
+        return (explain.overlay_pictures(services, state, opacity, colormap, image),  # the captions carry the AUCs
+                figures.curves_figure(state["results"]), figures.auc_table(state["results"]),
+                explain.status_text(state), state, heads)
 
     return explain_curves
 
@@ -190,45 +201,53 @@ def explain_handler(services):
     maps_fn, curves_fn = explain_maps_handler(services), explain_curves_handler(services)
 
     @friendly
-    def explain(image_path, model_name, methods, target_choice, alpha, refine_steps, opacity, colormap):
+    def explain_all(image_path, model_name, methods, target_choice, *rest):
         """Both steps in one call (the API form): maps first, then curves."""
+        *values, opacity, colormap = rest
         label, target_update, overlays, figure, table, status, state = maps_fn(
-            image_path, model_name, methods, target_choice, alpha, refine_steps, opacity, colormap)
+            image_path, model_name, methods, target_choice, *rest)
         yield label, target_update, overlays, figure, table, status, state, gr.skip()
         if state["results"]:
-            overlays, figure, table, status, state, heads = curves_fn(state, alpha, opacity, colormap)
+            overlays, figure, table, status, state, heads = curves_fn(state, *[values[i] for i in LIVE], opacity,
+                                                                      colormap)
             yield label, gr.skip(), overlays, figure, table, status, state, heads
 
-    return explain
+    return explain_all
 
 
 def outputs_of(services, state, opacity, colormap, image):
     """(overlays, curves figure, AUC table, status, state) of an updated explanation."""
-    return (ex.overlay_pictures(services, state, opacity, colormap, image), ui.curves_figure(state["results"]),
-            ui.auc_table(state["results"]), ex.status_text(state), state)
+    return (explain.overlay_pictures(services, state, opacity, colormap, image),
+            figures.curves_figure(state["results"]), figures.auc_table(state["results"]),
+            explain.status_text(state), state)
 
 
-def alpha_change_handler(services):
+def live_change_handler(services, option):
     @friendly
-    def on_alpha(alpha, state, opacity, colormap):
-        """Alpha moved: recombine GradSkip's cached statistics (no model pass) and redraw the overlays."""
-        if not ex.has_method(state, "gradskip"):
+    def on_live(value, state, opacity, colormap):
+        """A live option moved (GradSkip's alpha): recombine the cached statistics (no model pass) and redraw."""
+        if not any(explain.has_method(state, m) for m in explain.live_methods(option.name)):
             return gr.skip(), gr.skip(), gr.skip()
-        state, image = ex.recombine_alpha(services, state, alpha)
-        heads = ui.head_weights_figure(ex.head_weights(services, state, alpha, image))
-        return ex.overlay_pictures(services, state, opacity, colormap, image), heads, state
+        state, image = explain.recombine_live(services, state, option.name, value)
+        diagnostics = explain.head_weights(services, state, {option.name: value}, image)
+        heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
+        return explain.overlay_pictures(services, state, opacity, colormap, image), heads, state
 
-    return on_alpha
+    return on_live
 
 
-def option_release_handler(services, method: str, option: str, cast):
-    """A slider released: re-run `method` with the new `option` value and its curves, keeping the other methods.
-    GradSkip's alpha recombines cached statistics: only the curves run."""
+def option_release_handler(services, option):
+    """A slider released: re-run the methods with this option at its new value, with their curves, keeping the
+    other methods. A live option recombines cached statistics: only the curves run."""
+    owners = menus.methods_with_option(option.name)
+
     @friendly
     def on_release(value, state, opacity, colormap):
-        if not ex.has_method(state, method):
+        chosen = [m for m in owners if explain.has_method(state, m)]
+        if not chosen:
             return (gr.skip(),) * 5
-        state, image = ex.rerun_method(services, state, method, {option: cast(value)})
+        for method in chosen:
+            state, image = explain.rerun_method(services, state, method, {option.name: option.cast(value)})
         return outputs_of(services, state, opacity, colormap, image)
 
     return on_release
@@ -240,7 +259,7 @@ def redraw_handler(services):
         """Opacity or colour map changed: re-blend the cached maps (no model)."""
         if not state or not state.get("results"):
             return gr.skip()
-        return ex.overlay_pictures(services, state, opacity, colormap)
+        return explain.overlay_pictures(services, state, opacity, colormap)
 
     return redraw
 
@@ -249,7 +268,7 @@ def downloads_handler(services):
     @friendly
     def downloads(state, opacity, colormap):
         """Overlay PNGs (original size), curves.csv and report.json for the current explanation."""
-        paths = ex.write_downloads(services, state, opacity, colormap)
+        paths = explain.write_downloads(services, state, opacity, colormap)
         return gr.update(value=[str(p) for p in paths], visible=True)
 
     return downloads
@@ -260,26 +279,26 @@ def model_change_handler(services):
     def on_model(model_name, methods, progress=gr.Progress()):
         """Load the model (hub models download once), then offer the methods that can explain it."""
         if not model_name:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * (2 + len(SLIDERS))
         progress(0.1, desc=f"Loading {model_name} (hub models download on first use)…")
-        choices, kept, info = ex.model_menu(services, model_name, methods)
-        return (gr.update(choices=choices, value=kept), gr.update(visible="gradskip" in kept),
-                gr.update(visible="aha" in kept), info)
+        choices, kept, info = explain.model_menu(services, model_name, methods)
+        return (gr.update(choices=choices, value=kept), *[gr.update(visible=m in kept) for m, _ in SLIDERS], info)
 
     return on_model
 
 
 def methods_change(methods):
+    """Each slider is shown while its method is ticked; the details panel while a method with details is."""
     methods = methods or []
-    return gr.update(visible="gradskip" in methods), gr.update(visible="aha" in methods), \
-        gr.update(visible="gradskip" in methods)
+    return (*[gr.update(visible=m in methods) for m, _ in SLIDERS],
+            gr.update(visible=any(m in METHODS and bool(METHODS[m].details) for m in methods)))
 
 
 # ---------------------------------------------------------------- data-set browsing (Explain + Review)
 @friendly
 def browse(folder, class_filter, page):
     """Thumbnails of one page of a labelled folder, filtered by class; returns (gallery, indices, info, ...)."""
-    shown = browsing.browse(folder, class_filter, page)
+    shown = browse_module.browse(folder, class_filter, page)
     return shown.items, shown.indices, shown.info, gr.update(choices=shown.class_choices), \
         gr.update(maximum=shown.pages, value=shown.page)
 
@@ -287,7 +306,7 @@ def browse(folder, class_filter, page):
 @friendly
 def browse_pick(folder, index):
     """The image at data-set position `index` (explicit coordinates: the API form of a gallery click)."""
-    return browsing.pick(folder, index)
+    return browse_module.pick(folder, index)
 
 
 # ================================================================================================
@@ -300,7 +319,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
     `model_names` (list or callable; default: explainers.models.list_models), `loader` (name -> ModelBundle;
     default: load_model, cached and thread-safe), `data_dir` (a labelled folder for the browser and the review),
     `state_dir` (SQLite files), `jobs_root` (fine-tune jobs), `weights_dir` (fine-tuned models), `decoy_roots`
-    (folders that may hold decoy BloodMNIST and its models; default `explainers.browse.decoy_locations()`)."""
+    (folders that may hold decoy BloodMNIST and its models; default `saliency_lab.browse.decoy_locations()`)."""
     from explainers.models import list_models
 
     if heavy_concurrency is None:  # one explanation per core (each torch op single-threaded, see configure_torch)
@@ -310,17 +329,17 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                         parallel=heavy_concurrency, decoy_roots=decoy_roots)
     configure_torch(heavy_concurrency)
     names = services.names()
-    first_model = default_model or ui.default_model(names)
-    data_dir = data_dir or browsing.default_data_dir()
+    first_model = default_model or menus.default_model(names)
+    data_dir = data_dir or browse_module.default_data_dir()
     heavy = dict(concurrency_id="heavy", concurrency_limit=heavy_concurrency)
     light = dict(concurrency_id="light", concurrency_limit=16, show_progress="hidden")
-    cell_examples, photo_examples = browsing.examples_list()
-    all_methods = [(ui.method_label(n), n) for n in ui.method_order(list(METHODS)) if n != "random"]
+    cell_examples, photo_examples = browse_module.examples_list()
+    all_methods = [(menus.method_label(n), n) for n in menus.method_order(list(METHODS)) if not METHODS[n].baseline]
     first_methods = ["aha", "gradcam"]
     try:  # the first model's defaults (its load is shared with every session: load_model caches); the menu
         # itself narrows to the model's methods on page load, while the API accepts any registered method
         first_bundle = services.bundle(first_model)
-        first_methods = ui.default_methods(first_bundle)
+        first_methods = menus.default_methods(first_bundle)
     except Exception as error:  # noqa: BLE001 - the UI says so when the user picks it
         log.warning("could not load %s at start-up: %s", first_model, error)
 
@@ -357,7 +376,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                             browse_index = gr.Number(visible=False, precision=0)
                             browse_open = gr.Button(visible=False)
                     with gr.Column(scale=5, min_width=360):
-                        model = gr.Dropdown(ui.model_choices(names), value=first_model, allow_custom_value=True,
+                        model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
                                             label="Model",
                                             info="Bundled models first; hub models download once, on first use; "
                                                  "fine-tuned models appear here when a fine-tune finishes.",
@@ -366,15 +385,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                         methods = gr.CheckboxGroup(all_methods, value=first_methods,
                                                    label="Methods (pick several to compare them side by side)",
                                                    elem_id="methods")
-                        with gr.Row():
-                            alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="GradSkip alpha",
-                                              info="Head weights: alpha × gradient flow + (1 − alpha) × sparsity. "
-                                                   "Instant: no model pass.", elem_id="alpha",
-                                              visible="gradskip" in first_methods)
-                            refine_steps = gr.Slider(0, 10, value=0, step=1, label="AHA refinement steps T",
-                                                     info="0 = one pass (fastest); each step optimises the map "
-                                                          "for this image.", elem_id="refine",
-                                                     visible="aha" in first_methods)
+                        with gr.Row():  # one slider per method option (explainers.methods.Option)
+                            sliders = [gr.Slider(o.minimum, o.maximum, value=o.default, step=o.step, label=o.label,
+                                                 info=o.info or None, elem_id=o.elem_id or None,
+                                                 visible=m in first_methods) for m, o in SLIDERS]
                         explain_button = gr.Button("Explain", variant="primary", size="lg", elem_id="explain-button")
                         top5 = gr.Label(num_top_classes=5, label="Prediction (top 5)", elem_id="top5")
                         target = gr.Radio([("Predicted class (top-1)", "auto")], value="auto",
@@ -392,11 +406,11 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                                 label="Colour map (colour-blind safe)", scale=2)
                         status = gr.Markdown(elem_classes="help", elem_id="explain-status")
                     with gr.Column(scale=6, min_width=360):
-                        gr.Markdown("**How to read the curves:** " + ui.CURVE_NOTE, elem_classes="note")
+                        gr.Markdown("**How to read the curves:** " + CURVE_NOTE, elem_classes="note")
                         curves = gr.Plot(label="Deletion and insertion curves", elem_id="curves")
-                        aucs = gr.Dataframe(headers=ui.AUC_HEADERS, label="Scores", interactive=False,
+                        aucs = gr.Dataframe(headers=figures.AUC_HEADERS, label="Scores", interactive=False,
                                             elem_id="aucs")
-                with gr.Accordion("GradSkip details: head weights", open=False, visible=False) as heads_box:
+                with gr.Accordion(DETAILS, open=False, visible=False) as heads_box:
                     heads = gr.Plot(label="Head weights")
                 with gr.Row():
                     download_button = gr.Button("Prepare downloads (PNG overlays, curves CSV, JSON report)",
@@ -417,9 +431,9 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                 sanity_model = build_learn_tab(services, names, first_model, image, heavy)
 
         # ------------------------------------------------------------------ Explain wiring
-        explain_inputs = [image, model, methods, target, alpha, refine_steps, opacity, colormap]
+        explain_inputs = [image, model, methods, target, *sliders, opacity, colormap]
         maps_outputs = [top5, target, overlays, curves, aucs, status, explain_state]
-        curves_inputs = [explain_state, alpha, opacity, colormap]
+        curves_inputs = [explain_state, *[sliders[i] for i in LIVE], opacity, colormap]
         curves_outputs = [overlays, curves, aucs, status, explain_state, heads]
         maps_fn, curves_fn = explain_maps_handler(services), explain_curves_handler(services)
         curves_group = dict(concurrency_id="curves", concurrency_limit=heavy_concurrency)
@@ -436,24 +450,23 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             """A new image: reset the target to the top-1 class and explain at once."""
             if not image_path:
                 return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
-                    ui.empty_figure("Pick an image to see its curves."), [], "", None
+                    figures.empty_figure("Pick an image to see its curves."), [], "", None
             return maps_fn(image_path, model_name, chosen, "auto", *rest)
 
         image.change(new_image, explain_inputs, maps_outputs, api_name="explain_new_image", **heavy).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
 
-        model.change(model_change_handler(services), [model, methods], [methods, alpha, refine_steps, model_info],
+        model.change(model_change_handler(services), [model, methods], [methods, *sliders, model_info],
                      api_name="select_model", **heavy)
-        methods.change(methods_change, methods, [alpha, refine_steps, heads_box], api_visibility="private",
+        methods.change(methods_change, methods, [*sliders, heads_box], api_visibility="private",
                        show_progress="hidden", queue=False)
-        alpha.change(alpha_change_handler(services), [alpha, explain_state, opacity, colormap],
-                     [overlays, heads, explain_state], api_name="alpha_preview", **light)
-        alpha.release(option_release_handler(services, "gradskip", "alpha", float), [alpha, explain_state, opacity, colormap],
-                      [overlays, curves, aucs, status, explain_state], api_name="alpha_curves",
-                      trigger_mode="always_last", **heavy)
-        refine_steps.release(option_release_handler(services, "aha", "refine_steps", int), [refine_steps, explain_state, opacity, colormap],
-                             [overlays, curves, aucs, status, explain_state], api_name="refine",
-                             trigger_mode="always_last", **heavy)
+        for slider, (_, option) in zip(sliders, SLIDERS):
+            if option.live:  # recombined while it moves (no model pass); the curves when it is released
+                slider.change(live_change_handler(services, option), [slider, explain_state, opacity, colormap],
+                              [overlays, heads, explain_state], api_name=option.preview_api_name or None, **light)
+            slider.release(option_release_handler(services, option), [slider, explain_state, opacity, colormap],
+                           [overlays, curves, aucs, status, explain_state], api_name=option.api_name or None,
+                           trigger_mode="always_last", **heavy)
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
         download_button.click(downloads_handler(services), [explain_state, opacity, colormap], files,
@@ -476,7 +489,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             browse_pick, [browse_folder, browse_index], image, api_name="browse_select", api_visibility="private")
         browse_open.click(browse_pick, [browse_folder, browse_index], image, api_name="browse_pick")
 
-        demo.load(model_change_handler(services), [model, methods], [methods, alpha, refine_steps, model_info],
+        demo.load(model_change_handler(services), [model, methods], [methods, *sliders, model_info],
                   api_visibility="private")
         demo.load(lambda saved: saved or "", reviewer_saved, reviewer, api_visibility="private", queue=False)
         demo.load(masks_parts["labels_for"], masks_parts["base_model"], masks_parts["mask_label"],
@@ -487,7 +500,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
 
         def refresh_models():
             """Fine-tuned models appear in every model picker (the current choices are kept)."""
-            choices = ui.model_choices(services.names())
+            choices = menus.model_choices(services.names())
             return [gr.update(choices=choices) for _ in model_dropdowns] + [masks_parts["data_choices"]()]
 
         for tab in (explain_tab, masks_tab, review_tab, learn_tab):
@@ -550,7 +563,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                 "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside)).",
                 elem_classes="help")
     with gr.Row():
-        base_model = gr.Dropdown(ui.model_choices(names), value=first_model, allow_custom_value=True,
+        base_model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
                                  label="Model to fine-tune", scale=2)
         train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data", allow_custom_value=True,
                                  info="Your mask sets, the decoy BloodMNIST set, or BCCD boxes when present.")
@@ -668,14 +681,14 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
 
     # ---- fine-tune
     def data_choices():
-        choices = ft.data_choices(services)
+        choices = finetune.data_choices(services)
         return gr.update(choices=choices, value=choices[0][1] if choices else None)
 
     refresh_data.click(data_choices, None, train_data, api_visibility="private", queue=False)
 
     @friendly
     def start(model_name, data_choice, n_epochs, lam_value, backend_name):
-        new_id, message = ft.start_finetune(services, model_name, data_choice, n_epochs, lam_value, backend_name,
+        new_id, message = finetune.start_finetune(services, model_name, data_choice, n_epochs, lam_value, backend_name,
                                             on_build=gr.Info)
         return new_id, message, gr.update(active=True), 0
 
@@ -686,16 +699,16 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
     def poll(current):
         if not current:
             return gr.skip(), gr.skip(), gr.skip(), gr.update(active=False), gr.skip(), gr.skip(), gr.skip()
-        report = ft.job_report(services, current)
+        report = finetune.job_report(services, current)
         if not report.finished:
             return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        models = gr.update(choices=ui.model_choices(services.names())) if report.new_model else gr.skip()
+        models = gr.update(choices=menus.model_choices(services.names())) if report.new_model else gr.skip()
         return report.text, report.percent, report.figure, gr.update(active=False), report.gallery, report.table, \
             models
 
     timer.tick(poll, job_id, [job_status, job_progress, job_plot, timer, before_after, compare_table, base_model],
                api_name="finetune_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
-    cancel.click(friendly(lambda current: ft.cancel_finetune(services, current)), job_id, job_status,
+    cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), job_id, job_status,
                  api_name="cancel_finetune", queue=False)
     return {"data_choices": data_choices, "train_data": train_data, "base_model": base_model,
             "labels_for": labels_for, "mask_label": mask_label}
@@ -709,7 +722,7 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
     review_state = gr.State(None)
     with gr.Row():
         folder = gr.Textbox(data_dir, label="Labelled folder (labels.csv) or .npz", scale=4, elem_id="review-folder")
-        review_model = gr.Dropdown(ui.model_choices(names), value=first_model, allow_custom_value=True, label="Model",
+        review_model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True, label="Model",
                                    scale=2)
         reviewer = gr.Textbox("", label="Your name (reviewer)", placeholder="e.g. dr-lee", scale=2,
                               elem_id="reviewer")
@@ -755,7 +768,7 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
         if warning:
             gr.Warning(warning)
         shown = review.filter_page(services, state, class_value, correct_value, 1, name)
-        return (*page_outputs(shown), gr.update(choices=browsing.class_filter_choices(state["names"])))
+        return (*page_outputs(shown), gr.update(choices=browse_module.class_filter_choices(state["names"])))
 
     gallery_outputs = [gallery, review_state, progress_md, page]
     load_button.click(load, [folder, review_model, limit, class_filter, correctness, reviewer],
@@ -820,16 +833,16 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
 # ------------------------------------------------------------------------------------------------ Learn tab
 def build_learn_tab(services, names, first_model, explain_image, heavy):
     gr.Markdown("## What the methods do")
-    gr.Markdown("\n\n".join(f"**{label}.** {text}" for label, text in ui.method_descriptions()))
+    gr.Markdown("\n\n".join(f"**{label}.** {text}" for label, text in menus.method_descriptions()))
     gr.Markdown("## What the scores mean")
-    gr.Markdown(ui.METRICS_TEXT)
+    gr.Markdown(learn.METRICS_TEXT)
     gr.Markdown("## Sanity check, live\nRandomise the model's top layers, stage by stage, and watch which maps "
                 "change. Uses the Explain tab's image (or the first example).")
     with gr.Row():
-        sanity_model = gr.Dropdown(ui.model_choices(names), value=first_model, allow_custom_value=True,
+        sanity_model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
                                    label="Model", scale=2)
-        sanity_methods = gr.CheckboxGroup([("Grad-CAM", "gradcam"), ("AHA", "aha"), ("GradSkip", "gradskip"),
-                                           ("Attention rollout", "rollout"), ("Random (baseline)", "random")],
+        sanity_methods = gr.CheckboxGroup([(menus.method_label(n), n) for n in menus.method_order(list(METHODS))
+                                           if not METHODS[n].slow],
                                           value=["gradcam", "random"], label="Methods", scale=3,
                                           elem_id="sanity-methods")
         stages = gr.Slider(1, 6, value=4, step=1, label="Stages", scale=1)
@@ -840,7 +853,7 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
 
     @friendly
     def run_sanity(model_name, chosen, n_stages, path):
-        yield from sanity_run(services, model_name, chosen, n_stages, path, warn=gr.Warning)
+        yield from learn.sanity_run(services, model_name, chosen, n_stages, path, warn=gr.Warning)
 
     sanity_button.click(run_sanity, [sanity_model, sanity_methods, stages, explain_image],
                         [sanity_gallery, sanity_plot], api_name="sanity_check", **heavy)
@@ -857,7 +870,7 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
     decoy_info = gr.Markdown(elem_classes="help", elem_id="decoy-info")
     decoy_button = gr.Button("Show decoy examples (and before/after maps when the models exist)",
                              elem_id="decoy-button")
-    decoy_button.click(friendly(lambda: decoy.decoy_view(services)), None, [decoy_gallery, decoy_info],
+    decoy_button.click(friendly(lambda: learn.decoy_view(services)), None, [decoy_gallery, decoy_info],
                        api_name="decoy", **heavy)
     return sanity_model
 

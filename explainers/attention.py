@@ -1,12 +1,35 @@
 """Seeing a ViT's attention: a context manager that records each block's attention probabilities
 (and, on request, their gradients) through hooks, with timm's fused attention switched off only for
 the duration. On exit the model is exactly as before: hooks removed, fused attention restored.
+
+The recorder holds the bundle's lock (an RLock) from entry to exit, so two threads explaining one model never
+see each other's forward passes in their hooks: the library is thread-safe on its own.
 """
 from __future__ import annotations
 
 import torch
 
 from .models import disable_fused_attention, restore_fused_attention
+
+
+class _NoLock:
+    def acquire(self):
+        return True
+
+    def release(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def model_lock(bundle):
+    """The bundle's re-entrant lock, held while a method's hooks are registered on its network (a no-op object
+    for a bundle without one)."""
+    return getattr(bundle, "lock", None) or _NoLock()
 
 
 class AttentionRecorder:
@@ -26,7 +49,13 @@ class AttentionRecorder:
         self._fused: list = []
 
     def __enter__(self):
-        self._fused = disable_fused_attention(self.bundle.network)
+        self._lock = model_lock(self.bundle)
+        self._lock.acquire()
+        try:
+            self._fused = disable_fused_attention(self.bundle.network)
+        except BaseException:
+            self._lock.release()
+            raise
         blocks = self.bundle.blocks
         self.attentions = [None] * len(blocks)
         self.gradients = [None] * len(blocks)
@@ -48,6 +77,7 @@ class AttentionRecorder:
             handle.remove()
         self._handles.clear()
         restore_fused_attention(self._fused)
+        self._lock.release()
         return False
 
 

@@ -599,9 +599,7 @@ def _forget_cached(name: str) -> None:
     """A re-exported model must not be served from the zoo's cache of an older version."""
     from . import models
 
-    with models._CACHE_LOCK:
-        for key in [k for k in models._CACHE if k[0] == name]:
-            del models._CACHE[key]
+    models.forget(name)
 
 
 # ------------------------------------------------------------------------------------------ job kind
@@ -630,17 +628,6 @@ def run_camal_job(params: dict, context) -> dict:
     return json.loads(json.dumps(summary, default=str))
 
 
-def _register_job_kind() -> None:
-    try:
-        from .jobs import register_job_kind
-    except ImportError:  # a checkout without the job runner: the library and CLI still work
-        return
-    register_job_kind("camal")(run_camal_job)
-
-
-_register_job_kind()
-
-
 # ------------------------------------------------------------------------------------------ CLI
 def cli_main(args) -> int:
     def report(step, total, **metrics):
@@ -659,7 +646,7 @@ def cli_main(args) -> int:
         shown = ("name", "card", "listed_in_zoo", "before", "after", "world_size", "seconds")
         print(json.dumps({k: summary[k] for k in shown if k in summary}, indent=2))
         if getattr(args, "push_to", None):  # an HF Jobs run: hand the model back through the hub
-            from .hf_jobs import push_result
+            from .hub import push_result
 
             (out_dir / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
             push_result(out_dir / name, args.push_to)

@@ -7,20 +7,14 @@ import sys
 from pathlib import Path
 
 
-def _class_names_for(data: str) -> list | None:
-    for candidate in (Path(data) / "classes.txt", Path(data).parent / "classes.txt", Path(data).parent.parent / "classes.txt"):
-        if candidate.exists():
-            return [line.strip() for line in candidate.read_text().splitlines() if line.strip()]
-    return None
-
-
 def cmd_train_classifier(args) -> int:
+    from .data import class_names_for
     from .training import train_classifier
 
     card = train_classifier(name=args.name, data=args.data, preset=args.preset, epochs=args.epochs,
                             batch_size=args.batch_size, lr=args.lr, seed=args.seed, out_dir=args.out_dir,
                             test_data=args.test_data, val_data=args.val_data,
-                            class_names=_class_names_for(args.data))
+                            class_names=class_names_for(args.data))
     print(json.dumps({k: card[k] for k in ("name", "data", "epochs", "seed")}, indent=2))
     return 0
 
@@ -39,29 +33,30 @@ def _method_options(args) -> dict:
 def cmd_explain(args) -> int:
     import numpy as np
 
-    from .evaluate import explain_image, parse_method_spec, predict
-    from .images import load_image, map_to_original, overlay, prepare_for_model
+    from .engine import prepare_input, run_method
+    from .evaluate import parse_method_spec, predict
+    from .images import load_image, map_to_original, overlay
     from .models import load_model
 
     bundle = load_model(args.model)
     original = load_image(args.image)
-    tensor, geometry = prepare_for_model(original, bundle)
+    prepared = prepare_input(original, bundle)  # the app's path: the same cached run_method
     name, options, _ = parse_method_spec(args.method)
     options = {**_method_options(args).get(name, {}), **options}
-    top = predict(bundle, tensor)[0]
-    result = explain_image(bundle, tensor, name, args.target, steps=args.steps, reference=args.reference, **options)
-    attribution = map_to_original(result.maps[0].cpu().numpy(), geometry)
+    top = predict(bundle, prepared.tensor)[0]
+    target = top[0][0] if args.target is None else int(args.target)
+    record = run_method(bundle, prepared, name, target, options, steps=args.steps, reference=args.reference)
+    attribution = map_to_original(record["map"], prepared.geometry)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".npy":
         np.save(out, attribution)
     else:
         overlay(original, attribution, opacity=args.opacity).save(out)
-    summary = result.curves.summary()
     print(f"model {bundle.name}; prediction: " + ", ".join(f"{n} {p:.3f}" for _, n, p in top[:3]))
-    print(f"{result.method} for class {result.target} ({bundle.class_name(result.target)}): "
-          f"deletion AUC {summary['deletion_auc']:.4f} (lower is better), insertion AUC "
-          f"{summary['insertion_auc']:.4f} (higher is better), {1000 * result.seconds:.1f} ms; wrote {out}")
+    print(f"{name} for class {target} ({bundle.class_name(target)}): "
+          f"deletion AUC {record['deletion_auc']:.4f} (lower is better), insertion AUC "
+          f"{record['insertion_auc']:.4f} (higher is better), {1000 * record['seconds']:.1f} ms; wrote {out}")
     return 0
 
 

@@ -110,3 +110,12 @@ def mean_colour(dataset: Dataset, limit: int = 2000) -> tuple:
         image, _ = dataset[index]
         total += image.mean(dim=(1, 2))
     return tuple((total / max(count, 1)).tolist())
+
+
+def class_names_for(folder) -> list | None:
+    """The class names in classes.txt beside a data folder or up to two levels above it, else None."""
+    folder = Path(folder)
+    for candidate in (folder / "classes.txt", folder.parent / "classes.txt", folder.parent.parent / "classes.txt"):
+        if candidate.exists():
+            return [line.strip() for line in candidate.read_text().splitlines() if line.strip()]
+    return None

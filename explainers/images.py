@@ -15,6 +15,7 @@ The life of an image in Saliency Lab:
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
@@ -39,6 +40,9 @@ __all__ = [
     "overlay",
     "image_to_uint8",
     "to_pil",
+    "map_array",
+    "image_digest",
+    "png_bytes",
 ]
 
 MIN_SIDE = 8  # images smaller than MIN_SIDE x MIN_SIDE are refused
@@ -458,8 +462,9 @@ def prepare_for_model(image: Image.Image, bundle) -> tuple[torch.Tensor, Geometr
 # ------------------------------------------------------------------------------------------------
 # Maps back to the original image
 # ------------------------------------------------------------------------------------------------
-def _as_2d_array(attribution, what: str = "The map") -> np.ndarray:
-    """A float32 H x W numpy copy of a map given as numpy array or tensor (leading 1-dims dropped)."""
+def map_array(attribution, what: str = "The map") -> np.ndarray:
+    """A float32 H x W numpy copy of a map given as numpy array or tensor (leading 1-dims dropped; NaN and
+    infinities become 0): the one tensor-to-array converter for maps."""
     if isinstance(attribution, torch.Tensor):
         array = attribution.detach().to("cpu", torch.float32).numpy()
     else:
@@ -500,7 +505,7 @@ def map_to_original(attribution, geometry: Geometry) -> np.ndarray:
         float32 array of shape (original height, original width): the map resized bilinearly
         (half-pixel aligned) into the crop box, 0 outside it.
     """
-    grid = _as_2d_array(attribution)
+    grid = map_array(attribution)
     orig_w, orig_h = geometry.original_size
     left, top, right, bottom = geometry.crop_box
     out = np.zeros((orig_h, orig_w), dtype=np.float32)
@@ -651,3 +656,23 @@ def image_to_uint8(tensor) -> np.ndarray:
 def to_pil(tensor) -> Image.Image:
     """A 3 x H x W (or 1 x 3 x H x W) image tensor in [0, 1] as an RGB PIL image."""
     return Image.fromarray(image_to_uint8(tensor), "RGB")
+
+
+def image_digest(image) -> str:
+    """A content hash of a PIL image (mode, size, pixels) or an array (dtype, shape, values): cache keys."""
+    digest = hashlib.blake2b(digest_size=16)
+    if isinstance(image, Image.Image):
+        digest.update(f"{image.mode}{image.size}".encode())
+        digest.update(image.tobytes())
+    else:
+        array = np.ascontiguousarray(image)
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def png_bytes(image: Image.Image, compress_level: int = 6) -> bytes:
+    """The image encoded as PNG."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=compress_level)
+    return buffer.getvalue()

@@ -5,7 +5,7 @@ Four sources, one result type (`MaskResult`: a boolean H x W mask plus a label s
 - a drawing: the Gradio editor's value (`{"background", "layers", "composite"}`) or a raw array, any size,
   resized (nearest) to the image: `mask_from_drawing(value, image_hw)`;
 - SAM, from clicks and/or a box: `load_sam()` builds a `SamSegmenter`; `segmenter.prepare(image)` computes the
-  image embedding ONCE and returns a `PreparedImage` whose `segment(points, labels, box)` is cheap and can be
+  image embedding ONCE and returns a `SegmenterImage` whose `segment(points, labels, box)` is cheap and can be
   called for every click. `SegmenterCache` keeps a few prepared images (LRU, keyed by session and image hash)
   so an app never recomputes an embedding for a new click on the same image;
 - the offline fallback when no SAM weights can be had: OpenCV GrabCut seeded by the same points/box, with the
@@ -26,7 +26,6 @@ Writers also put a `labels.csv` (`file,class_index`) beside it, so the folder is
 from __future__ import annotations
 
 import csv
-import hashlib
 import threading
 import xml.etree.ElementTree as ET
 from collections import OrderedDict
@@ -36,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+
+from .images import image_digest
 
 GRABCUT_LABEL = "GrabCut (offline fallback, not SAM)"
 SAM_WEIGHTS = {
@@ -358,13 +359,6 @@ def load_mask_set(masks, data=None, *, image_hw=None, limit: int | None = None) 
 
 
 # ------------------------------------------------------------------------------------------ SAM
-def image_hash(image) -> str:
-    array = np.ascontiguousarray(_as_rgb_uint8(image))
-    digest = hashlib.blake2b(array.tobytes(), digest_size=16)
-    digest.update(str(array.shape).encode())
-    return digest.hexdigest()
-
-
 def _as_rgb_uint8(image) -> np.ndarray:
     if isinstance(image, Image.Image):
         return np.asarray(image.convert("RGB"))
@@ -392,7 +386,7 @@ def _prompt_arrays(points, point_labels, box):
     return coords, labels, box_array
 
 
-class PreparedImage:
+class SegmenterImage:
     """One image whose SAM embedding is computed; `segment` runs only the prompt encoder and mask decoder."""
 
     def __init__(self, segmenter, predictor, image: np.ndarray, key: str):
@@ -436,14 +430,14 @@ class SamSegmenter:
         self.embeddings_computed = 0
         self._lock = threading.Lock()
 
-    def prepare(self, image) -> PreparedImage:
+    def prepare(self, image) -> SegmenterImage:
         """Compute the image embedding (the expensive part: ~2 s MobileSAM, ~22 s ViT-B on 2 CPU cores)."""
         array = _as_rgb_uint8(image)
         predictor = self.predictor_cls(self.model)
         with self._lock, torch.inference_mode():
             predictor.set_image(array, image_format="RGB")
             self.embeddings_computed += 1
-        return PreparedImage(self, predictor, array, image_hash(array))
+        return SegmenterImage(self, predictor, array, image_digest(array))
 
 
 class _GrabCutState:
@@ -465,9 +459,9 @@ class GrabCutSegmenter:
         self.iterations, self.reason = iterations, reason
         self.embeddings_computed = 0
 
-    def prepare(self, image) -> PreparedImage:
+    def prepare(self, image) -> SegmenterImage:
         array = _as_rgb_uint8(image)
-        return PreparedImage(self, _GrabCutPredictor(array, self.iterations), array, image_hash(array))
+        return SegmenterImage(self, _GrabCutPredictor(array, self.iterations), array, image_digest(array))
 
 
 class _GrabCutPredictor:
@@ -573,7 +567,7 @@ def get_segmenter(variant: str = "auto", device=None, cache_dir=None):
 class SegmenterCache:
     """Prepared images (embeddings) per session, least recently used dropped first.
 
-    `get(image, session)` returns the session's PreparedImage for this image, computing the embedding only when
+    `get(image, session)` returns the session's SegmenterImage for this image, computing the embedding only when
     the session shows a new image. One entry per session; at most `max_sessions` sessions."""
 
     def __init__(self, segmenter, max_sessions: int = 4):
@@ -581,9 +575,9 @@ class SegmenterCache:
         self._entries: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, image, session: str = "default") -> PreparedImage:
+    def get(self, image, session: str = "default") -> SegmenterImage:
         array = _as_rgb_uint8(image)
-        key = image_hash(array)
+        key = image_digest(array)
         with self._lock:
             entry = self._entries.get(session)
             if entry is not None and entry.key == key:

@@ -183,30 +183,7 @@ def randomization_sanity_check(bundle, method, images: torch.Tensor, targets, *,
                                max_layers: int | None = None) -> list:
     """Adebayo et al. 2018: re-initialise parameterised layers from the top down (cascading) and measure
     the Spearman correlation of each new map with the original. Returns [(layer name, mean rho)].
-    Runs on a copy: the caller's model is untouched."""
-    import copy
+    Runs on a copy: the caller's model is untouched. (The one implementation: `explainers.sanity`.)"""
+    from .sanity import randomization_sanity_check as check
 
-    from .methods import as_targets
-
-    targets = as_targets(targets, images.shape[0], images.device)
-    original = method.attribute(bundle, images, targets).detach()
-    randomized = copy.copy(bundle)
-    randomized.network = copy.deepcopy(bundle.network)
-    layers = [(name, module) for name, module in randomized.network.named_modules()
-              if any(True for _ in module.parameters(recurse=False))]
-    layers.reverse()
-    if max_layers:
-        layers = layers[:max_layers]
-    torch.manual_seed(seed)
-    results = []
-    for name, module in layers:
-        for parameter in module.parameters(recurse=False):
-            with torch.no_grad():
-                if parameter.dim() > 1:
-                    torch.nn.init.kaiming_normal_(parameter)
-                else:
-                    parameter.normal_(0, 0.1) if "norm" not in name and "bn" not in name else parameter.uniform_(0.5, 1.5)
-        maps = method.attribute(randomized, images, targets).detach()
-        rho = float(np.mean([spearman(original[i], maps[i]) for i in range(images.shape[0])]))
-        results.append((name, rho))
-    return results
+    return check(bundle, method, images, targets, seed=seed, max_layers=max_layers)

@@ -358,6 +358,19 @@ def load_model(name: str, *, device: str | torch.device = "cpu", weights_file: s
         return _CACHE.setdefault(key, bundle)
 
 
+def is_loaded(name: str) -> bool:
+    """Whether a model of this name is in the zoo's cache (loaded, or registered in memory)."""
+    with _CACHE_LOCK:
+        return any(key[0] == name for key in _CACHE)
+
+
+def forget(name: str) -> None:
+    """Drop every cached copy of a model (e.g. after re-exporting it), so the next load reads it again."""
+    with _CACHE_LOCK:
+        for key in [k for k in _CACHE if k[0] == name]:
+            del _CACHE[key]
+
+
 def register_bundle(bundle: ModelBundle) -> ModelBundle:
     """Put an in-memory model (tests, freshly trained models) into the factory's cache under its name."""
     with _CACHE_LOCK:

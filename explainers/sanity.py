@@ -1,52 +1,103 @@
-"""The live sanity check (Adebayo et al. 2018) as the Learn tab shows it: the model's layers re-initialised
-stage by stage from the top, each method's map redrawn at every stage, and the rank correlation with the
-trained model's map.
+"""The model-randomisation sanity check (Adebayo et al. 2018), one implementation for the library, the
+benchmarks and the app's live view.
 
-    for pictures, figure in sanity_run(services, "bloodmnist-cnn", ["gradcam", "random"], stages=4):
-        ...   # one more stage each time: [(file, caption)] and a plotly figure spec
+    for name, done, maps in randomization_stages(bundle, get_method("gradcam"), images, targets, stages=4):
+        ...   # stage 0: the trained model; then more and more of its top layers re-initialised
 
-Nothing here imports gradio.
+Cascading: the parameterised modules are re-initialised from the output layer down, on a deep copy (the caller's
+model is never touched). Re-initialisation: He-normal weights (std sqrt(2 / fan_in)), norm scales
+U(0.5, 1.5), other vectors N(0, 0.1), all drawn from a private generator seeded with `seed`, so the
+randomised model is the same for every method (the global RNG, which RISE and the random map also draw from,
+is reseeded before each map instead). A faithful method's map changes: its rank correlation with the
+original falls well below 1.
 """
 from __future__ import annotations
 
-from . import ui_helpers as ui
-from .browse import examples_list
-from .errors import is_skippable, user_message
-from .images import load_image
+import copy
+import threading
+
+import numpy as np
+import torch
+
+from .methods import Method, as_targets, get_method
 
 
-def default_image(bundle) -> str:
-    """The first shipped photo for an ImageNet model, else the first shipped blood cell."""
-    cells, photos = examples_list()
-    return (photos if bundle.num_classes == 1000 else cells or photos)[0]
+def parameter_layers(network) -> list:
+    """[(name, module)] of the modules that own parameters, from the output layer down (the root module, which
+    holds a ViT's position embedding and class token, last)."""
+    layers = [(name, module) for name, module in network.named_modules()
+              if any(True for _ in module.parameters(recurse=False))]
+    layers.reverse()
+    return layers
 
 
-def sanity_run(services, model_name, methods, stages=4, image_path=None, *, warn=None):
-    """Yields ([(file, caption)], figure) after every stage of every method; a method that cannot explain the
-    model is skipped (and `warn(text)` called). `image_path` defaults to `default_image`."""
-    methods = list(methods or [])
-    if not methods:
-        raise ValueError("Pick at least one method.")
-    bundle = services.bundle(model_name)
-    path = image_path or default_image(bundle)
-    prepared = ui.prepare_input(load_image(path), bundle)
-    target = ui.predict_top(bundle, prepared, 1)[0][0]
-    title = f"Sanity check on {bundle.name}"
-    items, curves = [], []
-    for method in methods:
-        try:
-            points = []
-            for stage_name, stage_map, rho in ui.sanity_check_stages(bundle, method, prepared, target,
-                                                                     stages=int(stages)):
-                record = ui.result_record(method, target, {}, stage_map, 0.0, None, bundle)
-                items.append((ui.render_overlays(prepared, [record], 0.6, "cividis")[0][0],
-                              f"{ui.method_label(method)} · {stage_name} · ρ={rho:.2f}"))
-                points.append((stage_name, rho))
-                yield services.pictures(items), ui.sanity_figure(curves + [(ui.method_label(method), points)], title)
-            curves.append((ui.method_label(method), points))
-        except (ValueError, RuntimeError) as error:
-            if not is_skippable(error):
-                raise
-            if warn is not None:
-                warn(f"{ui.method_label(method)} skipped: {user_message(error)}")
-    yield services.pictures(items), ui.sanity_figure(curves, title)
+def reinitialise(name: str, module, generator: torch.Generator) -> None:
+    """Draw new values for a module's own parameters (see the module docstring)."""
+    with torch.no_grad():
+        for parameter in module.parameters(recurse=False):
+            if parameter.dim() > 1:
+                fan_in = parameter[0].numel()
+                values = torch.randn(parameter.shape, generator=generator) * (2.0 / fan_in) ** 0.5
+            elif "norm" in name or "bn" in name:
+                values = torch.rand(parameter.shape, generator=generator) + 0.5
+            else:
+                values = torch.randn(parameter.shape, generator=generator) * 0.1
+            parameter.copy_(values.to(parameter.device, parameter.dtype))
+
+
+def stage_chunks(layers: list, *, stages: int | None = None, layers_per_stage: int | None = None,
+                 max_layers: int | None = None) -> list:
+    """How many layers each stage re-initialises: one per stage up to `max_layers` (all when None), or, with
+    `stages`, `layers_per_stage` (default len/(2*stages)) for the first stage and doubling after it."""
+    if stages is None:
+        count = len(layers) if not max_layers else min(max_layers, len(layers))
+        return [layers[i:i + 1] for i in range(count)]
+    per_stage = layers_per_stage or max(1, len(layers) // (2 * stages))
+    chunks, done = [], 0
+    for stage in range(stages):
+        chunk = layers[done:done + per_stage * (1 if stage == 0 else 2 ** stage)]
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return chunks
+
+
+def randomization_stages(bundle, method, images: torch.Tensor, targets, *, seed: int = 0, stages: int | None = None,
+                         layers_per_stage: int | None = None, max_layers: int | None = None):
+    """Yields (last layer re-initialised or None, number of layers re-initialised, B x H x W maps): first the
+    trained model's maps, then one item per stage (`stage_chunks`). `method`: a Method or a registered name."""
+    method = method if isinstance(method, Method) else get_method(method)
+    method.check(bundle)
+    targets = as_targets(targets, images.shape[0], images.device)
+    with bundle.lock:
+        torch.manual_seed(seed)
+        original = method.attribute(bundle, images, targets).detach()
+        randomized = copy.copy(bundle)
+        randomized.network = copy.deepcopy(bundle.network)
+    randomized.lock = threading.RLock()
+    yield None, 0, original
+    generator = torch.Generator().manual_seed(seed)
+    done = 0
+    for chunk in stage_chunks(parameter_layers(randomized.network), stages=stages,
+                              layers_per_stage=layers_per_stage, max_layers=max_layers):
+        for name, module in chunk:
+            reinitialise(name, module, generator)
+        done += len(chunk)
+        torch.manual_seed(seed)
+        yield chunk[-1][0], done, method.attribute(randomized, images, targets).detach()
+
+
+def randomization_sanity_check(bundle, method, images: torch.Tensor, targets, *, seed: int = 0,
+                               max_layers: int | None = None) -> list:
+    """[(layer name, mean Spearman rho of the maps with the trained model's)] after re-initialising one more layer
+    each time, from the top down."""
+    from .metrics import spearman
+
+    results, original = [], None
+    for name, _, maps in randomization_stages(bundle, method, images, targets, seed=seed, max_layers=max_layers):
+        if name is None:
+            original = maps
+            continue
+        results.append((name, float(np.mean([spearman(original[i], maps[i]) for i in range(images.shape[0])]))))
+    return results

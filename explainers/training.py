@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import sys
 import time
@@ -20,6 +19,8 @@ from tqdm import tqdm
 
 import timm
 
+from ._io import atomic_torch_save
+from ._io import atomic_write_text as _atomic_write_text
 from .data import open_dataset, pil_to_tensor
 
 # Architectures the bundled models use; any timm name + kwargs also works through --timm-name.
@@ -31,18 +32,14 @@ PRESETS = {
 
 
 def atomic_save(obj, path: Path) -> None:
-    """torch.save to a temp file then rename: an interruption never leaves a half-written checkpoint."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save through `explainers._io.atomic_torch_save` (a unique temp file, fsync, rename): an interruption
+    never leaves a half-written checkpoint, and concurrent writers do not collide."""
+    atomic_torch_save(obj, path)
 
 
 def atomic_write_text(text: str, path: Path) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """`explainers._io.atomic_write_text` with this module's (text, path) argument order."""
+    _atomic_write_text(path, text)
 
 
 def load_into_memory(path, split=None):

@@ -285,10 +285,10 @@ def test_masks_sam_clicks_and_mask_set(running):
 
 def preview_mask(preview, image=CELL) -> np.ndarray:
     """The mask shown in the preview: the pixels the blue tint changed in the SAM view (a PNG, so exact)."""
-    from explainers import ui_helpers as ui
+    from saliency_lab import figures as figs, pictures
     from explainers.images import load_image
 
-    view = ui.display_rgb(np.asarray(load_image(image)))
+    view = pictures.display_rgb(np.asarray(load_image(image)))
     with Image.open(preview) as picture:
         shown = np.asarray(picture.convert("RGB"), dtype=int)
     assert shown.shape == view.shape
@@ -480,14 +480,14 @@ def test_camal_finetune_job_end_to_end(running):
 
 def test_figures_are_valid_plotly():
     """The app sends plain-dict figures (fast); plotly itself must accept every one of them."""
-    from explainers import ui_helpers as ui
+    from saliency_lab import figures as figs, pictures
 
     record = {"method": "gradcam", "label": "Grad-CAM", "target_name": "x", "fractions": [0.0, 0.5, 1.0],
               "deletion": [0.9, 0.2, 0.1], "insertion": [0.1, 0.6, 0.9], "deletion_auc": 0.35, "insertion_auc": 0.55}
-    figures = [ui.curves_figure([record]), ui.empty_figure("nothing"),
-               ui.head_weights_figure({"alpha": 0.5, "head_weights": [[0.5, 0.5], [0.9, 0.1]]}),
-               ui.sanity_figure([("Grad-CAM", [("original", 1.0), ("top 2", 0.3)])]),
-               ui.job_figure([{"t": 0, "step": 0, "before_iou": 0.2},
+    figures = [figs.curves_figure([record]), figs.empty_figure("nothing"),
+               figs.head_weights_figure({"alpha": 0.5, "head_weights": [[0.5, 0.5], [0.9, 0.1]]}),
+               figs.sanity_figure([("Grad-CAM", [("original", 1.0), ("top 2", 0.3)])]),
+               figs.job_figure([{"t": 0, "step": 0, "before_iou": 0.2},
                               {"t": 1, "step": 1, "loss": 1.2, "ce": 1.0, "reg": 0.2, "alpha": 0.4, "beta": 0.3}])]
     for figure in figures:
         figure.to_plotly()  # raises on any invalid property

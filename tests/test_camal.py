@@ -210,9 +210,9 @@ def test_cli_refuses_missing_masks(tmp_path, weights_dir):
 
 # ------------------------------------------------------------------ the job runner
 def test_camal_runs_as_a_job(tmp_path):
-    from explainers import jobs
+    from saliency_lab import jobs
 
-    assert jobs._REGISTRY["camal"] is C.run_camal_job
+    assert jobs._REGISTRY["camal"] is jobs.camal  # registered by the app's job runner, running C.run_camal_job
     card = save_model(tmp_path / "w", "tiny-base")
     train = make_mask_set(tmp_path / "d" / "train", count=8)
     runner = jobs.JobRunner(tmp_path / "jobs", poll_s=0.05)

@@ -8,10 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from explainers import jobs
-from explainers import hf_jobs
-from explainers.jobs import JobRunner, atomic_torch_save, atomic_write_bytes
-from explainers.hf_jobs import cli_command as hf_job_command
+from saliency_lab import hf_jobs, jobs
+from saliency_lab.jobs import JobRunner, atomic_torch_save, atomic_write_bytes
+from saliency_lab.hf_jobs import cli_command as hf_job_command
 
 
 class Runners:

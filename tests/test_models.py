@@ -157,9 +157,9 @@ def test_weights_preloaded_into_the_hf_cache_load_offline(monkeypatch, tmp_path)
     for key, value in source.state_dict().items():
         assert torch.equal(bundle.network.state_dict()[key], value), key
     assert bundle.family == "resnet" and bundle.num_classes == 1000
-    from explainers import ui_helpers
+    from saliency_lab import menus
 
-    assert ui_helpers.model_available("test_resnet.r160_in1k")
+    assert menus.model_available("test_resnet.r160_in1k")
     with models._CACHE_LOCK:  # leave no test model in the shared cache
         for key in [k for k in models._CACHE if k[0] == "test_resnet.r160_in1k"]:
             del models._CACHE[key]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainers.review import ReviewError, ReviewStore
+from saliency_lab.review_store import ReviewError, ReviewStore
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from ..aha.network import resolve_targets
 from ..aha.refine import MAX_REFINE_STEPS, REFINE_LR, check_refine_steps, refine_maps
 from ..aha.store import ExplainerUnavailable, get_explainer
 from . import register
-from .base import Method, MethodNotApplicable
+from .base import Method, MethodNotApplicable, Option
 
 
 @register
@@ -21,6 +21,23 @@ class AHA(Method):
                    "about the cost of one forward pass. Refinement steps (0-10) optimise it further for this "
                    "image. Needs a trained explainer for the model. Higher = more important; the map is "
                    "unbounded (only its ranking matters).")
+    colour = "#0072B2"
+    order = 0
+    user_options = (Option("refine_steps", "AHA refinement steps T", 0, 0, MAX_REFINE_STEPS, 1, int,
+                           "0 = one pass (fastest); each step optimises the map for this image.",
+                           rank=1, elem_id="refine", api_name="refine"),)
+
+    @classmethod
+    def default_for(cls, bundle) -> bool:
+        return True
+
+    @classmethod
+    def menu_note(cls, bundle) -> str | None:
+        try:
+            cls().check(bundle)
+        except Exception:  # noqa: BLE001 - not ready for this model
+            return "not trained for this model"
+        return None
 
     def __init__(self, refine_steps: int = 0, refine_lr: float = REFINE_LR, reference: str = "mean"):
         refine_steps = check_refine_steps(refine_steps)

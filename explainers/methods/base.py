@@ -6,10 +6,17 @@
 `images` are B x 3 x H x W in [0, 1] (the bundle normalises), `targets` a LongTensor of B class indices.
 A method that cannot explain a model (e.g. attention rollout on a CNN) raises `MethodNotApplicable` with
 a message a user can act on, from `check(bundle)`.
+
+A method class also declares what a user interface needs, so that adding a method is one file: its `label`,
+`colour` and `order` in menus, its `user_options` (sliders: range, step, default), whether it is a default
+choice for a model (`default_for`), a note for its menu entry (`menu_note`), the options an interactive caller
+should use (`interactive_options`, e.g. fewer RISE masks on a CPU), and, where a slider must not rerun the
+model, `prepare(bundle, images, targets) -> state` with `state.map(**live_options)` (GradSkip's alpha).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -22,11 +29,77 @@ class MethodNotApplicable(ValueError):
     """This method cannot explain this model (a clear, user-facing reason)."""
 
 
+@dataclass(frozen=True)
+class Option:
+    """A user-facing option of a method: a slider in the app (range, step, default), a keyword of the method.
+
+    `live`: the method's prepared state recombines it without a model pass (`state.map(name=value)`), so the
+    app redraws while the slider moves; otherwise the method reruns when the slider is released. `rank` orders
+    the sliders of all methods; `elem_id`, `api_name` (release) and `preview_api_name` (live moves) name the
+    slider and its endpoints in the app."""
+    name: str
+    label: str
+    default: float
+    minimum: float
+    maximum: float
+    step: float
+    kind: type = float
+    info: str = ""
+    live: bool = False
+    rank: int = 0
+    elem_id: str = ""
+    api_name: str = ""
+    preview_api_name: str = ""
+
+    def cast(self, value):
+        return self.kind(self.default if value is None else value)
+
+
 class Method(ABC):
     name: ClassVar[str] = ""
     label: ClassVar[str] = ""  # shown in the UI
     families: ClassVar[frozenset] = ALL_FAMILIES
     description: ClassVar[str] = ""
+    colour: ClassVar[str | None] = None  # its colour in figures (None: a fallback colour)
+    order: ClassVar[int] = 100  # its place in menus (then by name)
+    baseline: ClassVar[bool] = False  # a floor to compare with (the random map): left out of menus by default
+    slow: ClassVar[bool] = False  # many model passes per map (RISE): left out of repeated runs (the sanity check)
+    user_options: ClassVar[tuple] = ()  # Option(...) for each slider
+    details: ClassVar[str] = ""  # title of the diagnostics panel (a prepared state with `diagnostics(**options)`)
+    score_targets: ClassVar[bool] = False  # accepts a target given as a function of the output (logits -> B scores)
+
+    @classmethod
+    def default_for(cls, bundle) -> bool:
+        """Whether the app ticks this method by default for this model."""
+        return False
+
+    @classmethod
+    def quick_on(cls, bundle) -> bool:
+        """Whether it is fast enough on this model to be picked by default."""
+        return True
+
+    @classmethod
+    def menu_note(cls, bundle) -> str | None:
+        """A short note after its label in the app's menu for this model (e.g. 'slow on a CPU'), or None."""
+        return None
+
+    @classmethod
+    def interactive_options(cls, bundle) -> dict:
+        """Options an interactive caller uses for this model (beside the user options)."""
+        return {}
+
+    @classmethod
+    def live_options(cls) -> tuple:
+        """Names of the options its prepared state takes without a model pass."""
+        return tuple(o.name for o in cls.user_options if o.live)
+
+    @classmethod
+    def user_options_by_name(cls) -> dict:
+        return {o.name: o for o in cls.user_options}
+
+    @classmethod
+    def has_prepare(cls) -> bool:
+        return callable(getattr(cls, "prepare", None))
 
     def __init__(self, **options):
         self.options = options
@@ -45,14 +118,36 @@ class Method(ABC):
         return f"{type(self).__name__}({self.options})"
 
 
-def as_targets(targets, batch_size: int, device=None) -> torch.Tensor:
-    """Accept an int, a list or a tensor; return a LongTensor of B targets."""
+def as_targets(targets, batch_size: int, device=None):
+    """Accept an int, a list or a tensor; return a LongTensor of B targets. A callable (logits -> B scores, e.g.
+    a critic's value V(s)) is passed through: the methods that accept one (Grad-CAM) differentiate its output;
+    the others refuse it (`check_targets`)."""
+    if callable(targets) and not isinstance(targets, torch.Tensor):
+        return targets
     if isinstance(targets, int):
         targets = [targets] * batch_size
     targets = torch.as_tensor(targets, dtype=torch.long, device=device).flatten()
     if targets.numel() != batch_size:
         raise ValueError(f"Got {targets.numel()} targets for {batch_size} images")
     return targets
+
+
+def check_targets(method, targets) -> None:
+    """MethodNotApplicable when `targets` is a function of the output and the method explains class indices only."""
+    if callable(targets) and not isinstance(targets, torch.Tensor) and not method.score_targets:
+        raise MethodNotApplicable(f"{method.label or method.name} explains class indices only; a target given as a "
+                                  "function of the model output (a scalar per image) works with Grad-CAM and CAMAL.")
+
+
+def target_scores(logits: torch.Tensor, targets) -> torch.Tensor:
+    """B scores to explain: logits[b, targets[b]] for class indices, or `targets(logits)` for a callable."""
+    if callable(targets) and not isinstance(targets, torch.Tensor):
+        scores = targets(logits)
+        if scores.shape != (logits.shape[0],):
+            raise ValueError(f"a target function must return one score per image (shape ({logits.shape[0]},)), "
+                             f"got {tuple(scores.shape)}")
+        return scores
+    return logits.gather(1, targets.view(-1, 1).to(logits.device).clone()).flatten()
 
 
 def upsample(maps: torch.Tensor, size: tuple) -> torch.Tensor:

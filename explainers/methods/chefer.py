@@ -17,6 +17,8 @@ class CheferRollout(Method):
     families = frozenset({"vit"})
     description = ("Rollout where each layer's attention is weighted by its gradient for the chosen class, "
                    "keeping only positive contributions: class-specific, one forward and one backward pass.")
+    colour = "#CC79A7"
+    order = 3
 
     def attribute(self, bundle, images, targets):
         with AttentionRecorder(bundle, gradients=True) as recorder:

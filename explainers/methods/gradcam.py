@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..attention import model_lock
 from . import register
-from .base import Method, normalize_max, upsample
+from .base import Method, normalize_max, target_scores, upsample
 
 
 def gradcam_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, layer_name: str | None = None,
@@ -23,20 +24,20 @@ def gradcam_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, layer_n
     def hook(_module, _inputs, output):
         captured["activations"] = output
 
-    handle = layer.register_forward_hook(hook)
-    try:
-        with torch.enable_grad():
-            inputs = images
-            if not any(p.requires_grad for p in bundle.network.parameters()) and not images.requires_grad:
-                inputs = images.detach().requires_grad_(True)  # a frozen model still needs a graph
-            logits = bundle(inputs)
-            index = targets.view(-1, 1).to(logits.device).clone()  # clone: targets may come from inference mode
-            score = logits.gather(1, index).sum()
-            activations = captured["activations"]
-            (gradients,) = torch.autograd.grad(score, activations, create_graph=differentiable,
-                                               retain_graph=differentiable)
-    finally:
-        handle.remove()
+    with model_lock(bundle):  # no other thread's forward pass may reach the hook
+        handle = layer.register_forward_hook(hook)
+        try:
+            with torch.enable_grad():
+                inputs = images
+                if not any(p.requires_grad for p in bundle.network.parameters()) and not images.requires_grad:
+                    inputs = images.detach().requires_grad_(True)  # a frozen model still needs a graph
+                logits = bundle(inputs)
+                score = target_scores(logits, targets).sum()  # class indices, or a function of the logits
+                activations = captured["activations"]
+                (gradients,) = torch.autograd.grad(score, activations, create_graph=differentiable,
+                                                   retain_graph=differentiable)
+        finally:
+            handle.remove()
     image_hw = tuple(images.shape[-2:])
     activations = bundle.activations_to_grid(activations, image_hw)
     gradients = bundle.activations_to_grid(gradients, image_hw)
@@ -59,6 +60,13 @@ class GradCAM(Method):
     description = ("Weights the target layer's feature maps by the average gradient of the class score, "
                    "keeps the positive part and upsamples. Coarse (the layer's resolution) but cheap: one "
                    "forward and one backward pass.")
+    colour = "#009E73"
+    order = 2
+    score_targets = True
+
+    @classmethod
+    def default_for(cls, bundle) -> bool:
+        return not bundle.is_vit
 
     def __init__(self, layer: str | None = None, differentiable: bool = False, detach_weights: bool = False):
         super().__init__(layer=layer, differentiable=differentiable, detach_weights=detach_weights)

@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from ..models import disable_fused_attention, restore_fused_attention
 from . import register
-from .base import Method, MethodNotApplicable, as_targets, normalize_max, upsample
+from .base import Method, MethodNotApplicable, Option, as_targets, normalize_max, upsample
 
 EPS = 1e-12
 BETA_REDUCTIONS = ("token", "layer")
@@ -395,6 +395,17 @@ class GradSkip(Method):
                    "gradient flow and the sparsity of its attention (alpha mixes the two), and splitting the "
                    "relevance between each block's attention branch and its skip connection by their "
                    "gradient-weighted activations. One forward and one backward pass; changing alpha is free.")
+    colour = "#D55E00"
+    order = 1
+    details = "GradSkip details: head weights"
+    user_options = (Option("alpha", "GradSkip alpha", 0.5, 0.0, 1.0, 0.05, float,
+                           "Head weights: alpha × gradient flow + (1 − alpha) × sparsity. Instant: no model pass.",
+                           live=True, rank=0, elem_id="alpha", api_name="alpha_curves",
+                           preview_api_name="alpha_preview"),)
+
+    @classmethod
+    def default_for(cls, bundle) -> bool:
+        return bundle.is_vit
 
     def __init__(self, alpha: float = 0.5, head_threshold: float = 0.1, beta_reduction: str = "token",
                  rescale: bool = True, head_selection: str | None = None, head_fraction: float = 0.25,

@@ -12,6 +12,9 @@ class RandomMap(Method):
     name = "random"
     label = "Random (baseline)"
     description = "Uniform noise: any method worth using must beat it on deletion and insertion."
+    colour = "#999999"
+    order = 6
+    baseline = True
 
     def __init__(self, seed: int = 0):
         super().__init__(seed=seed)

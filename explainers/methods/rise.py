@@ -39,6 +39,27 @@ class RISE(Method):
     label = "RISE"
     description = ("Hides random parts of the image thousands of times and averages the masks weighted by the "
                    "class probability. Model-agnostic and faithful, but slow: N forward passes.")
+    colour = "#56B4E9"
+    order = 5
+    slow = True
+
+    @staticmethod
+    def _small(bundle) -> bool:
+        return bundle.input_size[0] * bundle.input_size[1] <= 96 * 96
+
+    @classmethod
+    def quick_on(cls, bundle) -> bool:
+        return cls._small(bundle)
+
+    @classmethod
+    def menu_note(cls, bundle) -> str | None:
+        return "slow on a CPU" if bundle.device.type == "cpu" and not cls._small(bundle) else None
+
+    @classmethod
+    def interactive_options(cls, bundle) -> dict:
+        """1,000 masks on a CPU for small inputs (300 for large ones), 4,000 on a GPU: it stays interactive."""
+        on_gpu = bundle.device.type == "cuda"
+        return {"n_masks": 4000 if on_gpu else (1000 if cls._small(bundle) else 300), "batch_size": 100}
 
     def __init__(self, n_masks: int = 4000, cells: int = 8, keep_probability: float = 0.5, batch_size: int = 200,
                  seed: int = 0):

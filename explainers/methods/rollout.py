@@ -17,6 +17,8 @@ class AttentionRollout(Method):
     description = ("Follows attention through every layer (adding the skip connection as identity) and reads "
                    "where the class token ends up looking. Uses no gradient, so the map is the same for every "
                    "class.")
+    colour = "#E69F00"
+    order = 4
 
     def __init__(self, head_fusion: str = "mean", discard_ratio: float = 0.0):
         if head_fusion not in ("mean", "max", "min"):

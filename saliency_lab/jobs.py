@@ -6,7 +6,7 @@
 
 A job kind is a function `fn(params: dict, context: JobContext) -> dict`, registered with
 `@register_job_kind("name")` in an importable module. Each job runs in its own process
-(`python -m explainers.jobs run <job_id> --root <root> --module <module>`), which writes progress,
+(`python -m saliency_lab.jobs run <job_id> --root <root> --module <module>`), which writes progress,
 metrics and its result into `<root>/jobs.sqlite` (WAL) and its output and traceback into
 `<root>/<job_id>/job.log`. A new JobRunner on the same root keeps jobs whose process is still
 alive, marks the others 'interrupted' (`resume(job_id)` queues them again, in the same work dir)
@@ -32,6 +32,8 @@ import weakref
 from pathlib import Path
 from typing import Callable
 
+from explainers._io import atomic_torch_save, atomic_write_bytes  # noqa: F401  (the one atomic writer)
+
 from . import hf_jobs
 
 TERMINAL = ("done", "failed", "cancelled", "interrupted")
@@ -48,31 +50,6 @@ def register_job_kind(name: str):
 
 class JobCancelled(Exception):
     """A job function may raise this (or simply return) once `context.cancelled()` is true."""
-
-
-def atomic_write_bytes(path, data: bytes) -> None:
-    """Unique temp file in the same folder, fsync, os.replace: readers see the old file or the new one.
-    (Not training.atomic_save: its fixed '.tmp' name lets concurrent writers collide, and importing
-    training pulls timm into every job process.)"""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_torch_save(obj, path) -> None:
-    import torch
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 # ----------------------------------------------------------------------------------------- storage
@@ -175,7 +152,7 @@ def _pid_runs_job(pid, job_id) -> bool:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return False
-        return b"explainers.jobs" in cmdline and job_id.encode() in cmdline  # empty for zombies
+        return b"saliency_lab.jobs" in cmdline and job_id.encode() in cmdline  # empty for zombies
     try:  # no /proc (macOS, Windows): fall back to "the pid exists"
         os.kill(pid, 0)
         return True
@@ -348,7 +325,7 @@ class JobRunner:
     def _results_dir(self) -> Path:
         if self.results_dir is not None:
             return Path(self.results_dir)
-        from .models import WEIGHTS_DIR
+        from explainers.models import WEIGHTS_DIR
         return Path(WEIGHTS_DIR)
 
     def shutdown(self, wait: bool = False) -> None:
@@ -409,7 +386,7 @@ class JobRunner:
             return
         package_parent = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
-        command = [sys.executable, "-m", "explainers.jobs", "run", job_id, "--root", str(self.root.resolve()),
+        command = [sys.executable, "-m", "saliency_lab.jobs", "run", job_id, "--root", str(self.root.resolve()),
                    "--module", row["module"] or __name__]
         try:
             with open(Path(row["work_dir"]) / "job.log", "ab") as log:
@@ -509,9 +486,18 @@ def tiny_train(params: dict, context: JobContext) -> dict:
     return {"resumed_from": start, "steps": steps, "final_loss": final, "checkpoint": str(checkpoint)}
 
 
+@register_job_kind("camal")
+def camal(params: dict, context: JobContext) -> dict:
+    """The CAMAL fine-tune (`explainers.camal.run_camal_job`: params as the CLI's flags), registered here, in the
+    app's job runner, rather than at the import of the library's camal module."""
+    from explainers.camal import run_camal_job
+
+    return run_camal_job(params, context)
+
+
 def main(argv=None) -> int:
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m explainers.jobs", description="run one job (used by JobRunner)")
+    parser = argparse.ArgumentParser(prog="python -m saliency_lab.jobs", description="run one job (used by JobRunner)")
     parser.add_argument("action", choices=["run"])
     parser.add_argument("job_id")
     parser.add_argument("--root", required=True)
@@ -521,5 +507,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from explainers.jobs import main as _main  # the canonical module, whose registry the job kinds use
+    from saliency_lab.jobs import main as _main  # the canonical module, whose registry the job kinds use
     raise SystemExit(_main())

@@ -5,8 +5,8 @@ CAMAL job and reading its progress.
     job_id, message = start_finetune(services, "bloodmnist-cnn", choices[0][1], epochs=3, lam=1.0)
     report = job_report(services, job_id)     # JobReport: text, percent, figure, finished, gallery, table
 
-`services` is an `explainers.services.Services` (its review store holds the user's mask sets, its runner the
-jobs). Nothing here imports gradio; errors meant for the user are ValueError.
+`services` is a `saliency_lab.services.Services` (its review store holds the user's mask sets, its runner the
+jobs). Errors meant for the user are ValueError.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ui_helpers as ui
+from . import figures
 from .browse import ROOT, SHARED_DATA, decoy_locations, inside, resolve_folder
 
 BLOODMNIST_SOURCE = SHARED_DATA / "bloodmnist" / "64"
@@ -43,13 +43,13 @@ def build_mask_dataset(kind: str, out_root=None) -> str:
     returns the folder to train on."""
     out_root = Path(out_root) if out_root is not None else ROOT / "data"
     if kind == "decoy":
-        from .decoy import build_decoy_bloodmnist
+        from explainers.decoy import build_decoy_bloodmnist
 
         out = out_root / "decoy-bloodmnist"
         build_decoy_bloodmnist(BLOODMNIST_SOURCE, out, train_limit=2000, val_limit=400, test_limit=400)
         return str(out / "train")
     if kind == "bccd":
-        from .masks import build_bccd_mask_set
+        from explainers.masks import build_bccd_mask_set
 
         out = out_root / "bccd-masks"
         build_bccd_mask_set(BCCD_SOURCE, out, split="trainval")
@@ -93,7 +93,7 @@ def start_finetune(services, model_name, data_choice, epochs=3, lam=1.0, backend
     if backend == "hf-jobs" and not services.hf_token:
         raise ValueError("HuggingFace Jobs needs a token: set HF_TOKEN in the environment (or the Space's secrets).")
     masks = training_folder(services, data_choice, on_build)
-    from .models import safe_name
+    from explainers.models import safe_name
 
     out_name = safe_name(f"{model_name}-camal-{time.strftime('%m%d-%H%M%S')}")
     card = services.weights_dir / f"{model_name}.json"
@@ -110,7 +110,7 @@ def start_finetune(services, model_name, data_choice, epochs=3, lam=1.0, backend
 def finetune_comparison(services, job) -> tuple:
     """Before/after gallery [(file, caption)] and table rows [label, before, after] of a finished CAMAL job."""
     result = job.get("result") or {}
-    return ui.camal_figures(result, services.weights_dir), ui.camal_comparison_rows(result)
+    return camal_figures(result, services.weights_dir), camal_comparison_rows(result)
 
 
 @dataclass
@@ -137,7 +137,7 @@ def job_report(services, job_id) -> JobReport:
     progress = job["progress"]
     percent = 100.0 * (progress["step"] or 0) / progress["total"] if progress.get("total") else 0.0
     history = runner.history(job_id)
-    figure = ui.job_figure(history) if history else ui.empty_figure("Waiting for the first step…")
+    figure = figures.job_figure(history) if history else figures.empty_figure("Waiting for the first step…")
     text = f"Job **{job_id}**: {job['status']}"
     if job.get("error"):
         text += f" — {job['error'][:300]}"
@@ -156,3 +156,31 @@ def cancel_finetune(services, job_id) -> str:
         raise ValueError("No fine-tune is running.")
     job = services.runner().cancel(job_id)
     return f"Job **{job_id}**: {job['status']} (cancel requested)."
+
+
+CAMAL_ROWS = {"accuracy": "accuracy", "iou": "IoU of CAM with mask", "pointing_game": "pointing game",
+              "cam_inside": "mean CAM inside mask", "cam_outside": "mean CAM outside mask",
+              "deletion_auc": "deletion AUC (lower is better)", "insertion_auc": "insertion AUC (higher is better)"}
+
+
+def camal_comparison_rows(result: dict) -> list:
+    """[label, before, after] rows from `camal.run_camal`'s summary (every evaluated mask set)."""
+    before_sets, after_sets = result.get("before") or {}, result.get("after") or {}
+    rows = []
+    for set_name in before_sets:
+        before, after = before_sets.get(set_name) or {}, after_sets.get(set_name) or {}
+        for key, label in CAMAL_ROWS.items():
+            b, a = before.get(key), after.get(key)
+            if b is None and a is None:
+                continue
+            rows.append([f"{label} [{set_name}]", None if b is None else round(float(b), 4),
+                         None if a is None else round(float(a), 4)])
+    return rows
+
+
+def camal_figures(result: dict, weights_dir) -> list:
+    """[(path, caption)] of the before/after figures a CAMAL run wrote beside its card."""
+    card = result.get("card")
+    folder = Path(card).parent if card else Path(weights_dir)
+    return [(str(folder / name), "before / after") for name in (result.get("figures") or {}).values()
+            if (folder / name).exists()]

@@ -3,25 +3,29 @@ image, the target class, the top-5 prediction and one record per method), and th
 
     state, image = explain_maps(services, "cell.png", "bloodmnist-cnn", ["gradcam", "aha"])  # maps first (fast)
     state, image = explain_curves(services, state)                                          # then the curves
-    state, image = recombine_alpha(services, state, 0.2)   # GradSkip's alpha: cached statistics, no model pass
+    state, image = recombine_live(services, state, "alpha", 0.2)   # a live option (GradSkip's alpha): no model pass
     state, image = rerun_method(services, state, "aha", {"refine_steps": 3})
     pictures = overlay_pictures(services, state, opacity=0.5, colormap="cividis", image=image)
 
-The steps return the new state and the prepared image (`ui_helpers.PreparedImage`), so the overlays are drawn
-without preparing the image again.
+Slider values (`values`: {option name: value}) reach every method that declares that user option
+(`explainers.methods.Option`); nothing here names a method. The steps return the new state and the prepared
+image (`explainers.engine.PreparedInput`), so the overlays are drawn without preparing the image again.
 
-`services` is an `explainers.services.Services`. A method that cannot explain this model or image is skipped
-with a note in `state["skipped"]` (and `warn(text)` when given); other errors propagate. Nothing here imports
-gradio; errors meant for the user are ValueError.
+`services` is a `saliency_lab.services.Services`. A method that cannot explain this model or image is skipped
+with a note in `state["skipped"]` (and `warn(text)` when given); other errors propagate. Errors meant for the
+user are ValueError.
 """
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
-from . import ui_helpers as ui
+from explainers import engine
+from explainers.images import load_image
+from explainers.methods import METHODS
+
+from . import menus, pictures
 from .errors import is_skippable, user_message
-from .images import load_image
 from .services import add_curves, run_method
 
 NO_IMAGE = "Upload an image, pick an example or choose one from the BloodMNIST browser first."
@@ -29,12 +33,12 @@ AUTO = "auto"
 
 
 def prepared(services, model_name, image_path) -> tuple:
-    """(bundle, ui_helpers.PreparedImage) of an image path for a model; ValueError without an image."""
+    """(bundle, explainers.engine.PreparedInput) of an image path for a model; ValueError without an image."""
     if not image_path:
         raise ValueError(NO_IMAGE)
     bundle = services.bundle(model_name)
     image = load_image(image_path)
-    return bundle, ui.prepare_input(image, bundle)
+    return bundle, engine.prepare_input(image, bundle)
 
 
 def target_choices(prediction) -> list:
@@ -74,36 +78,41 @@ def target_choice(choice, prediction) -> str:
     return choice
 
 
-def explain_maps(services, image_path, model_name, methods, target=AUTO, alpha=0.5, refine_steps=0, *,
-                 warn=None) -> tuple:
+def explain_maps(services, image_path, model_name, methods, target=AUTO, values=None, *, warn=None) -> tuple:
     """Step 1 of an explanation: the top-5 prediction and each chosen method's map, without curves (fast).
-    `target`: "auto" (top-1) or a class index among the top 5. Returns (state, image); the state's
-    "target_choice" is what the target menu should show."""
+    `target`: "auto" (top-1) or a class index among the top 5; `values`: the sliders' values by option name.
+    Returns (state, image); the state's "target_choice" is what the target menu should show."""
     methods = list(methods or [])
     if not methods:
         raise ValueError("Pick at least one explanation method.")
     bundle, image = prepared(services, model_name, image_path)
-    prediction = ui.predict_top(bundle, image, 5)
+    prediction = engine.predict_top(bundle, image, 5)
     choice = target_choice(target, prediction)
     target_index = prediction[0][0] if choice == AUTO else int(choice)
+    values = slider_values(values)
     state = {"model": model_name, "image": image_path, "image_name": Path(str(image_path)).name,
              "target": target_index, "target_name": bundle.class_name(target_index), "prediction": prediction,
-             "target_choice": choice, "alpha": float(alpha), "refine_steps": int(refine_steps), "results": [],
-             "skipped": []}
-    for method in ui.method_order(methods):
-        options = ui.method_options(method, alpha, refine_steps, bundle)
+             "target_choice": choice, **values, "results": [], "skipped": []}
+    for method in menus.method_order(methods):
+        options = engine.method_options(method, values, bundle)
         try:
             record = run_method(bundle, image, method, target_index, options, services.cache, curves=False)
         except (ValueError, RuntimeError) as error:
             if not is_skippable(error):
                 raise
-            note = f"{ui.method_label(method)}: {user_message(error)}"
+            note = f"{engine.method_label(method)}: {user_message(error)}"
             state["skipped"].append(note)
             if warn is not None:
-                warn(f"{ui.method_label(method)} skipped: {user_message(error)}")
+                warn(f"{engine.method_label(method)} skipped: {user_message(error)}")
             continue
         state["results"].append(record)
     return state, image
+
+
+def slider_values(values=None) -> dict:
+    """{option name: value} for every slider (`menus.sliders()`), the given values cast, else the defaults."""
+    values = values or {}
+    return {option.name: option.cast(values.get(option.name)) for _, option in menus.sliders()}
 
 
 def explain_curves(services, state) -> tuple:
@@ -113,28 +122,48 @@ def explain_curves(services, state) -> tuple:
     return {**state, "results": results}, image
 
 
-def head_weights(services, state, alpha, image=None) -> dict | None:
-    """GradSkip's head-weight diagnostics for the state's image and target (None without GradSkip)."""
-    if not has_method(state, "gradskip"):
+def has_details(state) -> bool:
+    """Whether a result's method has a diagnostics panel (a prepared state with `diagnostics`)."""
+    return bool(state) and any(METHODS.get(r["method"]) is not None and METHODS[r["method"]].details
+                               for r in state.get("results", []))
+
+
+def head_weights(services, state, values=None, image=None) -> dict | None:
+    """The diagnostics (GradSkip: head weights) of the first result whose method has them, for the state's image
+    and target, with the live option values of the state (or `values`: {option name: value}); None without
+    any."""
+    records = [r for r in (state or {}).get("results", []) if METHODS.get(r["method"]) is not None
+               and METHODS[r["method"]].details]
+    if not records:
         return None
     bundle = services.bundle(state["model"])
     if image is None:
         _, image = prepared(services, state["model"], state["image"])
-    return ui.gradskip_diagnostics(bundle, image, state["target"], alpha, services.cache)
+    live = {k: state[k] for k in METHODS[records[0]["method"]].live_options() if k in state}
+    values = {k: v for k, v in {**live, **(values or {})}.items() if k in live}
+    return engine.diagnostics(bundle, image, records[0], services.cache, values)
 
 
-def recombine_alpha(services, state, alpha) -> tuple:
-    """GradSkip's maps for a new alpha from its cached statistics (no model pass); the curves are kept only
-    when they were already computed for this alpha."""
+def live_methods(option: str) -> list:
+    """The methods whose prepared state takes this option without a model pass."""
+    return [m for m in menus.methods_with_option(option) if option in METHODS[m].live_options()]
+
+
+def recombine_live(services, state, option: str, value) -> tuple:
+    """The maps of every method with this live option, for a new value, from their cached prepared states (no
+    model pass); the curves are kept only when they were already computed for this value."""
     bundle, image = prepared(services, state["model"], state["image"])
+    live = live_methods(option)
     results = []
     for record in state["results"]:
-        if record["method"] == "gradskip":
-            cached = ui.cached_result(services.cache, bundle, image, "gradskip", record["target"],
-                                      {"alpha": float(alpha)})
-            record = cached or ui.gradskip_recombine(bundle, image, record, alpha, services.cache)
+        if record["method"] in live:
+            new_value = METHODS[record["method"]].user_options_by_name()[option].cast(value)
+            cached = engine.cached_result(services.cache, bundle, image, record["method"], record["target"],
+                                          {**record["options"], option: new_value})
+            record = cached or engine.recombine(bundle, image, record, {option: new_value}, services.cache)
         results.append(record)
-    return {**state, "results": results, "alpha": float(alpha)}, image
+    cast = next((o.cast for _, o in menus.sliders() if o.name == option), lambda v: v)
+    return {**state, "results": results, option: cast(value)}, image
 
 
 def rerun_method(services, state, method: str, options: dict) -> tuple:
@@ -143,14 +172,15 @@ def rerun_method(services, state, method: str, options: dict) -> tuple:
     bundle, image = prepared(services, state["model"], state["image"])
     results = [run_method(bundle, image, method, r["target"], options, services.cache) if r["method"] == method
                else r for r in state["results"]]
-    return {**state, "results": results, **{k: v for k, v in options.items() if k in ("alpha", "refine_steps")}}, image
+    slider_names = {o.name for _, o in menus.sliders()}
+    return {**state, "results": results, **{k: v for k, v in options.items() if k in slider_names}}, image
 
 
 def overlay_pictures(services, state, opacity, colormap, image=None) -> list:
     """[(file, caption)] of every map blended over the image (files named by content)."""
     if image is None:
         _, image = prepared(services, state["model"], state["image"])
-    return services.pictures(ui.render_overlays(image, state["results"], opacity, colormap))
+    return services.pictures(pictures.render_overlays(image, state["results"], opacity, colormap))
 
 
 def write_downloads(services, state, opacity, colormap) -> list:
@@ -159,16 +189,16 @@ def write_downloads(services, state, opacity, colormap) -> list:
         raise ValueError("Explain an image first: there is nothing to download yet.")
     _, image = prepared(services, state["model"], state["image"])
     folder = Path(tempfile.mkdtemp(prefix="explain-", dir=services.downloads))
-    return ui.write_downloads(folder, state["model"], image, state["results"], opacity=opacity, colormap=colormap,
+    return engine.write_downloads(folder, state["model"], image, state["results"], opacity=opacity, colormap=colormap,
                               prediction=state["prediction"], image_name=state["image_name"])
 
 
 def model_menu(services, model_name, methods) -> tuple:
     """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model."""
     bundle = services.bundle(model_name)
-    choices = ui.method_choices(bundle)
+    choices = menus.method_choices(bundle)
     names = [value for _, value in choices]
-    kept = [m for m in (methods or []) if m in names] or ui.default_methods(bundle)
+    kept = [m for m in (methods or []) if m in names] or menus.default_methods(bundle)
     info = (f"**{bundle.name}**: {bundle.family}, {bundle.num_classes} classes, input "
-            f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({ui.model_kind(model_name)}).")
+            f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({menus.model_kind(model_name)}).")
     return choices, kept, info

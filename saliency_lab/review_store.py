@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from explainers.images import png_bytes
+
 VERDICTS = ("plausible", "implausible", "unsure")
 
 SCHEMA = """
@@ -71,12 +73,6 @@ def safe_set_name(name: str) -> str:
         raise ReviewError(f"Mask set name {name!r}: use 1-64 letters, digits, '.', '-' or '_' "
                           "(starting with a letter or digit).")
     return name
-
-
-def _png_bytes(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def _as_mask(mask) -> np.ndarray:
@@ -220,10 +216,10 @@ class ReviewStore:
             raise ReviewError("The mask is empty: draw over (or click on) the region that should explain the class.")
         if mask.all():
             raise ReviewError("The mask covers the whole image, so it says nothing: mark only the relevant region.")
-        mask_png = _png_bytes(Image.fromarray(mask.astype(np.uint8) * 255, "L"))
+        mask_png = png_bytes(Image.fromarray(mask.astype(np.uint8) * 255, "L"))
         cursor = self._write("INSERT INTO masks (set_name, label, image_png, mask_png, source, width, height, created) "
                              "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (set_name, str(label).strip(), _png_bytes(picture), mask_png, source, picture.width,
+                             (set_name, str(label).strip(), png_bytes(picture), mask_png, source, picture.width,
                               picture.height, time.time()))
         return int(cursor.lastrowid)
 
@@ -252,7 +248,7 @@ class ReviewStore:
     def export_mask_set(self, set_name: str, folder) -> Path:
         """Write a set in the mask-set layout `explainers.masks` and the CAMAL job read: `images/`, `masks/`,
         `masks.csv` (`file,mask_file,class_index,mask_source`) and `labels.csv`."""
-        from .masks import write_mask_set
+        from explainers.masks import write_mask_set
 
         set_name = safe_set_name(set_name)
         entries = self.masks(set_name)

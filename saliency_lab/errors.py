@@ -8,14 +8,14 @@
         else:
             raise
 
-Nothing here imports gradio: the app turns these into gr.Error, the CLI prints them.
+The app turns these into gr.Error.
 """
 from __future__ import annotations
 
-from .images import ImageError
-from .methods import MethodNotApplicable
-from .models import ModelUnavailableError
-from .review import ReviewError
+from explainers.images import ImageError
+from explainers.methods import MethodNotApplicable
+from explainers.models import ModelUnavailableError
+from .review_store import ReviewError
 
 # Errors whose message is written for the user: shown as is.
 USER_ERRORS = (ImageError, ModelUnavailableError, MethodNotApplicable, ReviewError, FileNotFoundError, ValueError,

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainers import browse, decoy_view, explanation, finetune, mask_editor, review_session
-from explainers import ui_helpers as ui
-from explainers.errors import is_skippable, is_user_error, user_message
 from explainers.masks import GrabCutSegmenter, MaskError, SegmenterCache
-from explainers.review import ReviewStore
+from saliency_lab import browse, explain, finetune, learn, masks, pictures, review
+from saliency_lab.errors import is_skippable, is_user_error, user_message
+from saliency_lab.review_store import ReviewStore
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = ROOT / "assets" / "bloodmnist"
@@ -107,24 +106,24 @@ def test_examples_list_has_one_cell_per_class():
 
 # ------------------------------------------------------------------ SAM prompts
 def test_two_box_clicks_make_an_ordered_box():
-    prompts = mask_editor.empty_prompts()
-    first, ready = mask_editor.add_click(prompts, "box", 200, 40)
+    prompts = masks.empty_prompts()
+    first, ready = masks.add_click(prompts, "box", 200, 40)
     assert not ready and first["box_corner"] == [200.0, 40.0] and first["box"] is None
-    assert prompts == mask_editor.EMPTY_PROMPTS  # never changed in place
-    second, ready = mask_editor.add_click(first, "box", 60, 180)
+    assert prompts == masks.EMPTY_PROMPTS  # never changed in place
+    second, ready = masks.add_click(first, "box", 60, 180)
     assert ready and second["box"] == [60.0, 40.0, 200.0, 180.0] and second["box_corner"] is None
-    third, ready = mask_editor.add_click(second, "background", 5, 6)
+    third, ready = masks.add_click(second, "background", 5, 6)
     assert ready and third["points"] == [[5.0, 6.0]] and third["labels"] == [0] and third["box"] == second["box"]
     with pytest.raises(ValueError, match="Unknown click mode"):
-        mask_editor.add_click(third, "lasso", 1, 1)
+        masks.add_click(third, "lasso", 1, 1)
 
 
 def test_clip_box_orders_clips_and_refuses_empty_boxes():
-    assert mask_editor.clip_box([300, 250, -10, 20], (240, 320)) == [0.0, 20.0, 300.0, 240.0]
+    assert masks.clip_box([300, 250, -10, 20], (240, 320)) == [0.0, 20.0, 300.0, 240.0]
     with pytest.raises(ValueError, match="no area"):
-        mask_editor.clip_box([10, 10, 10.5, 50], (100, 100))
+        masks.clip_box([10, 10, 10.5, 50], (100, 100))
     with pytest.raises(ValueError, match="four numbers"):
-        mask_editor.clip_box([1, 2, 3], (100, 100))
+        masks.clip_box([1, 2, 3], (100, 100))
 
 
 def stroke_layer(size=64, rows=(10, 21), cols=(30, 41), ring=False):
@@ -139,17 +138,17 @@ def test_box_from_a_drag_stroke_maps_to_the_sam_view():
     """A stroke on the 64 px editor image; the SAM view shows it at 320 px (5x): whole editor pixels map to
     5 x 5 blocks, so columns 30..40 span x 150..205 of the view."""
     value = {"background": np.zeros((64, 64, 4), np.uint8), "layers": [stroke_layer(ring=True)], "composite": None}
-    assert mask_editor.box_from_stroke(value, (320, 320)) == [150.0, 50.0, 205.0, 105.0]
-    assert mask_editor.box_from_stroke(value, (64, 64)) == [30.0, 10.0, 41.0, 21.0]  # same grid: as painted
+    assert masks.box_from_stroke(value, (320, 320)) == [150.0, 50.0, 205.0, 105.0]
+    assert masks.box_from_stroke(value, (64, 64)) == [30.0, 10.0, 41.0, 21.0]  # same grid: as painted
     two = {"layers": [stroke_layer(rows=(2, 4), cols=(2, 4)), stroke_layer(rows=(50, 60), cols=(40, 44))]}
-    assert mask_editor.box_from_stroke(two, (64, 128)) == [4.0, 2.0, 88.0, 60.0]  # union of layers, W scaled 2x
+    assert masks.box_from_stroke(two, (64, 128)) == [4.0, 2.0, 88.0, 60.0]  # union of layers, W scaled 2x
     for empty in (None, {"layers": []}, {"layers": [np.zeros((64, 64, 4), np.uint8)]}):
         with pytest.raises(MaskError, match="Paint a rough stroke"):
-            mask_editor.box_from_stroke(empty, (320, 320))
+            masks.box_from_stroke(empty, (320, 320))
 
 
 class FakeServices:
-    """The parts of explainers.services.Services the mask editor uses, with the offline GrabCut segmenter."""
+    """The parts of saliency_lab.services.Services the mask editor uses, with the offline GrabCut segmenter."""
 
     def __init__(self, tmp_path=None):
         self._segmenters = SegmenterCache(GrabCutSegmenter(), max_sessions=2)
@@ -161,23 +160,23 @@ class FakeServices:
 
 
 def test_click_logic_first_corner_waits_then_segments():
-    services, picture = FakeServices(), ui.display_rgb(np.asarray(Image.open(CELLS / "test_00000.jpg")))
-    shown = mask_editor.click(services, picture, None, "box", 60, 60)
+    services, picture = FakeServices(), pictures.display_rgb(np.asarray(Image.open(CELLS / "test_00000.jpg")))
+    shown = masks.click(services, picture, None, "box", 60, 60)
     assert not shown.ready and shown.preview is None and shown.mask_state is None and "opposite corner" in shown.note
-    shown = mask_editor.click(services, picture, shown.prompts, "box", 260, 260, original=np.zeros((64, 64, 3)))
+    shown = masks.click(services, picture, shown.prompts, "box", 260, 260, original=np.zeros((64, 64, 3)))
     assert shown.ready and shown.prompts["box"] == [60.0, 60.0, 260.0, 260.0]
     mask = shown.mask_state["mask"]
     assert mask.shape == (320, 320) and mask.any() and not mask[:60].any() and not mask[:, 261:].any()
     assert "GrabCut" in shown.note and "a box" in shown.note
     with pytest.raises(ValueError, match="Load an image first"):
-        mask_editor.click(services, None, None, "object", 1, 1)
+        masks.click(services, None, None, "object", 1, 1)
 
 
 def test_stroke_box_prompt_keeps_points_and_masks_inside_the_box():
-    services, picture = FakeServices(), ui.display_rgb(np.asarray(Image.open(CELLS / "test_00000.jpg")))
-    shown = mask_editor.click(services, picture, None, "object", 160, 160)
+    services, picture = FakeServices(), pictures.display_rgb(np.asarray(Image.open(CELLS / "test_00000.jpg")))
+    shown = masks.click(services, picture, None, "object", 160, 160)
     value = {"layers": [stroke_layer(rows=(12, 52), cols=(12, 52), ring=True)]}
-    shown = mask_editor.stroke_box_prompt(services, value, picture, shown.prompts)
+    shown = masks.stroke_box_prompt(services, value, picture, shown.prompts)
     assert shown.prompts["box"] == [60.0, 60.0, 260.0, 260.0] and shown.prompts["points"] == [[160.0, 160.0]]
     mask = shown.mask_state["mask"]
     inside = np.zeros_like(mask)
@@ -189,68 +188,68 @@ def test_stroke_box_prompt_keeps_points_and_masks_inside_the_box():
 def test_masks_are_stored_at_the_images_own_size(tmp_path):
     services = FakeServices(tmp_path)
     original = np.asarray(Image.open(CELLS / "test_00000.jpg").convert("RGB"))
-    view = ui.display_rgb(original)
-    shown = mask_editor.box_prompt(services, view, None, [60, 60, 260, 260], original=original)
+    view = pictures.display_rgb(original)
+    shown = masks.box_prompt(services, view, None, [60, 60, 260, 260], original=original)
     with pytest.raises(ValueError, match="Pick the class label"):
-        mask_editor.add_to_mask_set(services.store, "set-a", "", shown.mask_state)
+        masks.add_to_mask_set(services.store, "set-a", "", shown.mask_state)
     with pytest.raises(ValueError, match="class index"):
-        mask_editor.add_to_mask_set(services.store, "set-a", "basophil", shown.mask_state)
+        masks.add_to_mask_set(services.store, "set-a", "basophil", shown.mask_state)
     with pytest.raises(ValueError, match="Make a mask first"):
-        mask_editor.add_to_mask_set(services.store, "set-a", "3", None)
-    entry = mask_editor.add_to_mask_set(services.store, "set-a", "3: immature granulocytes", shown.mask_state)
+        masks.add_to_mask_set(services.store, "set-a", "3", None)
+    entry = masks.add_to_mask_set(services.store, "set-a", "3: immature granulocytes", shown.mask_state)
     picture, mask, label = services.store.mask_item(entry)
     assert np.asarray(picture).shape[:2] == (64, 64) and mask.shape == (64, 64) and label == "3"
-    items, summary = mask_editor.mask_set_view(services.store, "set-a")
+    items, summary = masks.mask_set_view(services.store, "set-a")
     assert len(items) == 1 and "**set-a** (1)" in summary
 
 
 def test_drawn_mask_and_editor_picture():
     background = np.asarray(Image.open(CELLS / "test_00000.jpg").convert("RGB"))
     value = {"background": background, "layers": [stroke_layer()], "composite": background}
-    preview, state, note = mask_editor.drawn_mask(value)
+    preview, state, note = masks.drawn_mask(value)
     assert state["mask"].sum() == 11 * 11 and state["source"] == "drawn" and "3%" in note
-    rgb, view = mask_editor.editor_picture(value)
+    rgb, view = masks.editor_picture(value)
     assert rgb.shape == (64, 64, 3) and view.shape == (320, 320, 3)
-    assert mask_editor.editor_picture(None) is None
+    assert masks.editor_picture(None) is None
     with pytest.raises(ValueError, match="Upload an image"):
-        mask_editor.drawn_mask(None)
+        masks.drawn_mask(None)
 
 
 # ------------------------------------------------------------------ Explain helpers
 def test_explanation_helpers():
     prediction = [(3, "cat", 0.5), (1, "dog", 0.3), (7, "cat", 0.2)]
-    assert explanation.target_choices(prediction)[1] == ("cat · 50.0%", "3")
-    assert explanation.label_value(prediction) == {"cat": 0.5, "dog": 0.3, "cat (7)": 0.2}
-    assert explanation.target_choice("7", prediction) == "7" and explanation.target_choice("9", prediction) == "auto"
-    assert explanation.target_choice(None, prediction) == "auto"
+    assert explain.target_choices(prediction)[1] == ("cat · 50.0%", "3")
+    assert explain.label_value(prediction) == {"cat": 0.5, "dog": 0.3, "cat (7)": 0.2}
+    assert explain.target_choice("7", prediction) == "7" and explain.target_choice("9", prediction) == "auto"
+    assert explain.target_choice(None, prediction) == "auto"
     state = {"model": "m", "target": 3, "target_name": "cat", "skipped": ["Rollout: not a ViT"],
              "results": [{"label": "Grad-CAM", "seconds": 0.012, "method": "gradcam"}]}
-    text = explanation.status_text(state)
+    text = explain.status_text(state)
     assert "Model **m**" in text and "**Grad-CAM** 12 ms" in text and "**Skipped:** Rollout: not a ViT" in text
-    assert explanation.has_method(state, "gradcam") and not explanation.has_method(state, "aha")
+    assert explain.has_method(state, "gradcam") and not explain.has_method(state, "aha")
     with pytest.raises(ValueError, match="Upload an image"):
-        explanation.prepared(None, "m", None)
+        explain.prepared(None, "m", None)
 
 
 def test_explain_maps_skips_a_method_that_cannot_explain_the_model(tmp_path, cnn_bundle):
-    from explainers.services import Services
+    from saliency_lab.services import Services
 
     services = Services(lambda name: cnn_bundle, ["tiny-cnn"], tmp_path)
     warnings = []
-    state, image = explanation.explain_maps(services, str(CELLS / "test_00000.jpg"), "tiny-cnn",
+    state, image = explain.explain_maps(services, str(CELLS / "test_00000.jpg"), "tiny-cnn",
                                             ["rollout", "gradcam"], warn=warnings.append)
     assert [r["method"] for r in state["results"]] == ["gradcam"] and state["results"][0]["deletion_auc"] is None
     assert len(state["skipped"]) == 1 and "Attention rollout" in warnings[0]
-    state, _ = explanation.explain_curves(services, state)
+    state, _ = explain.explain_curves(services, state)
     assert state["results"][0]["deletion_auc"] is not None
     with pytest.raises(ValueError, match="at least one"):
-        explanation.explain_maps(services, str(CELLS / "test_00000.jpg"), "tiny-cnn", [])
+        explain.explain_maps(services, str(CELLS / "test_00000.jpg"), "tiny-cnn", [])
 
 
 def test_errors_messages():
     assert user_message(KeyError("no such model")) == "No such model"
     assert is_user_error(ValueError("x")) and is_user_error(MaskError("x")) and not is_user_error(ZeroDivisionError())
-    from explainers.hf_jobs import HFJobsError
+    from saliency_lab.hf_jobs import HFJobsError
     assert is_user_error(HFJobsError("Set HF_TOKEN"))
     assert is_skippable(ValueError("x")) and not is_skippable(RuntimeError("CUDA failure"))
 
@@ -286,19 +285,19 @@ def test_finetune_refuses_bad_choices(tmp_path):
 
 
 def test_review_helpers():
-    assert review_session.reviewer_name("  ") == "anonymous" and review_session.reviewer_name(" dr ") == "dr"
+    assert review.reviewer_name("  ") == "anonymous" and review.reviewer_name(" dr ") == "dr"
     with pytest.raises(ValueError, match="Load a data set"):
-        review_session.filter_page(None, None)
+        review.filter_page(None, None)
     with pytest.raises(ValueError, match="Open an image"):
-        review_session.current_row({"current": None})
-    assert review_session.save_note(None, {"current": None}, "dr", "x") is None
+        review.current_row({"current": None})
+    assert review.save_note(None, {"current": None}, "dr", "x") is None
 
 
 # ------------------------------------------------------------------ decoy demonstration
 def test_decoy_test_images_never_carry_their_own_class_square():
     from explainers.decoy import CORNERS, PALETTE, square_box
 
-    images = decoy_view.decoy_test_images(count=8, seed=3)
+    images = learn.decoy_test_images(count=8, seed=3)
     assert sorted(label for _, label, _ in images) == list(range(8))  # one cell per class
     for picture, label, caption in images:
         rgb = np.asarray(picture)
@@ -312,7 +311,7 @@ def test_decoy_test_images_never_carry_their_own_class_square():
         corner, colour = squares[0]
         assert corner != label % 4 and colour != label, caption
         assert CORNERS[corner] in caption and caption.startswith("true: ")
-    again = decoy_view.decoy_test_images(count=8, seed=3)
+    again = learn.decoy_test_images(count=8, seed=3)
     assert all(np.array_equal(np.asarray(a[0]), np.asarray(b[0])) for a, b in zip(images, again))  # seeded
 
 
@@ -322,16 +321,16 @@ def test_card_numbers_come_from_the_card_only():
                                  "test-clean": {"count": 800, "accuracy": 0.54}}}}
     after = {"camal": {"before": {"test": {"accuracy": 0.385, "iou": 0.4694}},
                        "after": {"test": {"count": 800, "accuracy": 0.8225, "iou": 0.8516, "pointing_game": 0.99}}}}
-    assert decoy_view.card_numbers(before) == [
+    assert learn.card_numbers(before) == [
         "decoy test (random squares), 800 images: accuracy 38.5%, CAM-mask IoU 0.469",
         "clean test (no square), 800 images: accuracy 54.0%"]
-    assert decoy_view.card_numbers(after) == [
+    assert learn.card_numbers(after) == [
         "decoy test (random squares), 800 images: accuracy 38.5% → 82.2%, CAM-mask IoU 0.469 → 0.852, "
         "pointing game 99.0%"]
-    assert decoy_view.card_headline(before) == "decoy test acc. 38%"
-    assert decoy_view.card_headline(after) == "decoy test acc. 82%"
-    assert decoy_view.card_numbers({}) == [] and decoy_view.card_headline({"data": None}) is None
-    assert decoy_view.card_numbers({"data": {"test_accuracy": 0.9, "test": "t"}}) == ["test accuracy 90.0% on t"]
+    assert learn.card_headline(before) == "decoy test acc. 38%"
+    assert learn.card_headline(after) == "decoy test acc. 82%"
+    assert learn.card_numbers({}) == [] and learn.card_headline({"data": None}) is None
+    assert learn.card_numbers({"data": {"test_accuracy": 0.9, "test": "t"}}) == ["test accuracy 90.0% on t"]
 
 
 def test_decoy_model_cards_pair_the_finetune_with_its_base(tmp_path):
@@ -343,27 +342,27 @@ def test_decoy_model_cards_pair_the_finetune_with_its_base(tmp_path):
     card("decoy-a-camal", camal={"base_model": "zzz"})
     card("decoy-b-camal", camal={"base_model": str(tmp_path / "decoy-b.json")})
     card("aha-decoy-b", camal={"base_model": "decoy-b"})  # explainers are not classifiers
-    before, after = ui.decoy_model_cards([tmp_path])
+    before, after = learn.decoy_model_cards([tmp_path])
     assert (before.name, after.name) == ("decoy-b.json", "decoy-b-camal.json")
     (tmp_path / "decoy-b-camal.json").unlink()
-    before, after = ui.decoy_model_cards([tmp_path])
+    before, after = learn.decoy_model_cards([tmp_path])
     assert (before.name, after.name) == ("decoy-a.json", "decoy-a-camal.json")  # no pair: the first of each
-    assert ui.decoy_model_cards([tmp_path / "missing"]) == (None, None)
+    assert learn.decoy_model_cards([tmp_path / "missing"]) == (None, None)
 
 
 def test_decoy_view_without_models_shows_the_training_rule(tmp_path):
-    from explainers.services import Services
+    from saliency_lab.services import Services
 
     services = Services(lambda name: None, [], tmp_path / "state", weights_dir=tmp_path / "weights",
                         decoy_roots=[])
-    pictures, text = decoy_view.decoy_view(services)
+    pictures, text = learn.decoy_view(services)
     assert len(pictures) == 8 and "not built here yet" in text
     assert all(Path(path).exists() for path, _ in pictures)
 
 
 # ------------------------------------------------------------------ the service container
 def test_services_pictures_are_named_by_content_and_gpu_is_a_no_op(tmp_path, monkeypatch):
-    from explainers import services as services_module
+    from saliency_lab import services as services_module
     from explainers.models import ModelUnavailableError
 
     monkeypatch.delenv("SALIENCY_LAB_DECOY_DIR", raising=False)
@@ -414,7 +413,7 @@ def test_decoy_view_uses_a_built_test_split_when_there_is_one(tmp_path):
     import shutil
 
     from explainers.decoy import build_decoy_bloodmnist
-    from explainers.services import Services
+    from saliency_lab.services import Services
 
     source = tmp_path / "bloodmnist"
     shutil.copytree(CELLS, source / "test")
@@ -424,7 +423,7 @@ def test_decoy_view_uses_a_built_test_split_when_there_is_one(tmp_path):
     write_tiny_decoy_models(root / "weights")
     services = Services(lambda name: None, [], tmp_path / "state", weights_dir=tmp_path / "none",
                         decoy_roots=[root])
-    pictures, text = decoy_view.decoy_view(services, count=2)
+    pictures, text = learn.decoy_view(services, count=2)
     captions = [caption for _, caption in pictures]
     assert len(pictures) == 2 * 3 and captions[0] == "true: basophil (decoy test image 0)"
     assert captions[1][2:].startswith("before: c") and captions[2][2:].startswith("after CAMAL: c")

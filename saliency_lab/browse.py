@@ -7,8 +7,7 @@
 
 A public app must not browse the server's disk: every folder is resolved (symlinks and `..` included) and must
 lie inside `data_roots()`: SALIENCY_LAB_DATA_ROOTS (os.pathsep-separated), else assets/, data/ and
-../shared/data, plus SALIENCY_LAB_DECOY_DIR. Relative paths are taken from the project root. Nothing here
-imports gradio; errors are ValueError / FileNotFoundError with a message for the user.
+../shared/data, plus SALIENCY_LAB_DECOY_DIR. Relative paths are taken from the project root. Errors are ValueError / FileNotFoundError with a message for the user.
 """
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ui_helpers as ui
-from .data import open_dataset
+from explainers.data import class_names_for
+from explainers.data import open_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
@@ -76,7 +75,7 @@ def open_folder(folder, roots=None):
 
 def class_names(folder, dataset) -> list:
     """The class names of a folder (classes.txt beside it or above it), else "0", "1", ... for its labels."""
-    names = ui.class_names_for(folder) if Path(folder).is_dir() else None
+    names = class_names_for(folder) if Path(folder).is_dir() else None
     count = max(dataset.labels) + 1 if len(dataset) else 0
     return names if names and len(names) >= count else [str(i) for i in range(count)]
 
@@ -147,3 +146,27 @@ def default_data_dir() -> str:
     if (SHARED_BLOODMNIST / "labels.csv").exists():
         return str(SHARED_BLOODMNIST)
     return str(ASSETS / "bloodmnist")
+
+
+def dataset_key(folder) -> str:
+    """A stable name for a data folder (its resolved path)."""
+    return str(Path(folder).expanduser().resolve())
+
+
+def dataset_image(dataset, index: int) -> Image.Image:
+    return dataset.image(index)
+
+
+def filter_rows(rows: list, class_index=None, correctness: str = "all") -> list:
+    """Rows (dicts with label/prediction) filtered by true class and by correct/incorrect."""
+    out = []
+    for row in rows:
+        if class_index is not None and int(row["label"]) != int(class_index):
+            continue
+        correct = int(row["label"]) == int(row["prediction"])
+        if correctness == "correct" and not correct:
+            continue
+        if correctness == "incorrect" and correct:
+            continue
+        out.append(row)
+    return out

@@ -19,6 +19,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from explainers.hub import push_result  # noqa: F401  (runs inside the job; kept importable from here)
+
 CODE_MOUNT, INPUT_MOUNT = "/code", "/inputs"
 # kind -> (CLI subcommand, [(param, flag)], required params, params that are local folders to upload)
 COMMANDS = {
@@ -108,18 +110,6 @@ def prepare(kind: str, params: dict, job_id: str, token: str) -> RemoteJob:
         command += ["--push-to", result_repo]
     script = SETUP.format(code=CODE_MOUNT) + " && " + shlex.join(command)
     return RemoteJob(command=["bash", "-c", script], volumes=volumes, result_repo=result_repo, staged_repo=staged)
-
-
-def push_result(out, repo_id: str, token: str | None = None) -> None:
-    """Upload a finished run's files (`<out>.json`, weights, figures, summary) to `repo_id` (run in the job)."""
-    import huggingface_hub
-
-    out = Path(out)
-    name = out.name
-    huggingface_hub.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(out.parent),
-                                  allow_patterns=[f"{name}.*", f"{name}-*"], ignore_patterns=["*.ckpt", "*.pt"],
-                                  token=token or os.environ.get("HF_TOKEN"),
-                                  commit_message=f"Saliency Lab: {name}")
 
 
 def fetch_result(repo_id: str, weights_dir, token: str | None = None) -> dict:

@@ -6,17 +6,20 @@ one image opened with its maps, verdicts and notes saved the moment they are mad
     item = open_item(services, page.state, 0, "dr-lee")
     saved, progress = record_verdict(services, item.state, "dr-lee", "plausible", note="nucleus highlighted")
 
-`state` is a plain dict (a session's gr.State); `services` an `explainers.services.Services`. Nothing here
-imports gradio; errors meant for the user are ValueError.
+`state` is a plain dict (a session's gr.State); `services` a `saliency_lab.services.Services`. Errors meant
+for the user are ValueError.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from . import ui_helpers as ui
+from . import browse
+from explainers import engine
+from . import menus
+from . import pictures
 from .browse import PAGE, class_names, open_folder, resolve_folder
-from .data import open_dataset
+from explainers.data import open_dataset
 from .errors import is_skippable
 from .services import run_method
 
@@ -35,14 +38,14 @@ def load_review(services, folder, model_name, count, progress=None) -> tuple:
     folder = str(resolve_folder(folder))
     dataset = open_folder(folder)
     bundle = services.bundle(model_name)
-    key = ui.dataset_key(folder)
+    key = browse.dataset_key(folder)
     count = min(int(count), len(dataset))
     cached = {row["item"]: row for row in services.store.predictions(key, model_name)}
-    missing = [i for i in range(count) if ui.item_name(dataset, i) not in cached]
+    missing = [i for i in range(count) if engine.item_name(dataset, i) not in cached]
     if missing:
         if progress is not None:
             progress(0, len(missing))
-        rows = ui.predict_dataset(bundle, dataset, missing, progress=progress)
+        rows = engine.predict_dataset(bundle, dataset, missing, progress=progress)
         services.store.save_predictions(key, model_name, rows)
     rows = [r for r in services.store.predictions(key, model_name) if r["position"] < count]
     names = class_names(folder, dataset)
@@ -72,7 +75,7 @@ def filter_page(services, state, class_value="all", correctness="all", page=1, r
     if not state:
         raise ValueError("Load a data set first.")
     class_index = None if class_value in (None, "", "all") else int(class_value)
-    filtered = ui.filter_rows(state["rows"], class_index, correctness or "all")
+    filtered = browse.filter_rows(state["rows"], class_index, correctness or "all")
     state = {**state, "filtered": filtered}
     pages = max(1, (len(filtered) + PAGE - 1) // PAGE)
     page = min(max(1, int(page or 1)), pages)
@@ -124,20 +127,20 @@ def open_item(services, state, index, reviewer) -> ReviewItem:
     row = state["filtered"][index]
     bundle = services.bundle(state["model"])
     picture = open_dataset(state["folder"]).image(row["position"])
-    prepared = ui.prepare_input(picture, bundle)
+    prepared = engine.prepare_input(picture, bundle)
     items = [(prepared.display, f"image · true: {state['names'][row['label']]}")]
     used = []
-    offered = {v for _, v in ui.method_choices(bundle)}
+    offered = {v for _, v in menus.method_choices(bundle)}
     for method in [m for m in REVIEW_METHODS if m in offered][:3]:
         try:
-            record = run_method(bundle, prepared, method, row["prediction"], ui.method_options(method, bundle=bundle),
+            record = run_method(bundle, prepared, method, row["prediction"], engine.method_options(method, bundle=bundle),
                                 services.cache, curves=False)
         except (ValueError, RuntimeError) as error:
             if not is_skippable(error):
                 raise
             continue
         used.append(method)
-        items.append((ui.render_overlays(prepared, [record], 0.55, "cividis")[0][0], record["label"]))
+        items.append((pictures.render_overlays(prepared, [record], 0.55, "cividis")[0][0], record["label"]))
     saved_row = services.store.get(state["key"], row["item"], reviewer_name(reviewer)) or {}
     correct = row["label"] == row["prediction"]
     info = (f"**{row['item']}** — true class **{state['names'][row['label']]}**, predicted "

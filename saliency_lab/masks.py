@@ -10,7 +10,7 @@ from the bounding box of a painted stroke) and the user's mask sets.
 
 Coordinates are (x, y) = (column, row) pixels of the SAM view, SAM's `point_coords` order; boxes are
 [x0, y0, x1, y1]. SAM is `services.segmenters()` (or the labelled GrabCut fallback when SAM's weights are not
-available offline). Masks are stored at the image's own size. Nothing here imports gradio.
+available offline). Masks are stored at the image's own size.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from . import ui_helpers as ui
-from .images import load_image
-from .masks import MaskError, drawn_pixels, mask_from_drawing, resize_mask
+from . import pictures
+from explainers.images import load_image
+from explainers.masks import MaskError, drawn_pixels, mask_from_drawing, resize_mask
 
 EMPTY_PROMPTS = {"points": [], "labels": [], "box_corner": None, "box": None}
 MODES = ("object", "background", "box")
@@ -113,7 +113,7 @@ def segment_prompts(services, image, points, labels, box, session="api"):
     image embedding: the logic behind every click."""
     if image is None:
         raise ValueError("Load an image into the mask editor first.")
-    rgb = ui.as_rgb(image)
+    rgb = pictures.as_rgb(image)
     prepared = services.segmenters().get(rgb, session)
     return prepared.segment(points or None, labels or None, box)
 
@@ -146,13 +146,13 @@ class PromptView:
 def segment_view(services, picture, prompts, session="api", original=None) -> PromptView:
     """Segment with the prompts' points and box and draw the result."""
     result = segment_prompts(services, picture, prompts["points"], prompts["labels"], prompts["box"], session)
-    rgb = ui.as_rgb(picture)
-    view = ui.mask_overlay(rgb, result.mask, (prompts["points"], prompts["labels"]), prompts["box"])
+    rgb = pictures.as_rgb(picture)
+    view = pictures.mask_overlay(rgb, result.mask, (prompts["points"], prompts["labels"]), prompts["box"])
     note = f"Mask by **{result.source}** from {prompt_summary(prompts)}: {result.area_fraction:.0%} of the image."
     if result.is_fallback:
         note += " SAM's weights are not available offline here, so OpenCV GrabCut stands in for it."
     state = {"mask": result.mask, "source": result.source, "image": rgb, "original": original}
-    return PromptView(view, prompts, ui.mask_overlay(rgb, result.mask), state, note)
+    return PromptView(view, prompts, pictures.mask_overlay(rgb, result.mask), state, note)
 
 
 def click(services, picture, prompts, mode, x, y, session="api", original=None) -> PromptView:
@@ -161,8 +161,8 @@ def click(services, picture, prompts, mode, x, y, session="api", original=None) 
         raise ValueError(NO_IMAGE)
     prompts, ready = add_click(prompts, mode, x, y)
     if not ready:
-        rgb = ui.as_rgb(picture)
-        view = ui.mask_overlay(rgb, np.zeros(rgb.shape[:2], bool), (prompts["points"], prompts["labels"]))
+        rgb = pictures.as_rgb(picture)
+        view = pictures.mask_overlay(rgb, np.zeros(rgb.shape[:2], bool), (prompts["points"], prompts["labels"]))
         return PromptView(view, prompts, None, None, "First corner set: click the opposite corner.", ready=False)
     return segment_view(services, picture, prompts, session, original)
 
@@ -190,26 +190,26 @@ def load_picture(path) -> tuple:
     if not path:
         raise ValueError("The Explain tab has no image yet.")
     picture = np.asarray(load_image(path))
-    return picture, ui.display_rgb(picture)
+    return picture, pictures.display_rgb(picture)
 
 
 def editor_picture(value) -> tuple | None:
     """(image, SAM view) of the picture uploaded into the editor, or None when it holds none."""
-    background = ui.editor_background(value)
+    background = pictures.editor_background(value)
     if background is None:
         return None
-    rgb = ui.as_rgb(background)
-    return rgb, ui.display_rgb(rgb)
+    rgb = pictures.as_rgb(background)
+    return rgb, pictures.display_rgb(rgb)
 
 
 def drawn_mask(value) -> tuple:
     """(preview, mask_state, note) of the mask painted with the brush, at the editor image's size."""
-    background = ui.editor_background(value)
+    background = pictures.editor_background(value)
     if background is None:
         raise ValueError("Upload an image into the editor first, then paint over the region.")
-    rgb = ui.as_rgb(background)
+    rgb = pictures.as_rgb(background)
     result = mask_from_drawing(value, rgb.shape[:2])
-    return ui.mask_overlay(rgb, result.mask), {"mask": result.mask, "source": "drawn", "image": rgb}, \
+    return pictures.mask_overlay(rgb, result.mask), {"mask": result.mask, "source": "drawn", "image": rgb}, \
         f"Drawn mask: {result.area_fraction:.0%} of the image."
 
 
@@ -252,6 +252,6 @@ def mask_set_view(store, name, last: int = 24) -> tuple:
     items = []
     for entry in entries[-last:]:
         picture, mask, label = store.mask_item(entry["id"])
-        items.append((ui.mask_overlay(np.asarray(picture), mask), f"class {label} · {entry['source']}"))
+        items.append((pictures.mask_overlay(np.asarray(picture), mask), f"class {label} · {entry['source']}"))
     summary = ", ".join(f"**{n}** ({c})" for n, c in store.mask_sets()) or "none yet"
     return items, f"Mask sets: {summary}."

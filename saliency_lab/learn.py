@@ -1,14 +1,20 @@
-"""The Learn tab's decoy BloodMNIST demonstration: a model that learned the decoy square, before and after CAMAL.
+"""The Learn tab: what the methods and the scores mean, the live sanity check, and the decoy BloodMNIST
+demonstration (a model that learned the decoy square, before and after CAMAL).
 
+    for pictures, figure in sanity_run(services, "bloodmnist-cnn", ["gradcam", "random"], stages=4):
+        ...   # one more stage each time: [(file, caption)] and a plotly figure spec
     pictures, text = decoy_view(services)        # [(file, caption)] and a Markdown paragraph
 
-Per decoy test image: the image, the "before" model's Grad-CAM and prediction, the "after" (CAMAL) model's.
-The models are the decoy cards `ui_helpers.decoy_model_cards` finds (e.g. weights/decoy-bloodmnist-cnn.json
+Sanity check: the model's layers re-initialised stage by stage from the top (`explainers.sanity`, the one
+implementation), each method's map redrawn at every stage, and the rank correlation with the trained model's.
+
+Decoy view: per decoy test image, the image, the "before" model's Grad-CAM and prediction, the "after" (CAMAL)
+model's. The models are the decoy cards `decoy_model_cards` finds (e.g. weights/decoy-bloodmnist-cnn.json
 and its CAMAL fine-tune weights/decoy-bloodmnist-cnn-camal.json); their numbers come from their cards only.
 The test images come from a built decoy test split (`decoy-bloodmnist/test` under `services.decoy_roots`),
 else they are made here from the cells shipped in assets/bloodmnist: each gets a square whose colour and
 corner never match its class (`decoy_test_images`), so a model that reads the square is misled. Without any
-decoy model the shipped cells are shown with their own class's square (the training rule). No gradio here.
+decoy model the shipped cells are shown with their own class's square (the training rule).
 """
 from __future__ import annotations
 
@@ -18,12 +24,92 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from . import ui_helpers as ui
+from explainers import engine
+from explainers.data import class_names_for, open_dataset
+from explainers.decoy import CORNERS, PALETTE, add_decoy
+from explainers.images import load_image
+from explainers.metrics import spearman
+from explainers.sanity import randomization_stages
+
+from . import figures, pictures
 from .browse import ASSETS, examples_list
-from .data import open_dataset
-from .decoy import CORNERS, PALETTE, add_decoy
-from .images import load_image
+from .errors import is_skippable, user_message
 from .services import DEVICE, run_method
+
+# What the scores mean (Markdown: the Learn tab, and anywhere else the scores are explained).
+METRICS_TEXT = """
+**Deletion** removes the pixels the map calls most important first (they take the data set's mean colour)
+and plots the model's probability for the target class. A faithful map makes it fall fast: **lower deletion
+AUC is better.**
+
+**Insertion** starts from a blank (mean-colour) image and puts the most important pixels back first: a faithful
+map makes the probability rise fast: **higher insertion AUC is better.** *Insertion − deletion* sums both up.
+
+**AUC** is the area under each curve (trapezoid rule over 0-100 % of the pixels, 21 points).
+**Pointing game**: does the map's peak fall inside the expert's mask (15 px tolerance)? **IoU**: overlap of
+the map's top pixels (as many as the mask has) with the mask.
+
+**Sanity check** (Adebayo et al. 2018): re-initialise the model's layers from the top down. A map that barely
+changes did not depend on what the model learned; a faithful method's map must change (its rank correlation
+with the original falls well below 1).
+"""
+
+
+def sanity_check_stages(bundle, method: str, prepared, target: int, *, stages: int = 4,
+                        layers_per_stage: int | None = None, options: dict | None = None, seed: int = engine.SEED):
+    """Cascading randomisation (`explainers.sanity.randomization_stages`): yield (stage name, map, Spearman rho
+    with the original map) for the original model and then after re-initialising more and more of its top
+    layers. Works on a copy: the shared model is never touched."""
+    from explainers.methods import get_method
+
+    original = None
+    for name, done, maps in randomization_stages(bundle, get_method(method, **(options or {})), prepared.tensor,
+                                                 int(target), seed=seed, stages=stages,
+                                                 layers_per_stage=layers_per_stage):
+        if name is None:
+            original = maps
+            yield "original model", engine.as_map(maps), 1.0
+        else:
+            yield (f"top {done} layers randomised (down to {name})", engine.as_map(maps),
+                   float(spearman(original[0], maps[0])))
+
+
+def default_image(bundle) -> str:
+    """The first shipped photo for an ImageNet model, else the first shipped blood cell."""
+    cells, photos = examples_list()
+    return (photos if bundle.num_classes == 1000 else cells or photos)[0]
+
+
+def sanity_run(services, model_name, methods, stages=4, image_path=None, *, warn=None):
+    """Yields ([(file, caption)], figure) after every stage of every method; a method that cannot explain the
+    model is skipped (and `warn(text)` called). `image_path` defaults to `default_image`."""
+    methods = list(methods or [])
+    if not methods:
+        raise ValueError("Pick at least one method.")
+    bundle = services.bundle(model_name)
+    path = image_path or default_image(bundle)
+    prepared = engine.prepare_input(load_image(path), bundle)
+    target = engine.predict_top(bundle, prepared, 1)[0][0]
+    title = f"Sanity check on {bundle.name}"
+    items, curves = [], []
+    for method in methods:
+        try:
+            points = []
+            for stage_name, stage_map, rho in sanity_check_stages(bundle, method, prepared, target,
+                                                                     stages=int(stages)):
+                record = engine.result_record(method, target, {}, stage_map, 0.0, None, bundle)
+                items.append((pictures.render_overlays(prepared, [record], 0.6, "cividis")[0][0],
+                              f"{engine.method_label(method)} · {stage_name} · ρ={rho:.2f}"))
+                points.append((stage_name, rho))
+                yield services.pictures(items), figures.sanity_figure(curves + [(engine.method_label(method), points)], title)
+            curves.append((engine.method_label(method), points))
+        except (ValueError, RuntimeError) as error:
+            if not is_skippable(error):
+                raise
+            if warn is not None:
+                warn(f"{engine.method_label(method)} skipped: {user_message(error)}")
+    yield services.pictures(items), figures.sanity_figure(curves, title)
+
 
 CELLS = ASSETS / "bloodmnist"
 SHOWN = 192  # px: decoy images are shown enlarged (nearest), like the maps
@@ -45,7 +131,7 @@ def decoy_test_images(count: int = 4, seed: int = 0, folder=CELLS) -> list:
     CORNERS[class % 4], so the square always points a shortcut-taking model at a wrong class. The square is
     6 px at 64 px (scaled with the image), 2 px from the corner, as in `explainers.decoy`."""
     dataset = open_dataset(folder)
-    names = ui.class_names_for(folder) or []
+    names = class_names_for(folder) or []
     first = {}
     for index, label in enumerate(dataset.labels):
         first.setdefault(int(label), index)
@@ -137,7 +223,7 @@ def _read_card(path) -> dict:
 
 
 def _load(services, card: Path):
-    from .camal import load_bundle
+    from explainers.camal import load_bundle
 
     key = ("decoy", str(card), card.stat().st_mtime_ns)  # a re-trained model is loaded again
     return services.cached(key, lambda: load_bundle(str(card), device=DEVICE))
@@ -161,12 +247,12 @@ def decoy_view(services, count: int = 4, seed: int = 0) -> tuple:
     """([(file, caption)], Markdown): decoy test images with the before/after models' Grad-CAM and predictions."""
     roots = services.decoy_roots
     split = decoy_test_split(roots)
-    before, after = ui.decoy_model_cards([services.weights_dir] + [Path(root) / "weights" for root in roots])
+    before, after = decoy_model_cards([services.weights_dir] + [Path(root) / "weights" for root in roots])
     if split is None and before is None and after is None:
         return training_rule_examples(services)
     if split is not None:
         dataset = open_dataset(split)
-        names = ui.class_names_for(split) or []
+        names = class_names_for(split) or []
         images = []
         for index in range(min(count, len(dataset))):
             label = int(dataset.labels[index])
@@ -187,11 +273,11 @@ def decoy_view(services, count: int = 4, seed: int = 0) -> tuple:
     for picture, label, caption in images:
         items.append((picture.resize((SHOWN, SHOWN), Image.NEAREST), caption))
         for tag, card, bundle, numbers, headline in models:
-            prepared = ui.prepare_input(picture, bundle)
-            target, name, probability = ui.predict_top(bundle, prepared, 1)[0]
+            prepared = engine.prepare_input(picture, bundle)
+            target, name, probability = engine.predict_top(bundle, prepared, 1)[0]
             record = run_method(bundle, prepared, "gradcam", target, {}, services.cache, curves=False)
             right[tag] += int(target == label)
-            items.append((ui.render_overlays(prepared, [record], 0.6, "cividis")[0][0],
+            items.append((pictures.render_overlays(prepared, [record], 0.6, "cividis")[0][0],
                           f"{'✓' if target == label else '✗'} {tag}: {name} {probability:.0%}"))
     lines = [source]
     if not models:
@@ -206,3 +292,35 @@ def decoy_view(services, count: int = 4, seed: int = 0) -> tuple:
     if models and before is None:
         lines.append("No decoy-trained model found (only its CAMAL fine-tune).")
     return services.pictures(items, "png"), "\n\n".join(lines)
+
+
+def decoy_model_cards(folders) -> tuple:
+    """(before, after) model cards among `*decoy*.json` in the folders (earlier folders first): a classifier
+    trained on decoy BloodMNIST and a CAMAL fine-tune (a card with a 'camal' record); None where missing.
+    A fine-tune whose `camal.base_model` (a name or a card path) is one of the decoy classifiers is paired
+    with it (e.g. decoy-bloodmnist-cnn and decoy-bloodmnist-cnn-camal)."""
+    befores, afters = [], []
+    for folder in folders:
+        folder = Path(folder)
+        if not folder.is_dir():
+            continue
+        for card_file in sorted(folder.glob("*decoy*.json")):
+            if card_file.name.startswith("aha-"):
+                continue
+            try:
+                card = json.loads(card_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(card, dict) or card.get("kind") not in (None, "classifier"):
+                continue
+            if card.get("camal"):
+                afters.append((card_file, card))
+            else:
+                befores.append((card_file, card))
+    for after_file, card in afters:
+        base = str((card.get("camal") or {}).get("base_model") or card.get("base_model") or "")
+        base_name = Path(base).stem if base.endswith(".json") else Path(base).name
+        pair = next((before_file for before_file, _ in befores if before_file.stem == base_name), None)
+        if pair is not None:
+            return pair, after_file
+    return (befores[0][0] if befores else None), (afters[0][0] if afters else None)

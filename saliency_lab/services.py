@@ -4,11 +4,11 @@
     bundle = services.bundle("bloodmnist-cnn")          # the model zoo's cached loader
     record = run_method(bundle, prepared, "gradcam", target, {}, services.cache)
     paths = services.pictures([(overlay, "Grad-CAM")])   # [(file, caption)], named by content
-    runner = services.runner()                           # fine-tune jobs (explainers.jobs)
+    runner = services.runner()                           # fine-tune jobs (saliency_lab.jobs)
     segmenters = services.segmenters()                   # SAM (or GrabCut) embeddings per session
 
 `gpu(duration)` is `spaces.GPU(duration=...)` when the app imported `spaces` before torch (ZeroGPU), else a
-no-op: the same functions run on a CPU, a GPU or a ZeroGPU Space. Nothing here imports gradio.
+no-op: the same functions run on a CPU, a GPU or a ZeroGPU Space.
 """
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from pathlib import Path
 
 import torch
 
-from . import ui_helpers as ui
-from .models import ModelUnavailableError, load_model
-from .review import ReviewStore
+from explainers import engine
+from explainers import engine
+from explainers.images import png_bytes
+from explainers.models import ModelUnavailableError, load_model
+from .review_store import ReviewStore
 
 
 def gpu(duration: int = 60):
@@ -58,14 +60,14 @@ def default_loader(name):
 
 @gpu(60)
 def run_method(bundle, prepared, method, target, options, cache, curves=True):
-    """`ui_helpers.run_method` as a GPU entry point (one method's map, and its curves unless curves=False)."""
-    return ui.run_method(bundle, prepared, method, target, options, cache=cache, curves=curves)
+    """`explainers.engine.run_method` as a GPU entry point (one method's map, and its curves unless curves=False)."""
+    return engine.run_method(bundle, prepared, method, target, options, cache=cache, curves=curves)
 
 
 @gpu(60)
 def add_curves(bundle, prepared, record, cache):
-    """`ui_helpers.add_curves` as a GPU entry point (deletion and insertion curves of one map)."""
-    return ui.add_curves(bundle, prepared, record, cache)
+    """`explainers.engine.add_curves` as a GPU entry point (deletion and insertion curves of one map)."""
+    return engine.add_curves(bundle, prepared, record, cache)
 
 
 class Services:
@@ -79,14 +81,14 @@ class Services:
 
     def __init__(self, loader, model_names, state_dir, jobs_root=None, sam_variant="auto", hf_token=None,
                  weights_dir=None, parallel=1, decoy_roots=None):
-        from .models import WEIGHTS_DIR
+        from explainers.models import WEIGHTS_DIR
 
         self.loader = loader
         self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
         self.model_names = model_names
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.cache = ui.ExplanationCache(parallel=parallel)
+        self.cache = engine.ExplanationCache(parallel=parallel)
         self.store = ReviewStore(self.state_dir / "review.sqlite")
         self.downloads = Path(tempfile.mkdtemp(prefix="saliency-lab-"))
         self.jobs_root = Path(jobs_root or self.state_dir / "jobs")
@@ -117,12 +119,12 @@ class Services:
         folder.mkdir(exist_ok=True)
         out = []
         for picture, text in items:
-            buffer = io.BytesIO()
             if fmt == "png":
-                picture.save(buffer, format="PNG", compress_level=1)
+                data = png_bytes(picture, compress_level=1)
             else:
+                buffer = io.BytesIO()
                 picture.convert("RGB").save(buffer, format="JPEG", quality=92, subsampling=0)
-            data = buffer.getvalue()
+                data = buffer.getvalue()
             path = folder / f"{hashlib.sha1(data).hexdigest()[:24]}.{'png' if fmt == 'png' else 'jpg'}"
             if not path.exists():
                 path.write_bytes(data)
@@ -159,12 +161,8 @@ class Services:
         """The fine-tune job runner (started on first use), with the 'camal' job kind registered."""
         with self._lock:
             if self._runner is None:
-                from .jobs import JobRunner
+                from .jobs import JobRunner  # registers the 'camal' job kind
 
-                try:
-                    from . import camal  # noqa: F401  (registers the 'camal' job kind)
-                except ImportError:
-                    pass
                 self._runner = JobRunner(self.jobs_root, hf_token=self.hf_token, results_dir=self.weights_dir)
             return self._runner
 
@@ -172,7 +170,7 @@ class Services:
         """SAM (or the labelled GrabCut fallback) with one prepared image per session (8 sessions at most)."""
         with self._lock:
             if self._segmenter_cache is None:
-                from .masks import SegmenterCache, get_segmenter
+                from explainers.masks import SegmenterCache, get_segmenter
 
                 self._segmenter_cache = SegmenterCache(get_segmenter(self.sam_variant), max_sessions=8)
             return self._segmenter_cache

@@ -1,0 +1,186 @@
+"""The app's plotly figures as plain JSON-ready specs (deletion/insertion curves, GradSkip's head weights, the
+sanity check, fine-tune progress) and its score table. Only `FigureSpec.to_plotly()` imports plotly.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from explainers.methods import METHODS, ordered
+
+FALLBACK_COLORS = ("#000000", "#F0E442", "#882255", "#44AA99")
+
+
+def palette() -> list:
+    """Every method's colour, in menu order (Okabe-Ito: colour-blind safe)."""
+    return [METHODS[n].colour for n in ordered(METHODS) if METHODS[n].colour]
+
+
+def color_for(method: str, index: int = 0) -> str:
+    cls = METHODS.get(method)
+    return (cls.colour if cls is not None and cls.colour else None) or FALLBACK_COLORS[index % len(FALLBACK_COLORS)]
+
+
+class FigureSpec:
+    """A plotly figure as plain JSON-ready dicts: `to_json()` is what a browser's Plotly.react needs (gr.Plot
+    accepts this object as it accepts a plotly Figure), `to_plotly()` builds a real `plotly.graph_objects.Figure`.
+    Plain dicts because building a validated plotly Figure costs ~80 ms per redraw on a small CPU."""
+
+    def __init__(self, data=None, layout=None):
+        self.data = list(data or [])
+        self.layout = dict(layout or {})
+
+    def to_dict(self) -> dict:
+        return {"data": self.data, "layout": self.layout}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=_json_default)
+
+    def to_plotly(self):
+        import plotly.graph_objects as go
+
+        return go.Figure(self.to_dict())
+
+    def show(self):  # pragma: no cover - interactive use
+        return self.to_plotly().show()
+
+
+def _json_default(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+GRID = "#E5ECF6"
+
+
+def _axis(**kwargs) -> dict:
+    return {"gridcolor": GRID, "linecolor": "#BCCCDC", "zerolinecolor": GRID, "automargin": True, **kwargs}
+
+
+def _layout(title: str, height: int, **kwargs) -> dict:
+    return {"title": {"text": title, "font": {"size": 15}}, "height": height, "paper_bgcolor": "white",
+            "plot_bgcolor": "white", "font": {"color": "#2a3f5f", "family": "system-ui, sans-serif"},
+            "margin": {"l": 60, "r": 20, "t": 50, "b": 40}, **kwargs}
+
+
+def curves_figure(results: list, title: str | None = None) -> FigureSpec:
+    """Deletion (solid) and insertion (dashed) curves of every method on the same axes; AUCs in the legend."""
+    data = []
+    for index, record in enumerate(results):
+        if record.get("fractions") is None:
+            continue
+        colour = color_for(record["method"], index)
+        x = [100 * f for f in record["fractions"]]
+        data.append({"type": "scatter", "x": x, "y": record["deletion"], "mode": "lines+markers",
+                     "line": {"color": colour, "width": 2.5}, "marker": {"size": 5},
+                     "name": f"{record['label']} deletion · AUC {record['deletion_auc']:.3f} (lower is better)",
+                     "legendgroup": record["method"], "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"})
+        data.append({"type": "scatter", "x": x, "y": record["insertion"], "mode": "lines+markers",
+                     "line": {"color": colour, "width": 2.5, "dash": "dash"}, "marker": {"size": 5, "symbol": "diamond"},
+                     "name": f"{record['label']} insertion · AUC {record['insertion_auc']:.3f} (higher is better)",
+                     "legendgroup": record["method"], "hovertemplate": "%{x:.0f}% inserted: p=%{y:.3f}<extra></extra>"})
+    target = results[0]["target_name"] if results else ""
+    layout = _layout(title or (f"Deletion and insertion for '{target}'" if target else "Deletion and insertion"), 520,
+                     xaxis=_axis(title={"text": "pixels deleted (solid) / inserted (dashed), most important first (%)"},
+                                 range=[0, 100]),
+                     yaxis=_axis(title={"text": "probability of the target class"}, range=[0, 1.02]),
+                     legend={"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0,
+                             "font": {"size": 11}},
+                     hovermode="x unified", margin={"l": 60, "r": 20, "t": 50, "b": 130})
+    return FigureSpec(data, layout)
+
+
+def empty_figure(message: str) -> FigureSpec:
+    layout = _layout("", 300, xaxis={"visible": False}, yaxis={"visible": False},
+                     annotations=[{"text": message, "showarrow": False, "font": {"size": 14, "color": "#555"},
+                                   "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}],
+                     margin={"l": 20, "r": 20, "t": 20, "b": 20})
+    return FigureSpec([], layout)
+
+
+def head_weights_figure(diagnostics: dict) -> FigureSpec:
+    """GradSkip's head weights (layers x heads) as a heatmap."""
+    weights = np.asarray(diagnostics["head_weights"], dtype=float)
+    data = [{"type": "heatmap", "z": weights.round(4).tolist(), "colorscale": "Cividis",
+             "colorbar": {"title": {"text": "weight"}},
+             "x": [f"h{h}" for h in range(weights.shape[1])], "y": [f"block {b}" for b in range(weights.shape[0])],
+             "hovertemplate": "%{y}, %{x}: %{z:.3f}<extra></extra>"}]
+    layout = _layout(f"GradSkip head weights (alpha = {diagnostics['alpha']:.2f})", 320,
+                     margin={"l": 70, "r": 20, "t": 45, "b": 30})
+    return FigureSpec(data, layout)
+
+
+def auc_table(results: list) -> list:
+    """Rows [method, options, deletion AUC, insertion AUC, ins - del, ms] for a table."""
+    rows = []
+    for record in results:
+        dele, ins = record.get("deletion_auc"), record.get("insertion_auc")
+        rows.append([record["label"], ", ".join(f"{k}={v}" for k, v in record["options"].items()) or "-",
+                     None if dele is None else round(dele, 4), None if ins is None else round(ins, 4),
+                     None if dele is None else round(ins - dele, 4), round(1000 * record["seconds"], 1)])
+    return rows
+
+
+AUC_HEADERS = ["method", "options", "deletion AUC (lower is better)", "insertion AUC (higher is better)",
+               "insertion − deletion", "map time (ms)"]
+
+
+
+def sanity_figure(stages: list, title: str = "Sanity check") -> FigureSpec:
+    """Spearman rho of each stage's map with the original map, per method: [(method label, [(stage, rho)])]."""
+    colours = palette()
+    data = []
+    for index, (label, points) in enumerate(stages):
+        data.append({"type": "scatter", "x": list(range(len(points))), "y": [rho for _, rho in points],
+                     "mode": "lines+markers", "name": label, "text": [name for name, _ in points],
+                     "line": {"color": colours[index % len(colours)], "width": 2.5},
+                     "hovertemplate": "%{text}: rho=%{y:.3f}<extra></extra>"})
+    layout = _layout(title, 340, xaxis=_axis(title={"text": "randomisation stage (0 = trained model)"}, dtick=1),
+                     yaxis=_axis(title={"text": "rank correlation with the original map"}, range=[-0.2, 1.05]),
+                     legend={"orientation": "h", "y": -0.25},
+                     shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
+                              "line": {"color": "#999", "dash": "dot"}}])
+    return FigureSpec(data, layout)
+
+
+
+# ------------------------------------------------------------------------------------------------
+# Fine-tune jobs
+# ------------------------------------------------------------------------------------------------
+JOB_SERIES = {"loss": ("loss (total)", "y"), "ce": ("cross-entropy", "y"), "reg": ("mask loss (outside − inside)", "y"),
+              "alpha": ("mean CAM inside mask", "y2"), "beta": ("mean CAM outside mask", "y2"),
+              "iou": ("IoU", "y2"), "accuracy": ("accuracy", "y2")}
+
+
+def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:
+    """Loss terms (left axis) and the CAM inside/outside the masks, IoU, accuracy (right axis) against the step,
+    from JobRunner.history(); `before_iou` (if reported) is drawn as a dotted reference line."""
+    colours = palette()
+    data, shapes, annotations = [], [], []
+    for index, (key, (label, axis)) in enumerate(JOB_SERIES.items()):
+        points = [(p.get("step"), p[key]) for p in history if isinstance(p.get(key), (int, float))]
+        if not points:
+            continue
+        data.append({"type": "scatter", "x": [s for s, _ in points], "y": [v for _, v in points],
+                     "mode": "lines+markers", "name": label, "yaxis": axis, "marker": {"size": 4},
+                     "line": {"color": colours[index % len(colours)], "width": 2,
+                              "dash": "dot" if axis == "y2" else "solid"}})
+    for point in history:
+        if isinstance(point.get("before_iou"), (int, float)):
+            shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y2", "y0": point["before_iou"],
+                           "y1": point["before_iou"], "line": {"color": "#999", "dash": "dot"}})
+            annotations.append({"text": f"IoU before {point['before_iou']:.2f}", "xref": "paper", "x": 1,
+                                "yref": "y2", "y": point["before_iou"], "showarrow": False, "xanchor": "right"})
+            break
+    layout = _layout(title, 340, xaxis=_axis(title={"text": "step"}), yaxis=_axis(title={"text": "loss"}),
+                     yaxis2={"title": {"text": "CAM share / IoU"}, "overlaying": "y", "side": "right",
+                             "range": [0, 1], "showgrid": False},
+                     margin={"l": 60, "r": 60, "t": 45, "b": 40}, legend={"orientation": "h", "y": -0.25},
+                     shapes=shapes, annotations=annotations)
+    return FigureSpec(data, layout)
+
+

@@ -1,0 +1,147 @@
+"""The app's menus: models (bundled, fine-tuned, hub, in memory) and methods, built from the model zoo and the
+method registry (each method class declares its label, order, defaults and menu note: adding a method is one
+file in `explainers/methods/`).
+
+    model_choices(list_models())       # [(label, name)] for a dropdown
+    method_choices(bundle)             # [(label, name)] of the methods that can explain this model
+    default_methods(bundle)            # the two ticked at first
+    sliders()                          # [(method name, Option)] of every method's user options, in slider order
+"""
+from __future__ import annotations
+
+import json
+
+from explainers import models as models_module
+from explainers.engine import method_label
+from explainers.methods import METHODS, available_methods, get_method, ordered
+
+__all__ = ["model_kind", "model_available", "model_label", "model_choices", "default_model", "method_order",
+           "method_label", "method_choices", "method_ready", "default_methods", "method_descriptions", "sliders",
+           "methods_with_option"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------
+def model_kind(name: str) -> str:
+    """'bundled', 'fine-tuned', 'hub' or 'memory' (a registered in-memory model, e.g. in tests)."""
+    if name in models_module.BUNDLED_MODELS:
+        return "bundled"
+    if name in models_module.HUB_MODELS:
+        return "hub"
+    try:
+        if models_module.card_path(name).exists():
+            return "fine-tuned"
+    except ValueError:
+        pass
+    if models_module.is_loaded(name):
+        return "memory"
+    return "hub"
+
+
+def model_available(name: str) -> bool:
+    """Whether `load_model(name)` can succeed offline without a download (hub models: cached?)."""
+    if models_module.is_loaded(name):
+        return True
+    if name == "efficientnet-lite0":
+        return True
+    kind = model_kind(name)
+    if kind in ("bundled", "fine-tuned"):
+        try:
+            card_file = models_module.card_path(name)
+            card = json.loads(card_file.read_text())
+            return (models_module.WEIGHTS_DIR / card.get("weights_file", f"{name}.safetensors")).exists()
+        except (OSError, ValueError):
+            return False
+    cache = models_module.HUB_CACHE_DIR
+    return cache.exists() and any(cache.glob(f"models--timm--{name}*"))
+
+
+def model_label(name: str) -> str:
+    kind = model_kind(name)
+    if kind == "bundled":
+        return f"{name} · bundled" if model_available(name) else f"{name} · bundled (not trained yet)"
+    if kind == "fine-tuned":
+        return f"{name} · fine-tuned"
+    if kind == "memory":
+        return f"{name} · in memory"
+    return f"{name} · hub (cached)" if model_available(name) else f"{name} · hub (downloads on first use)"
+
+
+def model_choices(names=None) -> list:
+    """[(label, name)] for a dropdown: bundled first, then fine-tuned, then hub (the order of list_models)."""
+    names = list(names) if names is not None else models_module.list_models()
+    return [(model_label(n), n) for n in names]
+
+
+def default_model(names) -> str | None:
+    """The first available of bloodmnist-vit, bloodmnist-cnn, efficientnet-lite0, else the first name."""
+    names = list(names)
+    for preferred in ("bloodmnist-vit", "bloodmnist-cnn", "efficientnet-lite0"):
+        if preferred in names and model_available(preferred):
+            return preferred
+    for name in names:
+        if model_available(name):
+            return name
+    return names[0] if names else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Methods
+# ------------------------------------------------------------------------------------------------
+def method_order(names) -> list:
+    """Names in menu order (each method class's `order`; unknown names last, alphabetically)."""
+    return ordered(names)
+
+
+def method_choices(bundle, include_random: bool = False) -> list:
+    """[(label, name)] of the methods that can explain this model, in the UI's order (baselines such as the
+    random map only with include_random); each label carries its class's `menu_note` for this model."""
+    names = [n for n in available_methods(bundle) if include_random or not METHODS[n].baseline]
+    choices = []
+    for name in method_order(names):
+        label = method_label(name)
+        note = METHODS[name].menu_note(bundle)
+        if note:
+            label += f" · {note}"
+        choices.append((label, name))
+    return choices
+
+
+def method_ready(bundle, name: str) -> bool:
+    """Whether the method can explain this model now (AHA also needs a trained explainer for it)."""
+    try:
+        get_method(name).check(bundle)
+        return True
+    except Exception:  # noqa: BLE001 - MethodNotApplicable and friends: not ready
+        return False
+
+
+def default_methods(bundle) -> list:
+    """Two methods to start with: the ones whose class says `default_for(bundle)` (AHA when trained for this
+    model, GradSkip on ViTs, Grad-CAM elsewhere), then others in menu order that are quick on this model
+    (`quick_on`: RISE only on small inputs); baselines never."""
+    names = [n for n in available_methods(bundle) if not METHODS[n].baseline]
+    chosen = [m for m in method_order(names) if METHODS[m].default_for(bundle) and method_ready(bundle, m)]
+    for name in method_order(names):
+        if len(chosen) >= 2:
+            break
+        if name not in chosen and METHODS[name].quick_on(bundle) and method_ready(bundle, name):
+            chosen.append(name)
+    return chosen
+
+
+def method_descriptions() -> list:
+    """[(label, description)] of every registered method, in the UI's order."""
+    return [(method_label(n), METHODS[n].description) for n in method_order(list(METHODS))]
+
+
+def sliders() -> list:
+    """[(method name, Option)] of every registered method's user options, in slider order (`Option.rank`)."""
+    found = [(name, option) for name in method_order(list(METHODS)) for option in METHODS[name].user_options]
+    return sorted(found, key=lambda item: item[1].rank)
+
+
+def methods_with_option(name: str) -> list:
+    """The methods that declare a user option of this name."""
+    return [m for m, option in sliders() if option.name == name]

@@ -1,0 +1,89 @@
+"""The app's pictures: maps blended over the displayed image with their captions, and the mask editor's views
+(a mask tinted over the image with SAM's clicked points and box, small images enlarged for clicking).
+"""
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from explainers.engine import PreparedInput
+from explainers.images import map_to_original, overlay
+
+def map_to_display(record: dict, prepared: PreparedInput) -> np.ndarray:
+    return map_to_original(record["map"], prepared.display_geometry)
+
+
+def render_overlays(prepared: PreparedInput, results: list, opacity: float = 0.5, colormap: str = "cividis") -> list:
+    """[(PIL overlay, caption)] in the display image's size, one per result."""
+    items = []
+    for record in results:
+        picture = overlay(prepared.display, map_to_display(record, prepared), opacity=float(opacity), colormap=colormap)
+        items.append((picture, caption(record)))
+    return items
+
+
+def caption(record: dict) -> str:
+    text = f"{record['label']} · {record['target_name']}"
+    option_text = ", ".join(f"{k}={v}" for k, v in record["options"].items())
+    if option_text:
+        text += f" ({option_text})"
+    if record.get("deletion_auc") is not None:
+        text += f" · del {record['deletion_auc']:.3f} ↓ · ins {record['insertion_auc']:.3f} ↑"
+    return text
+
+
+
+def mask_overlay(image: np.ndarray, mask: np.ndarray, points=None, box=None) -> Image.Image:
+    """The image with the mask tinted blue (Okabe-Ito), clicked points (green: object, orange: background) and a box."""
+    base = Image.fromarray(np.asarray(image, dtype=np.uint8)).convert("RGB")
+    tint = np.asarray(base, dtype=np.float32).copy()
+    colour = np.array([0, 114, 178], dtype=np.float32)  # Okabe-Ito blue
+    tint[mask] = 0.45 * tint[mask] + 0.55 * colour
+    picture = Image.fromarray(tint.astype(np.uint8))
+    if points or box:
+        from PIL import ImageDraw
+
+        draw = ImageDraw.Draw(picture)
+        radius = max(3, round(0.015 * max(picture.size)))
+        for (x, y), lab in zip(*(points or ([], []))):
+            fill = (0, 158, 115) if lab else (213, 94, 0)
+            draw.ellipse([x - radius, y - radius, x + radius, y + radius], fill=fill, outline=(255, 255, 255), width=2)
+        if box:
+            draw.rectangle(box, outline=(230, 159, 0), width=max(2, radius // 2))
+    return picture
+
+
+def display_rgb(rgb, minimum: int = 320) -> np.ndarray:
+    """Small images (BloodMNIST's 64 px) enlarged so that points can be clicked precisely (H x W x 3 uint8)."""
+    rgb = np.asarray(rgb, dtype=np.uint8)
+    longest = max(rgb.shape[:2])
+    if longest >= minimum:
+        return rgb
+    scale = minimum / longest
+    size = (round(rgb.shape[1] * scale), round(rgb.shape[0] * scale))
+    return np.asarray(Image.fromarray(rgb).resize(size, Image.Resampling.LANCZOS))
+
+
+def editor_background(value):
+    """The uploaded picture inside a gr.ImageEditor / gr.ImageMask value (or the value itself), or None."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        background = value.get("background")
+        if background is None:
+            background = value.get("composite")
+        return None if background is None else np.asarray(background)
+    return np.asarray(value)
+
+
+def as_rgb(array) -> np.ndarray:
+    """H x W, H x W x 3 or H x W x 4 (alpha over white) -> H x W x 3 uint8."""
+    array = np.asarray(array)
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=2)
+    if array.shape[-1] == 4:
+        rgb = array[..., :3].astype(np.float32)
+        alpha = array[..., 3:4].astype(np.float32) / 255.0
+        array = (rgb * alpha + 255.0 * (1 - alpha)).round().astype(np.uint8)
+    return np.ascontiguousarray(array[..., :3].astype(np.uint8))
+

@@ -1,0 +1,74 @@
+"""The two layers: the library (`explainers`) never imports the UI (gradio, plotly) or the app's service layer
+(`saliency_lab`). Every library module is imported in a fresh interpreter with those packages blocked by a
+meta-path finder that raises, so a module imported earlier in this test session cannot hide a violation."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = r'''
+import importlib, json, pkgutil, sys
+
+BLOCKED = ("gradio", "plotly", "saliency_lab")
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"the library imported {name!r}, which it must never do")
+        return None
+
+sys.meta_path.insert(0, Block())
+import explainers
+names = sorted(m.name for m in pkgutil.walk_packages(explainers.__path__, "explainers.")
+               if not m.name.endswith("__main__"))
+failures = {}
+for name in names:
+    try:
+        importlib.import_module(name)
+    except ImportError as error:
+        failures[name] = str(error)
+light = [name for name in BLOCKED if name in sys.modules]
+print(json.dumps({"modules": names, "failures": failures, "loaded": light}))
+'''
+
+
+def run_probe(code: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_library_never_imports_the_ui_or_the_app():
+    result = run_probe(PROBE)
+    assert len(result["modules"]) >= 25, result["modules"]  # every library module was reached
+    for expected in ("explainers.engine", "explainers.methods.gradskip", "explainers.aha.train", "explainers.camal",
+                     "explainers.cli", "explainers.sanity"):
+        assert expected in result["modules"]
+    assert result["failures"] == {} and result["loaded"] == []
+
+
+def test_the_probe_catches_a_violation():
+    """The same finder, with a library module that reaches the app: it must be reported (the test can fail)."""
+    code = PROBE.replace("import explainers\n", "import explainers\nimport explainers.models as _m\n", 1)
+    code = code.replace("failures = {}", "failures = {}\ntry:\n    import saliency_lab.menus\nexcept ImportError as e:\n"
+                                         "    failures['probe'] = str(e)")
+    result = run_probe(code)
+    assert "saliency_lab" in result["failures"]["probe"]
+
+
+def _loaded_after(statement: str) -> list:
+    code = (f"import sys; {statement}; print(__import__('json').dumps(sorted(m for m in "
+            "('gradio', 'plotly', 'saliency_lab', 'timm', 'torch') if m in sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_explainers_is_light():
+    assert _loaded_after("import explainers") == []  # the public API loads on first use
+    assert _loaded_after("import explainers, explainers.methods, explainers.metrics") == ["timm", "torch"]
+    assert _loaded_after("import explainers; explainers.get_method") == ["timm", "torch"]
