@@ -1,0 +1,89 @@
+"""AHA without a trained explainer (methods.md section 2): optimise the same differentiable objective for
+ONE image and class, directly on a free G x G map that starts from a prior (attention rollout for class-token
+ViTs, Grad-CAM otherwise). It costs `steps` forward + backward passes of the classifier on the perturbed
+images, so it is slow next to the one-pass explainer, and is the fallback for every model that has none
+(hub models, fine-tunes, a user's own). The classifier's weights and flags are never changed: the gradient
+is taken with respect to the map only.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .objective import TAU_END, aha_loss, default_fractions, grid_range, reference_batch
+
+PER_IMAGE_STEPS = 20
+PER_IMAGE_LR = 0.1
+PER_IMAGE_MAX_GRID = 14  # d = 196 cells: the sort's cost grows with d^2, and 14 x 14 is ViT-B/16's own grid
+
+
+def per_image_grid(image_hw) -> int:
+    return min(PER_IMAGE_MAX_GRID, grid_range(image_hw)[1])
+
+
+def prior_method(bundle) -> str:
+    """The prior the optimisation starts from: rollout on class-token ViTs (a patch-token CAM points the wrong
+    way there), Grad-CAM on everything else."""
+    from .network import _pools_class_token
+
+    if getattr(bundle, "is_vit", False) and _pools_class_token(bundle.network):
+        return "rollout"
+    return "gradcam"
+
+
+def _standardised(cells: torch.Tensor) -> torch.Tensor:
+    flat = cells.flatten(1)
+    return ((flat - flat.mean(1, keepdim=True)) / flat.std(1, keepdim=True, unbiased=False).clamp_min(1e-6)).view_as(cells)
+
+
+def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps: int = PER_IMAGE_STEPS,
+                  lr: float = PER_IMAGE_LR, grid: int | None = None, tau: float = TAU_END, reference: str = "mean",
+                  prior_maps: torch.Tensor | None = None, progress=None, history: list | None = None) -> torch.Tensor:
+    """B x H x W maps (unbounded, higher = more important) after `steps` Adam steps of the AHA loss on a free
+    G x G map per image. `progress(done, total)` is called after every step (for a progress bar)."""
+    from ..methods import get_method
+
+    image_hw = tuple(images.shape[-2:])
+    targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
+    grid = grid or per_image_grid(image_hw)
+    if prior_maps is None:
+        prior_maps = get_method(prior_method(bundle)).attribute(bundle, images, targets).detach()
+    prior_cells = _standardised(F.adaptive_avg_pool2d(prior_maps.unsqueeze(1).float(), grid))  # B x 1 x G x G
+    if steps == 0:
+        return F.interpolate(prior_cells, size=image_hw, mode="bilinear", align_corners=False).squeeze(1)
+    fractions = default_fractions()
+    with torch.no_grad():
+        references = reference_batch(images, reference, bundle.reference_color)
+        both = bundle(torch.cat([images, references])).float().softmax(1)
+        b = images.shape[0]
+        index = torch.arange(b, device=images.device)
+        clean, blank = both[:b][index, targets], both[b:][index, targets]
+    cells = prior_cells.clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([cells], lr=lr)
+    total = steps * b
+    for step in range(steps):
+        with torch.enable_grad():
+            maps = F.interpolate(cells, size=image_hw, mode="bilinear", align_corners=False).squeeze(1)
+            terms = aha_loss(bundle, images, maps, targets, references, grid=grid, tau=tau, fractions=fractions,
+                             noise=False, endpoint_probs=(clean, blank), reduce=False)
+            # a sum: every image's map has its own gradient, as if optimised alone
+            (gradient,) = torch.autograd.grad(terms.loss.sum(), [cells])
+        cells.grad = gradient
+        optimizer.step()
+        if history is not None:
+            history.append([float(v) for v in terms.loss.detach()])
+        if progress is not None:
+            progress((step + 1) * b, total)
+    with torch.no_grad():
+        return F.interpolate(cells.detach(), size=image_hw, mode="bilinear", align_corners=False).squeeze(1)
+
+
+def expected_seconds(bundle, steps: int = PER_IMAGE_STEPS, images: int = 1) -> float:
+    """A measured estimate: one optimisation step on a blank image of the model's size, times the steps."""
+    x = torch.full((1, 3, *bundle.input_size), 0.5, device=bundle.device)
+    started = time.perf_counter()
+    optimise_maps(bundle, x, torch.zeros(1, dtype=torch.long, device=bundle.device), steps=1,
+                  prior_maps=torch.rand(1, *bundle.input_size, generator=torch.Generator().manual_seed(0)).to(bundle.device))
+    return (time.perf_counter() - started) * steps * images
