@@ -308,7 +308,7 @@ def cached_result(cache, bundle, prepared: PreparedInput, method: str, target: i
 
 def run_method(bundle, prepared: PreparedInput, method: str, target: int, options: dict | None = None, *,
                cache: ExplanationCache | None = None, curves: bool = True, steps: int = 20,
-               reference: str = "mean") -> dict:
+               reference: str = "mean", progress=None) -> dict:
     """One method's map (and curves) for one image and target, as a `result_record`.
 
     The map and the curves are cached separately (a map shown first, its curves added later, is computed once).
@@ -333,15 +333,24 @@ def run_method(bundle, prepared: PreparedInput, method: str, target: int, option
             method_obj = get_method(method, **options)
             method_obj.check(bundle)
             torch.manual_seed(SEED)
+            extra = {"progress": progress} if progress is not None and _accepts_progress(method_obj) else {}
             with bundle.lock:
                 maps = as_map(method_obj.attribute(bundle, prepared.tensor,
-                                                   as_targets(target, 1, prepared.tensor.device)))
+                                                   as_targets(target, 1, prepared.tensor.device), **extra))
         result = result_record(method, target, options, maps, time.perf_counter() - started, None, bundle)
+        if not _live(method):  # what the method resolved (e.g. AHA's mode) travels with the result
+            result["options"].update(getattr(method_obj, "resolved_options", None) or {})
         if cache:
             cache.put(map_key, copy.deepcopy(result))
     if curves:
         result = add_curves(bundle, prepared, result, cache, steps=steps, reference=reference)
     return result
+
+
+def _accepts_progress(method_obj) -> bool:
+    import inspect
+
+    return "progress" in inspect.signature(method_obj.attribute).parameters
 
 
 def add_curves(bundle, prepared: PreparedInput, record: dict, cache: ExplanationCache | None = None, *,

@@ -296,9 +296,38 @@ def test_method_without_explainer_says_how_to_train_one():
     forget_explainers()
     bundle = tiny_cnn("no-explainer-here")
     with pytest.raises(MethodNotApplicable, match="train-aha --model no-explainer-here"):
-        get_method("aha").check(bundle)
+        get_method("aha", mode="trained").check(bundle)
     with pytest.raises(ValueError, match="0..10"):
         get_method("aha", refine_steps=11)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        get_method("aha", mode="fast")
+    assert "per-image optimisation" in type(get_method("aha")).menu_note(bundle)
+
+
+def test_per_image_mode_runs_without_an_explainer_and_improves_on_its_prior(trained_cnn):
+    """No trained explainer: `aha` optimises the objective for the image from Grad-CAM, says so, and the hard
+    deletion/insertion of its maps beat the prior's."""
+    from explainers.methods import get_method
+
+    forget_explainers()
+    bundle = trained_cnn
+    images, _ = quadrant_images(6, seed=21)
+    with torch.no_grad():
+        targets = bundle(images).argmax(1)
+    flags = [p.requires_grad for p in bundle.network.parameters()]
+    method = get_method("aha", per_image_steps=15)
+    method.check(bundle)
+    calls = []
+    maps = method.attribute(bundle, images, targets, progress=lambda done, total: calls.append((done, total)))
+    assert method.resolved_options["mode"] == "per-image" and method.resolved_options["prior"] == "gradcam"
+    assert calls[-1] == (15, 15) and len(calls) == 15
+    assert maps.shape == (6, 32, 32) and torch.isfinite(maps).all()
+    assert [p.requires_grad for p in bundle.network.parameters()] == flags  # the classifier is untouched
+    prior = get_method("gradcam").attribute(bundle, images, targets)
+    ours = deletion_insertion(bundle, images, maps, targets, steps=16, reference="mean")
+    theirs = deletion_insertion(bundle, images, prior, targets, steps=16, reference="mean")
+    gain = (ours.insertion_auc - ours.deletion_auc).mean() - (theirs.insertion_auc - theirs.deletion_auc).mean()
+    assert gain > 0.01, gain
 
 
 def test_refinement_restores_weights_and_is_thread_safe(trained_cnn):

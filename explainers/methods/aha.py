@@ -1,15 +1,31 @@
-"""AHA, Amortized Hybrid Attribution (methods.md section 2): a trained explainer network returns the map in
-one pass that shares the classifier's forward; `refine_steps` T > 0 adds T test-time optimisation steps of
-the explainer's output head on this image and class (the shared weights are never changed)."""
+"""AHA, Amortized Hybrid Attribution (methods.md section 2).
+
+Two modes, one objective (deletion AUC + (1 - insertion AUC) through a differentiable sort):
+- "trained" (one pass): a trained explainer network draws the map from the classifier's own features, in
+  the same pass as the prediction. `refine_steps` T > 0 then optimises the map for this image and class:
+  T Adam steps on a coarse correction added to the explainer's (standardised) map (our choice: the paper
+  refines the decoder head; a correction of the map itself costs the same classifier passes per step and
+  paid more in our measurements).
+- "per-image": on a model with no trained explainer (hub models, fine-tunes, a user's model) the same
+  optimisation starts from a prior (rollout on class-token ViTs, Grad-CAM otherwise) and runs
+  `per_image_steps` steps: slow (that many classifier passes over the perturbed images), never unavailable.
+`mode="auto"` takes the trained explainer where it exists. The mode used is in `options["mode"]` of the
+result and in the menu note.
+"""
 from __future__ import annotations
 
 import torch
 
 from ..aha.network import resolve_targets
-from ..aha.refine import MAX_REFINE_STEPS, REFINE_LR, check_refine_steps, refine_maps
+from ..aha.per_image import PER_IMAGE_LR, PER_IMAGE_STEPS, expected_seconds, optimise_maps, prior_method
+from ..aha.refine import MAX_REFINE_STEPS, check_refine_steps
 from ..aha.store import ExplainerUnavailable, get_explainer
 from . import register
 from .base import Method, MethodNotApplicable, Option
+
+MODES = ("auto", "trained", "per-image")
+REFINE_MAP_LR = 0.3  # the correction's step size at test time (T <= 10 steps from a trained map)
+MAX_PER_IMAGE_STEPS = 50
 
 
 @register
@@ -19,12 +35,14 @@ class AHA(Method):
     description = ("A small network trained to minimise deletion and maximise insertion directly (through a "
                    "differentiable sort) draws the map in one pass on top of the classifier's own features: "
                    "about the cost of one forward pass. Refinement steps (0-10) optimise it further for this "
-                   "image. Needs a trained explainer for the model. Higher = more important; the map is "
-                   "unbounded (only its ranking matters).")
+                   "image. On a model without a trained explainer the same objective is optimised for this one "
+                   "image from a prior map (per-image mode: slower, a progress bar shows it). Higher = more "
+                   "important; the map is unbounded (only its ranking matters).")
     colour = "#0072B2"
     order = 0
     user_options = (Option("refine_steps", "AHA refinement steps T", 0, 0, MAX_REFINE_STEPS, 1, int,
-                           "0 = one pass (fastest); each step optimises the map for this image.",
+                           "0 = one pass (fastest); each step optimises the map for this image (about one "
+                           "forward and backward pass of the model over 28 perturbed images).",
                            rank=1, elem_id="refine", api_name="refine"),)
 
     @classmethod
@@ -32,17 +50,42 @@ class AHA(Method):
         return True
 
     @classmethod
-    def menu_note(cls, bundle) -> str | None:
+    def has_trained_explainer(cls, bundle) -> bool:
         try:
-            cls().check(bundle)
-        except Exception:  # noqa: BLE001 - not ready for this model
-            return "not trained for this model"
-        return None
+            get_explainer(bundle)
+        except ExplainerUnavailable:
+            return False
+        return True
 
-    def __init__(self, refine_steps: int = 0, refine_lr: float = REFINE_LR, reference: str = "mean"):
+    @classmethod
+    def menu_note(cls, bundle) -> str | None:
+        if cls.has_trained_explainer(bundle):
+            return None
+        return (f"per-image optimisation ({PER_IMAGE_STEPS} steps from {prior_method(bundle)}): no trained "
+                "explainer for this model")
+
+    @classmethod
+    def quick_on(cls, bundle) -> bool:
+        return cls.has_trained_explainer(bundle)
+
+    def __init__(self, refine_steps: int = 0, refine_lr: float = REFINE_MAP_LR, reference: str = "mean",
+                 mode: str = "auto", per_image_steps: int = PER_IMAGE_STEPS, per_image_lr: float = PER_IMAGE_LR):
         refine_steps = check_refine_steps(refine_steps)
-        super().__init__(refine_steps=refine_steps, refine_lr=refine_lr, reference=reference)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if isinstance(per_image_steps, bool) or int(per_image_steps) != per_image_steps or not (
+                1 <= int(per_image_steps) <= MAX_PER_IMAGE_STEPS):
+            raise ValueError(f"per_image_steps must be an integer in 1..{MAX_PER_IMAGE_STEPS}, got {per_image_steps!r}")
+        super().__init__(refine_steps=refine_steps, refine_lr=refine_lr, reference=reference, mode=mode,
+                         per_image_steps=int(per_image_steps), per_image_lr=per_image_lr)
         self.refine_steps, self.refine_lr, self.reference = refine_steps, refine_lr, reference
+        self.mode, self.per_image_steps, self.per_image_lr = mode, int(per_image_steps), per_image_lr
+        self.resolved_options: dict = {}
+
+    def resolve_mode(self, bundle) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return "trained" if self.has_trained_explainer(bundle) else "per-image"
 
     def explainer(self, bundle):
         try:
@@ -52,23 +95,43 @@ class AHA(Method):
 
     def check(self, bundle) -> None:
         super().check(bundle)
-        self.explainer(bundle)
+        if self.resolve_mode(bundle) == "trained":
+            self.explainer(bundle)
 
-    def attribute(self, bundle, images, targets):
-        return self.predict_and_explain(bundle, images, targets)[1]
+    def expected_seconds(self, bundle, images: int = 1) -> float:
+        """About how long one map takes in the mode this model gets (measured with one step now)."""
+        if self.resolve_mode(bundle) == "trained" and self.refine_steps == 0:
+            return 0.0
+        steps = self.refine_steps if self.resolve_mode(bundle) == "trained" else self.per_image_steps
+        return expected_seconds(bundle, steps, images)
 
-    def predict_and_explain(self, bundle, images, targets=None):
-        """(logits, maps, targets) from one classifier pass (top-1 targets when None)."""
+    def attribute(self, bundle, images, targets, progress=None):
+        return self.predict_and_explain(bundle, images, targets, progress=progress)[1]
+
+    def predict_and_explain(self, bundle, images, targets=None, progress=None):
+        """(logits, maps, targets); top-1 targets when None. `progress(done, total)` follows optimisation steps."""
+        mode = self.resolve_mode(bundle)
+        self.resolved_options = {"mode": mode}
+        if mode == "per-image":
+            with torch.no_grad():
+                logits = bundle(images)
+            targets = resolve_targets(logits, targets)
+            prior = prior_method(bundle)
+            from . import get_method
+
+            prior_maps = get_method(prior).attribute(bundle, images, targets).detach()
+            maps = optimise_maps(bundle, images, targets, steps=self.per_image_steps, lr=self.per_image_lr,
+                                 reference=self.reference, prior_maps=prior_maps, progress=progress)
+            self.resolved_options.update(prior=prior, steps=self.per_image_steps)
+            return logits, maps.detach(), targets
         explainer = self.explainer(bundle)
-        if self.refine_steps == 0:  # the single pass: no autograd bookkeeping at all
-            with torch.inference_mode():
-                logits, maps, targets = explainer.predict_and_explain(images, targets)
-            return logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
-        encoded = explainer.encode(images)
-        targets = resolve_targets(encoded.logits, targets)
-        maps = refine_maps(explainer, images, targets, steps=self.refine_steps, lr=self.refine_lr,
-                           reference=self.reference, encoded=encoded)
-        return encoded.logits, maps.detach(), targets
+        with torch.inference_mode():  # the single pass: no autograd bookkeeping at all
+            logits, maps, targets = explainer.predict_and_explain(images, targets)
+        logits, maps, targets = logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
+        if self.refine_steps > 0:
+            maps = optimise_maps(bundle, images, targets, steps=self.refine_steps, lr=self.refine_lr,
+                                 reference=self.reference, prior_maps=maps, progress=progress).detach()
+        return logits, maps, targets
 
 
-__all__ = ["AHA", "MAX_REFINE_STEPS"]
+__all__ = ["AHA", "MAX_REFINE_STEPS", "MODES"]
