@@ -442,3 +442,19 @@ def test_ddp_two_processes_gloo_end_with_identical_weights(tmp_path):
     assert card["recipe"]["world_size"] == 2 and card["recipe"]["batch_size_global"] == 8
     assert card["ddp_replicas_identical"] is True and card["recipe"]["steps"] == 3
     assert (weights / "aha-tiny-ddp.ckpt").exists()
+
+
+def test_validation_plot_draws_every_series(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from explainers.aha.plot import SERIES, validation_plot
+
+    points = [{"step": s, "deletion_auc": 0.3 - s / 1000, "insertion_auc": 0.5 + s / 1000,
+               "ins_minus_del": 0.2 + s / 500} for s in (0, 40, 80)]
+    path = validation_plot(points, tmp_path / "v.png", exported_step=80)
+    pixels = np.asarray(Image.open(path).convert("RGB")).reshape(-1, 3)
+    for _, _, colour in SERIES:
+        assert (pixels == np.array(colour)).all(axis=1).sum() > 50  # each line is drawn
+    with pytest.raises(ValueError):
+        validation_plot([], tmp_path / "none.png")

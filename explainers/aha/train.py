@@ -481,6 +481,12 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             figures = held_out_figures(explainer, x_val, y_val, compare=tuple(compare))
             figures["data"] = str(val_data)
             card["held_out"] = figures
+        if validation:
+            from .plot import validation_plot
+
+            plot = validation_plot(validation, Path(str(stem) + ".validation.png"), exported_step=exported_step,
+                                   title=f"aha-{model}: validation during training ({len(x_track)} images of {val_data})")
+            card["validation_plot"] = plot.name
         card = save_explainer(explainer, stem, card)
     if world > 1:
         dist.barrier()
