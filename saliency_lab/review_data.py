@@ -278,9 +278,10 @@ def import_upload(files, name: str, limits: UploadLimits | None = None) -> Impor
             if len(paths) != 1:
                 raise ReviewError("Upload one zip or one .npz at a time (or image files without an archive).")
             return (_import_zip if archives[0].suffix.lower() == ".zip" else _import_npz)(archives[0], writer)
-        if len(paths) > limits.max_files + 1:
-            raise ReviewError(f"{len(paths)} files is over the limit of {limits.max_files} images per upload.")
         csv_files = [p for p in paths if p.name.lower().endswith(".csv")]
+        if len(paths) - len(csv_files) > limits.max_files:
+            raise ReviewError(f"{len(paths) - len(csv_files)} images is over the limit of {limits.max_files} "
+                              "per upload: split them into several data sets.")
         labels = None
         if csv_files:
             labels, refused = _read_labels(csv_files[0].read_text(encoding="utf-8-sig", errors="replace"),
