@@ -864,10 +864,13 @@ def build_study_panel(services, names, first_model, heavy, light):
     with gr.Accordion("2 · Create a study", open=False):
         with gr.Row():
             study_new_name = gr.Textbox(label="Study name", placeholder="e.g. cells-2026-blinded", elem_id="study-new-name")
-            study_dataset = gr.Dropdown(review_data.named_datasets(), label="Data set", elem_id="study-dataset")
+            study_dataset = gr.Dropdown(review_data.named_datasets(), label="Data set", allow_custom_value=True,
+                                        elem_id="study-dataset")  # uploads join the list; the name is checked
             study_model = gr.Dropdown(menus.model_choices(names), value=first_model, label="Model", elem_id="study-model")
         with gr.Row():
-            study_methods = gr.CheckboxGroup([], label="Methods to show", elem_id="study-methods")
+            study_methods = gr.CheckboxGroup(  # every method (the API may name any); narrowed to the model on load
+                [(menus.method_label(n), n) for n in menus.method_order(list(METHODS)) if not METHODS[n].baseline],
+                label="Methods to show", elem_id="study-methods")
             study_protocol = gr.Radio([("Open: verdict + note", "open"), ("Blinded comparison: maps A, B, C… rated 1-5",
                                                                            "blinded")], value="blinded",
                                       label="Protocol", elem_id="study-protocol")
