@@ -193,12 +193,10 @@ def test_learn_tab(page, shots):
     assert not page.errors, page.errors
 
 
-def test_review_study_two_reviewers_in_two_contexts(app_url, shots):
+def test_review_study_two_reviewers_in_two_contexts(app_url, page, shots):
     """A blinded study created through the API, reviewed by two people in two browser contexts at once: each sees
     Map A, B (no method name in the study panel), rates, and sees their own progress."""
     from gradio_client import Client
-    from playwright.sync_api import sync_playwright
-
     from explainers.methods import METHODS
 
     name = f"browser-{int(time.time())}"
@@ -207,11 +205,13 @@ def test_review_study_two_reviewers_in_two_contexts(app_url, shots):
         api_name="/review_study_create")
     code = created.split("Study code: `")[1].split("`")[0]
     words = {w.lower() for n, cls in METHODS.items() for w in (n, getattr(cls, "label", n)) if w}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    browser = page.context.browser  # the module's browser (one sync Playwright per thread); two new contexts
+    contexts = []
+    try:
         pages = {}
         for who in ("dr-a", "dr-b"):
-            page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+            contexts.append(browser.new_context(viewport={"width": 1440, "height": 1000}))
+            page = contexts[-1].new_page()
             page.goto(app_url, wait_until="domcontentloaded")
             page.wait_for_selector("#explain-button", timeout=60_000)
             page.get_by_role("tab", name="Review").click()
@@ -230,6 +230,8 @@ def test_review_study_two_reviewers_in_two_contexts(app_url, shots):
                 wait_js(page, f"document.querySelector('#study-saved').innerText.includes('map {slot} rated')")
             wait_js(page, "document.querySelector('#study-progress').innerText.includes('1 of 3 done')")
         pages["dr-a"].screenshot(path=str(shots / "review-study-blinded.png"), full_page=True)
-        browser.close()
+    finally:
+        for context in contexts:
+            context.close()
     report = Client(app_url, verbose=False).predict(name, code, api_name="/review_agreement")[3]
     assert report["counts"]["per_reviewer"]["dr-a"]["done"] == 1 and report["counts"]["per_reviewer"]["dr-b"]["done"] == 1
