@@ -95,6 +95,18 @@ def cmd_camal(args) -> int:
     return cli_main(args)
 
 
+def cmd_review_report(args) -> int:
+    from .review_report import StudyNotFound, write_report
+
+    try:
+        out = write_report(args.db, args.study, args.out, n_boot=args.bootstrap, seed=args.seed)
+    except StudyNotFound as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote the results of study '{args.study}' to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainers", description="Saliency Lab: faithful visual explanations.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     camal.add_argument("--checkpoint", default=None, help="resume file (default: OUT.camal.ckpt)")
     camal.add_argument("--seed", type=int, default=0)
     camal.set_defaults(handler=cmd_camal)
+
+    report = commands.add_parser("review-report", help="a review study's results (agreement, ratings) as JSON")
+    report.add_argument("--db", required=True, help="the review store's SQLite file (review.sqlite)")
+    report.add_argument("--study", required=True, help="the study's name")
+    report.add_argument("--out", required=True, help="report.json")
+    report.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
+    report.add_argument("--seed", type=int, default=0)
+    report.set_defaults(handler=cmd_review_report)
 
     from .aha.train import add_aha_figures_parser, add_train_aha_parser  # AHA explainers (explainers/aha/train.py)
 

@@ -10,14 +10,23 @@ predictions for the review gallery, and user-made mask sets for CAMAL fine-tunin
     set_id = store.add_mask("my-set", image, mask, label=3)     # PIL/numpy image + boolean mask
     store.export_mask_set("my-set", "runs/masksets/my-set")     # images/, masks/, labels.csv
 
+    code = store.create_study("cells-1", protocol="blinded", ...)  # the study code, shown once (a hash is kept)
+    study = store.open_study("cells-1", code)                     # ReviewError when the name or code is wrong
+    store.set_study_rating("cells-1", 0, "dr-a", "B", 4)          # map B of image 0, 1-5
+
 Every write commits at once (WAL journal, one short transaction): a refresh or a crash loses nothing
 that was already sent. Safe to share between threads (one connection per thread).
 """
 from __future__ import annotations
 
 import csv
+import hashlib
+import hmac
 import io
+import json
+import random
 import re
+import secrets
 import sqlite3
 import threading
 import time
@@ -27,6 +36,7 @@ import numpy as np
 from PIL import Image
 
 from explainers.images import png_bytes
+from explainers.review_report import LIKERT, PROTOCOLS, SLOTS, STUDY_SCHEMA
 
 VERDICTS = ("plausible", "implausible", "unsure")
 
@@ -92,7 +102,7 @@ class ReviewStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._write_lock = threading.Lock()
-        self._con().executescript(SCHEMA)
+        self._con().executescript(SCHEMA + STUDY_SCHEMA)
 
     def _con(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)
@@ -265,6 +275,159 @@ class ReviewStore:
                 yield f"{entry['id']:06d}", np.asarray(image, dtype=np.uint8), mask, class_index, entry["source"]
 
         return write_mask_set(folder, items())
+
+    # ------------------------------------------------------------------ studies
+    @staticmethod
+    def _hash_code(code: str, salt: str) -> str:
+        return hashlib.pbkdf2_hmac("sha256", code.encode(), bytes.fromhex(salt), 60_000).hex()
+
+    def create_study(self, name: str, *, protocol: str, dataset: str, dataset_path: str, model: str, methods,
+                     reviewers, class_names, items, question: str = "", seed: int | None = None) -> str:
+        """A new study; returns its code (a random token, kept only as a salted hash: show it once).
+
+        items: (item name, data-set index, true label or None, predicted class, confidence). For the blinded
+        protocol every image gets its own random order of the methods (stored; `seed` only for tests)."""
+        name = safe_set_name(name)
+        if protocol not in PROTOCOLS:
+            raise ReviewError(f"Unknown protocol {protocol!r}: choose 'open' or 'blinded'.")
+        methods = [str(m) for m in methods]
+        if not methods:
+            raise ReviewError("Choose at least one method to show.")
+        if protocol == "blinded" and not 2 <= len(methods) <= len(SLOTS):
+            raise ReviewError(f"A blinded comparison needs 2 to {len(SLOTS)} methods (got {len(methods)}).")
+        reviewers = list(dict.fromkeys(_clean_name(r, "reviewer name") for r in reviewers if str(r).strip()))
+        items = list(items)
+        if not items:
+            raise ReviewError("The study has no images.")
+        shuffle = random.Random(seed) if seed is not None else secrets.SystemRandom()
+        code = secrets.token_urlsafe(12)
+        salt = secrets.token_hex(16)
+        rows = []
+        for position, (item, index, label, prediction, confidence) in enumerate(items):
+            order = list(methods)
+            if protocol == "blinded":
+                shuffle.shuffle(order)
+            rows.append((name, position, str(item), int(index), None if label is None or int(label) < 0 else int(label),
+                         int(prediction), float(confidence), json.dumps(order)))
+        with self._write_lock:
+            con = self._con()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                if con.execute("SELECT 1 FROM studies WHERE name=?", (name,)).fetchone():
+                    raise ReviewError(f"A study named '{name}' exists already: choose another name.")
+                con.execute("INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (name, self._hash_code(code, salt), salt, protocol, dataset, str(dataset_path), model,
+                             json.dumps(methods), json.dumps(reviewers), json.dumps(list(class_names)),
+                             question or "", time.time()))
+                con.executemany("INSERT INTO study_items VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        return code
+
+    def open_study(self, name: str, code: str) -> dict:
+        """The study's settings when `code` is its code; the same ReviewError for an unknown name and a wrong
+        code, so a guess learns nothing."""
+        row = self._con().execute("SELECT * FROM studies WHERE name=?", ((name or "").strip(),)).fetchone()
+        refused = ReviewError("No study with this name and code.")
+        if row is None:
+            self._hash_code(code or "", "00" * 16)  # the same time as a wrong code
+            raise refused
+        if not hmac.compare_digest(self._hash_code((code or "").strip(), row["salt"]), row["code_hash"]):
+            raise refused
+        study = {k: row[k] for k in row.keys() if k not in ("code_hash", "salt")}
+        for key in ("methods", "reviewers", "class_names"):
+            study[key] = json.loads(study[key])
+        return study
+
+    def study_items(self, name: str) -> list:
+        rows = self._con().execute("SELECT * FROM study_items WHERE study=? ORDER BY position", (name,))
+        return [{**dict(r), "order": json.loads(r["shown_order"])} for r in rows]
+
+    def _study_upsert(self, name, position, reviewer, fields: dict) -> None:
+        reviewer = _clean_name(reviewer, "reviewer name")
+        columns = ["study", "position", "reviewer", "updated", *fields]
+        values = [name, int(position), reviewer, time.time(), *fields.values()]
+        updates = ", ".join(f"{c}=excluded.{c}" for c in ["updated", *fields])
+        self._write(f"INSERT INTO study_responses ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                    f"ON CONFLICT (study, position, reviewer) DO UPDATE SET {updates}", values)
+
+    def _check_position(self, name, position) -> dict:
+        row = self._con().execute("SELECT shown_order FROM study_items WHERE study=? AND position=?",
+                                  (name, int(position))).fetchone()
+        if row is None:
+            raise ReviewError(f"Study '{name}' has no image {position}.")
+        return {"order": json.loads(row["shown_order"])}
+
+    def _check_slot(self, name, position, slot) -> str:
+        order = self._check_position(name, position)["order"]
+        slot = (slot or "").strip().upper()
+        if slot not in SLOTS[:len(order)]:
+            raise ReviewError(f"Map {slot or '?'} does not exist: this image shows maps {', '.join(SLOTS[:len(order)])}.")
+        return slot
+
+    def set_study_verdict(self, name: str, position: int, reviewer: str, verdict: str) -> None:
+        if verdict not in VERDICTS:
+            raise ReviewError(f"Unknown verdict {verdict!r}: choose one of {', '.join(VERDICTS)}.")
+        self._check_position(name, position)
+        self._study_upsert(name, position, reviewer, {"verdict": verdict})
+
+    def set_study_note(self, name: str, position: int, reviewer: str, note: str) -> None:
+        note = "" if note is None else str(note)
+        if len(note) > 20_000:
+            raise ReviewError("The note is too long (20,000 characters at most).")
+        self._check_position(name, position)
+        self._study_upsert(name, position, reviewer, {"note": note})
+
+    def set_study_best(self, name: str, position: int, reviewer: str, slot: str | None) -> None:
+        """The map the reviewer finds best on this image (a letter), or None to clear the pick."""
+        slot = None if not slot else self._check_slot(name, position, slot)
+        if slot is None:
+            self._check_position(name, position)
+        self._study_upsert(name, position, reviewer, {"best": slot})
+
+    def set_study_rating(self, name: str, position: int, reviewer: str, slot: str, rating: int) -> None:
+        slot = self._check_slot(name, position, slot)
+        try:
+            rating = int(rating)
+        except (TypeError, ValueError):
+            rating = None
+        if rating not in LIKERT:
+            raise ReviewError("A rating is a whole number from 1 to 5.")
+        reviewer = _clean_name(reviewer, "reviewer name")
+        self._write("INSERT INTO study_ratings VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (study, position, reviewer, slot) "
+                    "DO UPDATE SET rating=excluded.rating, updated=excluded.updated",
+                    (name, int(position), reviewer, slot, rating, time.time()))
+
+    def study_response(self, name: str, position: int, reviewer: str) -> dict:
+        """This reviewer's verdict, note, best pick and ratings ({slot: rating}) on one image."""
+        row = self._con().execute("SELECT verdict, note, best FROM study_responses WHERE study=? AND position=? "
+                                  "AND reviewer=?", (name, int(position), reviewer)).fetchone()
+        ratings = self._con().execute("SELECT slot, rating FROM study_ratings WHERE study=? AND position=? AND "
+                                      "reviewer=?", (name, int(position), reviewer))
+        out = dict(row) if row else {"verdict": None, "note": "", "best": None}
+        out["ratings"] = {r["slot"]: r["rating"] for r in ratings}
+        return out
+
+    def study_done(self, name: str, reviewer: str, protocol: str, n_methods: int) -> set:
+        """Positions this reviewer has finished: a verdict (open) or every map rated (blinded)."""
+        if protocol == "open":
+            rows = self._con().execute("SELECT position FROM study_responses WHERE study=? AND reviewer=? AND "
+                                       "verdict IS NOT NULL", (name, reviewer))
+        else:
+            rows = self._con().execute("SELECT position FROM study_ratings WHERE study=? AND reviewer=? GROUP BY "
+                                       "position HAVING COUNT(*) >= ?", (name, reviewer, int(n_methods)))
+        return {int(r[0]) for r in rows}
+
+    def save_faithfulness(self, name: str, position: int, method: str, deletion_auc, insertion_auc) -> None:
+        self._write("INSERT OR REPLACE INTO study_faithfulness VALUES (?, ?, ?, ?, ?)",
+                    (name, int(position), method, None if deletion_auc is None else float(deletion_auc),
+                     None if insertion_auc is None else float(insertion_auc)))
+
+    def faithfulness_done(self, name: str) -> set:
+        rows = self._con().execute("SELECT position, method FROM study_faithfulness WHERE study=?", (name,))
+        return {(int(r[0]), r[1]) for r in rows}
 
     def close(self) -> None:
         con = getattr(self._local, "con", None)

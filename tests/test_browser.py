@@ -191,3 +191,47 @@ def test_learn_tab(page, shots):
     time.sleep(0.5)
     page.screenshot(path=str(shots / "learn.png"), full_page=True)
     assert not page.errors, page.errors
+
+
+def test_review_study_two_reviewers_in_two_contexts(app_url, page, shots):
+    """A blinded study created through the API, reviewed by two people in two browser contexts at once: each sees
+    Map A, B (no method name in the study panel), rates, and sees their own progress."""
+    from gradio_client import Client
+    from explainers.methods import METHODS
+
+    name = f"browser-{int(time.time())}"
+    created, _ = Client(app_url, verbose=False).predict(
+        name, "bloodmnist-cells", "tiny-vit", ["gradcam", "rollout"], "dr-a, dr-b", "blinded", 3,
+        api_name="/review_study_create")
+    code = created.split("Study code: `")[1].split("`")[0]
+    words = {w.lower() for n, cls in METHODS.items() for w in (n, getattr(cls, "label", n)) if w}
+    browser = page.context.browser  # the module's browser (one sync Playwright per thread); two new contexts
+    contexts = []
+    try:
+        pages = {}
+        for who in ("dr-a", "dr-b"):
+            contexts.append(browser.new_context(viewport={"width": 1440, "height": 1000}))
+            page = contexts[-1].new_page()
+            page.goto(app_url, wait_until="domcontentloaded")
+            page.wait_for_selector("#explain-button", timeout=60_000)
+            page.get_by_role("tab", name="Review").click()
+            page.locator("#study-name textarea, #study-name input").first.fill(name)
+            page.locator("#study-code input, #study-code textarea").first.fill(code)
+            page.locator("#study-reviewer textarea, #study-reviewer input").first.fill(who)
+            page.locator("#study-open").click()
+            pages[who] = page
+        for who, page in pages.items():
+            wait_js(page, "document.querySelector('#study-progress').innerText.includes('0 of 3 done')")
+            wait_js(page, "document.querySelectorAll('#study-maps img').length >= 3")
+            panel = " ".join(page.locator(f"#{e}").inner_text() for e in ("study-maps", "study-info", "study-progress"))
+            assert "Map A" in panel and not [w for w in words if w in panel.lower()]
+            for slot, rating in (("A", "4" if who == "dr-a" else "5"), ("B", "2")):
+                page.locator(f"#study-rate-{slot}").get_by_label(rating, exact=True).check()
+                wait_js(page, f"document.querySelector('#study-saved').innerText.includes('map {slot} rated')")
+            wait_js(page, "document.querySelector('#study-progress').innerText.includes('1 of 3 done')")
+        pages["dr-a"].screenshot(path=str(shots / "review-study-blinded.png"), full_page=True)
+    finally:
+        for context in contexts:
+            context.close()
+    report = Client(app_url, verbose=False).predict(name, code, api_name="/review_agreement")[3]
+    assert report["counts"]["per_reviewer"]["dr-a"]["done"] == 1 and report["counts"]["per_reviewer"]["dr-b"]["done"] == 1

@@ -1,0 +1,321 @@
+"""Review studies: the study code, blinding, uploads and their limits, results against hand computations, the
+CLI report, and no verdict lost when a writer is killed with SIGKILL."""
+import csv
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import tiny_vit
+from explainers.methods import METHODS
+from explainers.review_report import study_report, study_rows
+from saliency_lab import review_data, studies
+from saliency_lab.review_store import ReviewError, ReviewStore
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = ROOT / "assets" / "bloodmnist"
+METHODS3 = ["gradcam", "rollout", "chefer"]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "user-data"
+    monkeypatch.setenv("SALIENCY_DATA_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def services(tmp_path, data_dir):
+    import torch
+
+    from saliency_lab.services import Services
+
+    torch.set_num_threads(1)
+    bundle = tiny_vit(num_classes=8)
+    return Services(lambda name: bundle, ["tiny-vit"], tmp_path / "state")
+
+
+def png(size=(16, 16), colour=(200, 30, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------ study code
+def test_study_code_opens_and_a_wrong_code_shows_nothing(tmp_path):
+    store = ReviewStore(tmp_path / "r.sqlite")
+    code = store.create_study("s1", protocol="open", dataset="d", dataset_path="/x", model="m", methods=["gradcam"],
+                              reviewers=["a"], class_names=["x"], items=[("i.png", 0, 0, 0, 0.9)])
+    assert len(code) >= 16
+    assert store.open_study("s1", code)["methods"] == ["gradcam"]
+    for name, guess in (("s1", "wrong"), ("s1", ""), ("s1", code[:-1]), ("nope", code)):
+        with pytest.raises(ReviewError) as refused:
+            store.open_study(name, guess)
+        assert str(refused.value) == "No study with this name and code."  # the same for name and code
+    raw = (tmp_path / "r.sqlite").read_bytes() + (tmp_path / "r.sqlite-wal").read_bytes()
+    assert code.encode() not in raw  # only a salted hash is stored
+    with pytest.raises(ReviewError, match="exists already"):
+        store.create_study("s1", protocol="open", dataset="d", dataset_path="/x", model="m", methods=["gradcam"],
+                           reviewers=[], class_names=["x"], items=[("i.png", 0, 0, 0, 0.9)])
+
+
+def test_wrong_code_gives_no_results_or_export(services):
+    code, _ = studies.create_study(services, "s2", "bloodmnist-cells", "tiny-vit", METHODS3[:2], ["a"], "blinded",
+                                   count=3, seed=0)
+    for call in (lambda: studies.study_results(services, "s2", code + "x"),
+                 lambda: studies.export_study(services, "s2", "guess", "csv"),
+                 lambda: studies.open_study(services, "s2", "guess", "a")):
+        with pytest.raises(ReviewError, match="No study with this name and code"):
+            call()
+    with pytest.raises(ReviewError, match="not a reviewer"):
+        studies.open_study(services, "s2", code, "intruder")
+
+
+# ------------------------------------------------------------------------------------------------ blinding
+def names_in(text: str) -> list:
+    text = text.lower()
+    found = []
+    for name, cls in METHODS.items():
+        for word in {name, getattr(cls, "label", name)}:
+            if word and word.lower() in text:
+                found.append(word)
+    return found
+
+
+def test_blinded_pages_carry_no_method_name_and_the_order_is_stored(services):
+    code, created = studies.create_study(services, "blind", "bloodmnist-cells", "tiny-vit", METHODS3, ["a", "b"],
+                                         "blinded", count=8, seed=3)
+    orders = [row["order"] for row in services.store.study_items("blind")]
+    assert all(sorted(o) == sorted(METHODS3) for o in orders) and len({tuple(o) for o in orders}) > 1
+    state, progress = studies.open_study(services, "blind", code, "a")
+    seen = [progress]
+    for position in range(8):
+        shown = studies.show_item(services, state, position, "a")
+        state = shown.state
+        assert [c for _, c in shown.items] == ["Image %d" % (position + 1), "Map A", "Map B", "Map C"]
+        seen += [shown.info, shown.progress, json.dumps(shown.response), *[f"{p} {c}" for p, c in shown.items]]
+        for slot in shown.slots:
+            seen += list(studies.rate(services, state, "a", slot, 3))
+        seen += list(studies.pick_best(services, state, "a", "B"))
+    assert names_in(" ".join(seen)) == []
+    report = studies.study_results(services, "blind", code, n_boot=50).report  # the reveal
+    best = {m["method"]: m["best_picks"] for m in report["methods"]}
+    assert best == {m: sum(1 for o in orders if o[1] == m) for m in METHODS3}  # slot B translated per image
+
+
+# ------------------------------------------------------------------------------------------------ results
+def open_study_with(tmp_path, verdicts_a, verdicts_b):
+    store = ReviewStore(tmp_path / "r.sqlite")
+    items = [(f"{i}.png", i, i % 2, i % 2, 0.8) for i in range(len(verdicts_a))]
+    store.create_study("open", protocol="open", dataset="d", dataset_path="/x", model="m", methods=["gradcam"],
+                       reviewers=["a", "b"], class_names=["x", "y"], items=items)
+    for i, (va, vb) in enumerate(zip(verdicts_a, verdicts_b)):
+        store.set_study_verdict("open", i, "a", va)
+        store.set_study_verdict("open", i, "b", vb)
+    return store
+
+
+def test_open_study_agreement_matches_a_hand_computation(tmp_path):
+    # both plausible 20, a plausible / b implausible 5, a implausible / b plausible 10, both implausible 15:
+    # p_o = 0.7, p_e = 0.5 * 0.6 + 0.5 * 0.4 = 0.5 -> Cohen 0.4; Fleiss with 2 raters (Scott's pi):
+    # p(plausible) = (25 + 30) / 100 = 0.55 -> p_e = 0.55^2 + 0.45^2 = 0.505 -> (0.7 - 0.505) / 0.495 = 0.3939
+    a = ["plausible"] * 25 + ["implausible"] * 25
+    b = ["plausible"] * 20 + ["implausible"] * 5 + ["plausible"] * 10 + ["implausible"] * 15
+    store = open_study_with(tmp_path, a, b)
+    report = study_report(store.path, "open", n_boot=200)
+    pair = report["agreement"]["pairs"][0]
+    assert (pair["a"], pair["b"], pair["images"]) == ("a", "b", 50)
+    assert pair["kappa"] == pytest.approx(0.4, abs=1e-4) and pair["percent_agreement"] == pytest.approx(0.7)
+    assert pair["ci95"][0] < 0.4 < pair["ci95"][1]
+    assert report["agreement"]["fleiss"]["kappa"] == pytest.approx(0.3939, abs=1e-4)
+    assert report["counts"]["per_reviewer"]["a"] == {"done": 50, "total": 50, "plausible": 25, "implausible": 25,
+                                                      "unsure": 0, "notes": 0}
+    assert study_report(store.path, "open", n_boot=200) == report  # seeded bootstrap: reproducible
+    classes = {c["class"]: c for c in report["per_class"]}
+    assert classes["x"]["images"] == 25 and sum(classes["x"]["verdicts"].values()) == 50
+
+
+def test_blinded_report_by_hand(tmp_path):
+    store = ReviewStore(tmp_path / "r.sqlite")
+    items = [(f"{i}.png", i, 0, 0, 0.8) for i in range(3)]
+    store.create_study("b", protocol="blinded", dataset="d", dataset_path="/x", model="m", methods=["m1", "m2"],
+                       reviewers=["a", "b"], class_names=["x"], items=items, seed=0)
+    orders = [row["order"] for row in store.study_items("b")]
+    # ratings by method (translated to the stored slot of each image)
+    given = {"a": {"m1": [5, 4, 3], "m2": [1, 2, 2]}, "b": {"m1": [4, 4, 3], "m2": [2, 2, 1]}}
+    for reviewer, by_method in given.items():
+        for i, order in enumerate(orders):
+            for method, values in by_method.items():
+                store.set_study_rating("b", i, reviewer, "AB"[order.index(method)], values[i])
+            store.set_study_best("b", i, reviewer, "AB"[order.index("m1")])
+    for i, ins in enumerate([(0.6, 0.5), (0.4, 0.7), (0.9, 0.1)]):
+        store.save_faithfulness("b", i, "m1", 0.2, ins[0])
+        store.save_faithfulness("b", i, "m2", 0.3, ins[1])
+    report = study_report(store.path, "b", n_boot=200)
+    methods = {m["method"]: m for m in report["methods"]}
+    assert methods["m1"]["mean_rating"] == pytest.approx(23 / 6, abs=1e-3)
+    assert methods["m2"]["mean_rating"] == pytest.approx(10 / 6, abs=1e-3)
+    assert methods["m1"]["best_picks"] == 6 and methods["m2"]["best_picks"] == 0
+    assert methods["m1"]["insertion_auc"] == pytest.approx((0.6 + 0.4 + 0.9) / 3, abs=1e-4)
+    faith = report["faithfulness"]
+    assert [e["match"] for e in faith["images"]] == [True, False, True] and faith["fraction"] == pytest.approx(0.667)
+    # the pair's quadratically weighted kappa over the 6 maps, against scikit-learn
+    sklearn = pytest.importorskip("sklearn.metrics")
+    flat_a = [v for i in range(3) for v in (given["a"]["m1"][i], given["a"]["m2"][i])]
+    flat_b = [v for i in range(3) for v in (given["b"]["m1"][i], given["b"]["m2"][i])]
+    expected = sklearn.cohen_kappa_score(flat_a, flat_b, weights="quadratic", labels=[1, 2, 3, 4, 5])
+    assert report["agreement"]["pairs"][0]["kappa"] == pytest.approx(expected, abs=1e-4)
+    rows = study_rows(store.path, "b")
+    assert len(rows) == 12 and {r["method"] for r in rows} == {"m1", "m2"}
+    assert all(r["picked_best"] == ("yes" if r["method"] == "m1" else "") for r in rows)
+
+
+def test_cli_review_report(tmp_path):
+    store = open_study_with(tmp_path, ["plausible", "unsure", "implausible"], ["plausible", "unsure", "plausible"])
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "explainers", "review-report", "--db", str(store.path), "--study",
+                           "open", "--out", str(out), "--bootstrap", "100"], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == study_report(store.path, "open", n_boot=100)
+    missing = subprocess.run([sys.executable, "-m", "explainers", "review-report", "--db", str(store.path),
+                              "--study", "nope", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert missing.returncode == 2 and "No study named 'nope'" in missing.stderr
+
+
+def test_open_protocol_end_to_end_and_exports(services):
+    code, _ = studies.create_study(services, "o", "bloodmnist-cells", "tiny-vit", ["gradcam"], "a, b", "open",
+                                   count=4)
+    for reviewer, verdicts in (("a", ["plausible", "implausible", "plausible", "unsure"]),
+                               ("b", ["plausible", "plausible", "plausible", "unsure"])):
+        state, progress = studies.open_study(services, "o", code, reviewer)
+        assert progress.startswith("**0 of 4 done**")
+        for position, verdict in enumerate(verdicts):
+            state = studies.show_item(services, state, position, reviewer).state
+            saved, progress = studies.record_verdict(services, state, reviewer, verdict, note=f"n{position}")
+        assert progress.startswith("**4 of 4 done**")
+    results = studies.study_results(services, "o", code, n_boot=100)
+    assert results.report["agreement"]["pairs"][0]["percent_agreement"] == pytest.approx(0.75)
+    assert results.report["methods"][0]["faithfulness_images"] == 4
+    assert "a – b" in results.summary and results.kappa_figure is not None
+    path = studies.export_study(services, "o", code, "csv")
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 8 and rows[0]["note"] == "n0"
+    assert json.loads(Path(studies.export_study(services, "o", code, "json")).read_text())["study"]["name"] == "o"
+
+
+# ------------------------------------------------------------------------------------------------ uploads
+def test_zip_upload_skips_bad_files_and_lands_in_the_data_folder(tmp_path, data_dir):
+    archive = tmp_path / "cells.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("set/labels.csv", "file,class_index\na.png,0\nb.png,1\nbad.png,0\nmissing.png,1\nc.png,x\n")
+        z.writestr("set/a.png", png())
+        z.writestr("set/b.png", png(colour=(0, 0, 255)))
+        z.writestr("set/bad.png", b"not an image at all")
+        z.writestr("set/c.png", png())
+        z.writestr("set/classes.txt", "neutrophil\nplatelet\n")
+    result = review_data.import_upload([str(archive)], "ward-7")
+    assert result.loaded == 2 and result.folder == data_dir / "datasets" / "ward-7"
+    skipped = dict(result.skipped)
+    assert set(skipped) == {"bad.png", "missing.png", "c.png"} and "not in the zip" in skipped["missing.png"]
+    assert "2 images loaded" in result.message() and "3 skipped" in result.message()
+    assert (result.folder / "classes.txt").read_text().split() == ["neutrophil", "platelet"]
+    assert ("ward-7 (2 images)", "ward-7") in review_data.named_datasets()
+    assert review_data.resolve_dataset("ward-7") == result.folder
+    with pytest.raises(ReviewError, match="exists already"):
+        review_data.import_upload([str(archive)], "ward-7")
+    assert not [p for p in (data_dir / "datasets").iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_upload_limits_and_names(tmp_path, data_dir):
+    images = []
+    for i in range(4):
+        path = tmp_path / f"img{i}.png"
+        path.write_bytes(png((64, 64) if i else (4, 4)))  # the first is below the minimum size
+        images.append(str(path))
+    with pytest.raises(ReviewError, match="4 images is over the limit of 3"):
+        review_data.import_upload(images, "too-many", review_data.UploadLimits(max_files=3))
+    result = review_data.import_upload(images, "unlabelled", review_data.UploadLimits(max_files=4))
+    assert result.loaded == 3 and not result.labelled
+    assert list(dict(result.skipped)) == ["img0.png"] and "too small" in dict(result.skipped)["img0.png"]
+    with open(result.folder / "labels.csv") as handle:
+        assert [r["class_index"] for r in csv.DictReader(handle)] == ["-1", "-1", "-1"]
+    assert "predictions only" in result.message()
+    small = review_data.UploadLimits(max_image_bytes=100)
+    with pytest.raises(ReviewError, match="No usable image"):
+        review_data.import_upload(images[1:2], "too-big", small)
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("labels.csv", "file,class_index\nz.png,0\n")
+        z.writestr("z.png", b"\0" * 5_000_000)
+    with pytest.raises(ReviewError, match="unpacks to"):
+        review_data.import_upload([str(bomb)], "bomb", review_data.UploadLimits(max_total_bytes=1_000_000))
+    for bad in ("../escape", "a/b", "", ".hidden"):
+        with pytest.raises(ReviewError, match="use 1-64 letters"):
+            review_data.import_upload(images, bad)
+    with pytest.raises(ReviewError, match="Pick a data set"):
+        review_data.resolve_dataset("../../etc")
+    nolabels = tmp_path / "nolabels.zip"
+    with zipfile.ZipFile(nolabels, "w") as z:
+        z.writestr("a.png", png())
+    with pytest.raises(ReviewError, match="no labels.csv"):
+        review_data.import_upload([str(nolabels)], "nolabels")
+    assert sorted(p.name for p in (data_dir / "datasets").iterdir()) == ["unlabelled"]
+
+
+def test_npz_upload(tmp_path, data_dir):
+    path = tmp_path / "bloodmnist.npz"
+    images = np.random.default_rng(0).integers(0, 255, size=(5, 28, 28, 3), dtype=np.uint8)
+    np.savez(path, test_images=images, test_labels=np.arange(5).reshape(-1, 1) % 3)
+    result = review_data.import_upload([str(path)], "npz-cells")
+    assert result.loaded == 5
+    stored = np.asarray(Image.open(result.folder / "test_00002.png"))
+    assert np.array_equal(stored, images[2])
+    np.savez(tmp_path / "odd.npz", something=images)
+    with pytest.raises(ReviewError, match="MedMNIST layout"):
+        review_data.import_upload([str(tmp_path / "odd.npz")], "odd")
+
+
+# ------------------------------------------------------------------------------------------------ kill -9
+WRITER = """
+import sys
+from saliency_lab.review_store import ReviewStore
+store = ReviewStore(sys.argv[1])
+i = 0
+while True:
+    store.set_study_rating("k", i % 200, "dr-%d" % (i // 200), "AB"[i % 2], 1 + i % 5)
+    print(i, flush=True)   # acknowledged only after the commit returned
+    i += 1
+"""
+
+
+def test_no_acknowledged_verdict_is_lost_on_sigkill(tmp_path):
+    db = tmp_path / "r.sqlite"
+    store = ReviewStore(db)
+    store.create_study("k", protocol="blinded", dataset="d", dataset_path="/x", model="m", methods=["m1", "m2"],
+                       reviewers=[], class_names=["x"], items=[(f"{i}.png", i, 0, 0, 0.5) for i in range(200)])
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    acknowledged = -1
+    for line in writer.stdout:
+        acknowledged = int(line)
+        if acknowledged >= 300:
+            break
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    assert writer.returncode == -signal.SIGKILL
+    con = sqlite3.connect(db)
+    stored = con.execute("SELECT COUNT(*) FROM study_ratings WHERE study='k'").fetchone()[0]
+    assert stored >= acknowledged + 1  # every acknowledged write is there (one more may have committed)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
