@@ -300,3 +300,23 @@ def test_hub_import_offline_fails_at_once_and_works_from_the_cache(data_dir, tmp
     bundle = models.load_model("from-hub")
     for key, value in source.state_dict().items():
         assert torch.equal(bundle.network.state_dict()[key], value), key
+
+
+def test_models_tab_service_imports_lists_and_removes(data_dir, tmp_path):
+    from saliency_lab import models_tab
+    from saliency_lab.services import Services
+
+    services = Services(models.load_model, models.list_models, tmp_path / "state")
+    _, weights, classes = vit_files(tmp_path)
+    with pytest.raises(ValueError, match="Input size: give 2 numbers"):
+        models_tab.import_upload(services, str(weights), str(classes), "vit_tiny_patch16_224", "tab-vit", "32")
+    message = models_tab.import_upload(services, {"path": str(weights)}, str(classes), "vit_tiny_patch16_224",
+                                       "tab-vit", "32 32", "", "", json.dumps(VIT_ARGS), "Dr. Test")
+    assert "Imported **tab-vit**" in message and "3 classes" in message
+    rows = models_tab.imported_rows()
+    assert len(rows) == 1 and rows[0][0] == "tab-vit" and rows[0][2] == 3 and rows[0][3] == "32x32"
+    assert rows[0][6] == "Dr. Test"
+    assert "tab-vit" in services.names() and services.bundle("tab-vit").is_vit
+    assert models_tab.removable_choices() == ["tab-vit"]
+    assert "Removed **tab-vit**" in models_tab.remove(services, "tab-vit")
+    assert models_tab.imported_rows() == [] and "tab-vit" not in services.names()
