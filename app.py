@@ -865,6 +865,7 @@ def build_models_tab(services, heavy, light) -> dict:
                     input_size = gr.Textbox(label="Input size (H W)", placeholder="224 224", elem_id="import-size")
                     mean = gr.Textbox(label="Mean (R G B)", placeholder="0.485 0.456 0.406", elem_id="import-mean")
                     std = gr.Textbox(label="Std (R G B)", placeholder="0.229 0.224 0.225", elem_id="import-std")
+                    crop_pct = gr.Textbox(label="Centre crop (1 = none)", placeholder="timm's", elem_id="import-crop")
                 model_args = gr.Textbox(label="Model arguments (JSON, timm keyword arguments)",
                                         placeholder='{"depth": 6, "embed_dim": 192}', elem_id="import-args")
                 imported_by = gr.Textbox(label="Imported by", placeholder="your name (default: the server's login)",
@@ -893,7 +894,7 @@ def build_models_tab(services, heavy, light) -> dict:
         return (message, *listing())
 
     imported = import_button.click(do_import, [weights, classes, arch, name, input_size, mean, std, model_args,
-                                               imported_by], [status, table, to_remove], api_name="import_model",
+                                               imported_by, crop_pct], [status, table, to_remove], api_name="import_model",
                                    **heavy)
     removed = remove_button.click(do_remove, to_remove, [status, table, to_remove], api_name="remove_model", **light)
     return {"changed": [imported, removed], "refresh": listing, "refresh_outputs": [table, to_remove]}

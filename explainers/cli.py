@@ -95,10 +95,11 @@ def cmd_import_model(args) -> int:
 
     started = time.perf_counter()
     card = import_model(arch=args.arch, name=args.name, weights=args.weights, classes=args.classes,
-                        input_size=args.input_size, mean=args.mean, std=args.std, model_args=args.model_args,
+                        input_size=args.input_size, mean=args.mean, std=args.std, crop_pct=args.crop_pct,
+                        interpolation=args.interpolation, model_args=args.model_args,
                         test_image=args.test_image, imported_by=args.by, replace=args.replace)
     print(f"imported '{card['name']}': {card['timm_name']}, {len(card['class_names'])} classes, input "
-          f"{card['input_size'][0]}x{card['input_size'][1]}, mean {[round(v, 4) for v in card['mean']]}, std "
+          f"{card['input_size'][0]}x{card['input_size'][1]} (crop {card['crop_pct']}, {card['interpolation']}), mean {[round(v, 4) for v in card['mean']]}, std "
           f"{[round(v, 4) for v in card['std']]}, sha256 {card['weights_sha256'][:16]}..., "
           f"{time.perf_counter() - started:.1f} s")
     from .models import card_path
@@ -172,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="default: timm's pretrained config for the architecture")
     imp.add_argument("--mean", type=float, nargs=3, default=None, help="normalisation mean, R G B in [0, 1]")
     imp.add_argument("--std", type=float, nargs=3, default=None, help="normalisation std, R G B")
+    imp.add_argument("--crop-pct", type=float, default=None, help="centre-crop fraction (1 = none; default: timm's)")
+    imp.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default=None)
     imp.add_argument("--model-args", default=None, metavar="JSON",
                      help='timm keyword arguments of the architecture, e.g. \'{"depth": 6, "embed_dim": 192}\'')
     imp.add_argument("--test-image", default=None, help="an image for the check forward pass (default: a gradient)")

@@ -267,7 +267,7 @@ def _build(arch: str, n_classes: int, model_args: dict, input_size):
     return network.eval(), kwargs, family, cam_layer
 
 
-def _preprocessing(network, input_size, mean, std) -> dict:
+def _preprocessing(network, input_size, mean, std, crop_pct=None, interpolation=None) -> dict:
     cfg = dict(timm.data.resolve_data_config({}, model=network))
     img_size = getattr(getattr(network, "patch_embed", None), "img_size", None)
     if img_size is not None:
@@ -279,8 +279,13 @@ def _preprocessing(network, input_size, mean, std) -> dict:
         raise ImportRefused(f"Input size {size}: give height and width between 8 and 4096.")
     if len(mean) != 3 or len(std) != 3 or not all(s > 0 for s in std):
         raise ImportRefused("Mean and std need three values each (R G B), std above 0.")
-    return {"input_size": size, "mean": mean, "std": std, "crop_pct": float(cfg.get("crop_pct", 1.0)),
-            "interpolation": str(cfg.get("interpolation", "bicubic"))}
+    crop_pct = float(crop_pct if crop_pct is not None else cfg.get("crop_pct", 1.0))
+    interpolation = str(interpolation or cfg.get("interpolation", "bicubic"))
+    if not 0.05 <= crop_pct <= 1.0:
+        raise ImportRefused(f"Crop fraction {crop_pct}: give a value in (0, 1] (1 = no centre crop).")
+    if interpolation not in ("bicubic", "bilinear", "nearest"):
+        raise ImportRefused(f"Interpolation {interpolation!r}: bicubic, bilinear or nearest.")
+    return {"input_size": size, "mean": mean, "std": std, "crop_pct": crop_pct, "interpolation": interpolation}
 
 
 def _test_forward(network, prep: dict, n_classes: int, test_image=None) -> dict:
@@ -313,7 +318,7 @@ def _test_forward(network, prep: dict, n_classes: int, test_image=None) -> dict:
 
 # --------------------------------------------------------------------------------------------- import
 def import_model(*, arch: str, name: str, weights=None, classes=None, input_size=None, mean=None, std=None,
-                 model_args=None, test_image=None, imported_by: str | None = None, replace: bool = False) -> dict:
+                 crop_pct=None, interpolation=None, model_args=None, test_image=None, imported_by: str | None = None, replace: bool = False) -> dict:
     """Import a model into the data folder; returns its card. Raises ImportRefused (a ValueError) with a message
     for the user. `arch` is a timm architecture name, or `hf-hub:org/name` (weights and config from the Hub)."""
     from safetensors.torch import load_file
@@ -346,7 +351,7 @@ def import_model(*, arch: str, name: str, weights=None, classes=None, input_size
                 raise ImportRefused(f"The checkpoint does not fit: first mismatching key "
                                     f"'{(missing or unexpected)[0]}'.")
         family, cam_layer = architecture_family(network)
-        prep = _preprocessing(network, input_size, mean, std)
+        prep = _preprocessing(network, input_size, mean, std, crop_pct, interpolation)
         check = _test_forward(network.eval(), prep, len(class_names), test_image)
         weights_file = folder / f"{name}.safetensors"
         card = {

@@ -45,7 +45,7 @@ def _upload_path(upload):
 
 
 def import_upload(services, weights, classes, arch, name, input_size="", mean="", std="", model_args="",
-                  imported_by="") -> str:
+                  imported_by="", crop_pct=None) -> str:
     """Import the uploaded files; returns the message for the tab (Markdown)."""
     weights, classes = _upload_path(weights), _upload_path(classes)
     arch = (arch or "").strip()
@@ -56,11 +56,12 @@ def import_upload(services, weights, classes, arch, name, input_size="", mean=""
             raise ValueError("Upload the weights: a .safetensors file.")
         if not classes:
             raise ValueError("Upload the class names: a text file (one per line) or a CSV.")
+    crop = _numbers(crop_pct, 1, "Centre crop")
     started = time.perf_counter()
     card = importer.import_model(arch=arch, name=(name or "").strip(), weights=weights, classes=classes,
                                  input_size=_numbers(input_size, 2, "Input size", int), mean=_numbers(mean, 3, "Mean"),
-                                 std=_numbers(std, 3, "Std"), model_args=(model_args or "").strip() or None,
-                                 imported_by=(imported_by or "").strip() or None)
+                                 std=_numbers(std, 3, "Std"), crop_pct=(crop or [None])[0],
+                                 model_args=(model_args or "").strip() or None, imported_by=(imported_by or "").strip() or None)
     seconds = time.perf_counter() - started
     if services is not None:
         services.forget_model(card["name"])

@@ -218,8 +218,14 @@ def test_existing_name_forbidden_args_and_unknown_arch(data_dir, tmp_path):
     import_model(arch="resnet18", weights=weights, classes=classes, name="twice", input_size=(32, 32))
     with pytest.raises(ImportRefused, match="already imported"):
         import_model(arch="resnet18", weights=weights, classes=classes, name="twice")
-    card = import_model(arch="resnet18", weights=weights, classes=classes, name="twice", input_size=(40, 40), replace=True)
-    assert card["input_size"] == [40, 40]
+    card = import_model(arch="resnet18", weights=weights, classes=classes, name="twice", input_size=(40, 40),
+                        crop_pct=1.0, interpolation="bilinear", mean=(0.7, 0.6, 0.5), std=(0.2, 0.2, 0.1), replace=True)
+    assert card["input_size"] == [40, 40] and card["crop_pct"] == 1.0 and card["interpolation"] == "bilinear"
+    bundle = models.load_model("twice")  # the replaced import is what loads
+    assert bundle.input_size == (40, 40) and bundle.crop_pct == 1.0 and bundle.mean == pytest.approx((0.7, 0.6, 0.5))
+    assert bundle.reference_color == pytest.approx((0.7, 0.6, 0.5))
+    with pytest.raises(ImportRefused, match="Crop fraction 0.0"):
+        import_model(arch="resnet18", weights=weights, classes=classes, name="crop", crop_pct=0.0)
     with pytest.raises(ImportRefused, match="'checkpoint_path' is not allowed"):
         import_model(arch="resnet18", weights=weights, classes=classes, name="args",
                      model_args={"checkpoint_path": "/tmp/x.pth"})
