@@ -326,3 +326,34 @@ def test_models_tab_service_imports_lists_and_removes(data_dir, tmp_path):
     assert models_tab.removable_choices() == ["tab-vit"]
     assert "Removed **tab-vit**" in models_tab.remove(services, "tab-vit")
     assert models_tab.imported_rows() == [] and "tab-vit" not in services.names()
+
+
+def test_train_aha_for_an_imported_model_stores_it_next_to_the_model(data_dir, tmp_path):
+    """A short train-aha run on an imported model: the explainer lands in the data folder beside the model's card
+    and AHA then runs in one pass for it (the app's job form for this is not built yet)."""
+    from explainers.aha.store import forget_explainers
+    from explainers.aha.train import train_aha
+    from explainers.methods import get_method
+
+    torch.manual_seed(0)
+    args = {"channels": [8, 16, 16, 16]}
+    network = timm.create_model("resnet18", pretrained=False, num_classes=3, **args)
+    weights = tmp_path / "aha-base.safetensors"
+    save_file(network.state_dict(), str(weights))
+    (tmp_path / "c.txt").write_text("a\nb\nc\n")
+    import_model(arch="resnet18", weights=weights, classes=tmp_path / "c.txt", name="base-model",
+                 input_size=(32, 32), model_args=args)
+    folder = labelled_folder(tmp_path / "train", n=8)
+    card = train_aha(model="base-model", data=str(folder), val_data=str(folder), val_limit=4, steps=2,
+                     batch_size=4, checkpoint_every=1, log_every=1, progress=False, compare=())
+    assert (data_dir / "models" / "aha-base-model.json").exists()
+    assert (data_dir / "models" / "aha-base-model.safetensors").exists()
+    assert card["base_model"] == "base-model"
+    forget_explainers()
+    bundle = models.load_model("base-model")
+    get_method("aha").check(bundle)  # trained: no MethodNotApplicable
+    record = first_heatmap("base-model", "aha")
+    assert record["map"].shape == (32, 32) and np.isfinite(record["map"]).all()
+    assert "base-model" in models.list_models() and "aha-base-model" not in models.list_models()
+    remove_imported_model("base-model")
+    assert not list((data_dir / "models").glob("aha-base-model*"))
