@@ -37,7 +37,7 @@ from explainers.engine import CURVE_NOTE
 from explainers.images import COLORMAPS, ImageError, load_image
 from explainers.methods import METHODS
 from saliency_lab import browse as browse_module
-from saliency_lab import explain, figures, finetune, learn, masks, menus, review, review_data, studies
+from saliency_lab import explain, figures, finetune, learn, masks, menus, models_tab, review, review_data, studies
 from explainers.review_report import SLOTS
 from saliency_lab.errors import is_user_error, user_message
 from saliency_lab.services import DEVICE, Services, configure_torch, default_loader
@@ -380,7 +380,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                         model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
                                             label="Model",
                                             info="Bundled models first; hub models download once, on first use; "
-                                                 "fine-tuned models appear here when a fine-tune finishes.",
+                                                 "fine-tuned models appear here when a fine-tune finishes, imported ones (Models tab) at once.",
                                             elem_id="model")
                         model_info = gr.Markdown(elem_classes="help")
                         methods = gr.CheckboxGroup(all_methods, value=first_methods,
@@ -431,6 +431,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             # ---------------------------------------------------------------------------- Learn
             with gr.Tab("Learn", id="learn") as learn_tab:
                 sanity_model = build_learn_tab(services, names, first_model, image, heavy)
+
+            # ---------------------------------------------------------------------------- Models
+            with gr.Tab("Models", id="models") as models_tab_ui:
+                models_parts = build_models_tab(services, heavy, light)
 
         # ------------------------------------------------------------------ Explain wiring
         explain_inputs = [image, model, methods, target, *sliders, opacity, colormap]
@@ -515,6 +519,11 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             tab.select(refresh_models, None, [*model_dropdowns, masks_parts["train_data"]], api_visibility="private",
                        queue=False)
         demo.refresh_models = refresh_models
+        for event in models_parts["changed"]:  # an import or a removal: every model picker follows
+            event.success(refresh_models, None, [*model_dropdowns, masks_parts["train_data"]],
+                          api_visibility="private", queue=False)
+        models_tab_ui.select(models_parts["refresh"], None, models_parts["refresh_outputs"], api_visibility="private",
+                             queue=False)
 
         def on_unload(request: gr.Request):
             services.forget_session(request.session_hash)
@@ -1049,6 +1058,67 @@ def build_study_panel(services, names, first_model, heavy, light):
             "methods_for": methods_for, "dataset": study_dataset}
 
 
+# ------------------------------------------------------------------------------------------------ Models tab
+def build_models_tab(services, heavy, light) -> dict:
+    """Import your own model (timm architecture + safetensors weights + class names), list and remove imports."""
+    gr.Markdown("Explain **your own model**: a [timm](https://huggingface.co/docs/timm) architecture and its weights "
+                "as a **safetensors** state dict (pickled `.pt`/`.pth`/`.bin` checkpoints are refused: loading them "
+                "can run code; the error says how to convert one), plus the class names (a text file, one per line, "
+                "or a CSV). The checkpoint must fit the architecture exactly; one forward pass checks it. Imported "
+                "models are stored in the data folder and appear in every model menu.", elem_classes="help")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5, min_width=320):
+            with gr.Row():
+                weights = gr.File(label="Weights (.safetensors)", file_types=[".safetensors"], type="filepath",
+                                  elem_id="import-weights", height=120)
+                classes = gr.File(label="Class names (.txt or .csv)", file_types=[".txt", ".csv"], type="filepath",
+                                  elem_id="import-classes", height=120)
+            with gr.Row():
+                arch = gr.Dropdown(list(models_tab.ARCHITECTURES), value=None, allow_custom_value=True,
+                                   label="timm architecture", info="any timm name, or hf-hub:org/name (no files needed)",
+                                   elem_id="import-arch")
+                name = gr.Textbox(label="Name", placeholder="my-model", info="letters, digits, '.', '-', '_'",
+                                  elem_id="import-name")
+            with gr.Accordion("Preprocessing and architecture options (default: timm's config)", open=False):
+                with gr.Row():
+                    input_size = gr.Textbox(label="Input size (H W)", placeholder="224 224", elem_id="import-size")
+                    mean = gr.Textbox(label="Mean (R G B)", placeholder="0.485 0.456 0.406", elem_id="import-mean")
+                    std = gr.Textbox(label="Std (R G B)", placeholder="0.229 0.224 0.225", elem_id="import-std")
+                    crop_pct = gr.Textbox(label="Centre crop (1 = none)", placeholder="timm's", elem_id="import-crop")
+                model_args = gr.Textbox(label="Model arguments (JSON, timm keyword arguments)",
+                                        placeholder='{"depth": 6, "embed_dim": 192}', elem_id="import-args")
+                imported_by = gr.Textbox(label="Imported by", placeholder="your name (default: the server's login)",
+                                         elem_id="import-by")
+            import_button = gr.Button("Import", variant="primary", elem_id="import-button")
+            status = gr.Markdown(elem_id="import-status")
+        with gr.Column(scale=6, min_width=360):
+            table = gr.Dataframe(models_tab.imported_rows(), headers=models_tab.TABLE_HEADERS, interactive=False,
+                                 label="Imported models", elem_id="imported-table")
+            with gr.Row():
+                to_remove = gr.Dropdown(models_tab.removable_choices(), value=None, label="Remove an imported model",
+                                        elem_id="remove-model", scale=3)
+                remove_button = gr.Button("Remove", variant="stop", elem_id="remove-button", scale=1)
+
+    def listing():
+        return models_tab.imported_rows(), gr.update(choices=models_tab.removable_choices(), value=None)
+
+    @friendly
+    def do_import(*args):
+        message = models_tab.import_upload(services, *args)
+        return (message, *listing())
+
+    @friendly
+    def do_remove(model_name):
+        message = models_tab.remove(services, model_name)
+        return (message, *listing())
+
+    imported = import_button.click(do_import, [weights, classes, arch, name, input_size, mean, std, model_args,
+                                               imported_by, crop_pct], [status, table, to_remove], api_name="import_model",
+                                   **heavy)
+    removed = remove_button.click(do_remove, to_remove, [status, table, to_remove], api_name="remove_model", **light)
+    return {"changed": [imported, removed], "refresh": listing, "refresh_outputs": [table, to_remove]}
+
+
 # ------------------------------------------------------------------------------------------------ Learn tab
 def build_learn_tab(services, names, first_model, explain_image, heavy):
     gr.Markdown("## What the methods do")
@@ -1095,7 +1165,9 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
 
 
 def launch_kwargs() -> dict:
-    return {"theme": THEME, "css": CSS, "ssr_mode": False, "max_file_size": "20mb", "show_error": False}
+    # uploads are images (checked from their header by load_image) and imported models' weights (Models tab)
+    upload_mb = int(os.environ.get("SALIENCY_LAB_MAX_UPLOAD_MB", "400"))
+    return {"theme": THEME, "css": CSS, "ssr_mode": False, "max_file_size": f"{upload_mb}mb", "show_error": False}
 
 
 if __name__ == "__main__":

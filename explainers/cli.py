@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -89,6 +90,33 @@ def _add_method_options(parser) -> None:
     parser.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
 
 
+def cmd_import_model(args) -> int:
+    from .import_model import import_model
+
+    started = time.perf_counter()
+    card = import_model(arch=args.arch, name=args.name, weights=args.weights, classes=args.classes,
+                        input_size=args.input_size, mean=args.mean, std=args.std, crop_pct=args.crop_pct,
+                        interpolation=args.interpolation, model_args=args.model_args,
+                        test_image=args.test_image, imported_by=args.by, replace=args.replace)
+    print(f"imported '{card['name']}': {card['timm_name']}, {len(card['class_names'])} classes, input "
+          f"{card['input_size'][0]}x{card['input_size'][1]} (crop {card['crop_pct']}, {card['interpolation']}), mean {[round(v, 4) for v in card['mean']]}, std "
+          f"{[round(v, 4) for v in card['std']]}, sha256 {card['weights_sha256'][:16]}..., "
+          f"{time.perf_counter() - started:.1f} s")
+    from .models import card_path
+
+    print(f"card: {card_path(card['name'])}")
+    print(f"explain it: python -m explainers explain --model {card['name']} --method gradcam --image IMAGE --out out.png")
+    return 0
+
+
+def cmd_remove_model(args) -> int:
+    from .import_model import remove_imported_model
+
+    removed = remove_imported_model(args.name)
+    print(f"removed '{args.name}': " + ", ".join(Path(p).name for p in removed))
+    return 0
+
+
 def cmd_camal(args) -> int:
     from .camal import cli_main
 
@@ -147,6 +175,28 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", default=None, help="JSON report")
     _add_method_options(evaluate)
     evaluate.set_defaults(handler=cmd_evaluate)
+
+    imp = commands.add_parser("import-model", help="import your own model: a timm architecture + safetensors weights")
+    imp.add_argument("--arch", required=True, help="a timm architecture name (e.g. resnet50), or hf-hub:org/name")
+    imp.add_argument("--weights", default=None, help="FILE.safetensors: the state dict (not needed for hf-hub:)")
+    imp.add_argument("--classes", default=None, help="class names: a text file (one per line) or a CSV")
+    imp.add_argument("--name", required=True, help="the model's name in the zoo (letters, digits, . - _)")
+    imp.add_argument("--input-size", type=int, nargs=2, metavar=("H", "W"), default=None,
+                     help="default: timm's pretrained config for the architecture")
+    imp.add_argument("--mean", type=float, nargs=3, default=None, help="normalisation mean, R G B in [0, 1]")
+    imp.add_argument("--std", type=float, nargs=3, default=None, help="normalisation std, R G B")
+    imp.add_argument("--crop-pct", type=float, default=None, help="centre-crop fraction (1 = none; default: timm's)")
+    imp.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default=None)
+    imp.add_argument("--model-args", default=None, metavar="JSON",
+                     help='timm keyword arguments of the architecture, e.g. \'{"depth": 6, "embed_dim": 192}\'')
+    imp.add_argument("--test-image", default=None, help="an image for the check forward pass (default: a gradient)")
+    imp.add_argument("--by", default=None, help="who imports it (default: the login name)")
+    imp.add_argument("--replace", action="store_true", help="replace an imported model of the same name")
+    imp.set_defaults(handler=cmd_import_model)
+
+    rm = commands.add_parser("remove-model", help="remove an imported model (and its AHA explainer)")
+    rm.add_argument("--name", required=True)
+    rm.set_defaults(handler=cmd_remove_model)
 
     camal = commands.add_parser("camal", help="CAMAL: fine-tune a model so its CAM lies inside trusted masks")
     camal.add_argument("--model", required=True, help="model-zoo name, or a card NAME.json")

@@ -219,7 +219,24 @@ def _bundle_from_network(name, network, *, class_names, reference_color, card, d
 
 
 def card_path(name: str) -> Path:
-    return WEIGHTS_DIR / f"{safe_name(name)}.json"
+    """The model's card: in the code's `weights/` (shipped models) or, for models a user imported, in the data
+    folder (`explainers.paths.user_models_dir()`); a shipped card wins. For an unknown name, the weights/ path."""
+    shipped = WEIGHTS_DIR / f"{safe_name(name)}.json"
+    if shipped.exists():
+        return shipped
+    user = user_card_path(name)
+    return user if user.exists() else shipped
+
+
+def user_card_path(name: str) -> Path:
+    from .paths import user_models_dir
+
+    return user_models_dir() / f"{safe_name(name)}.json"
+
+
+def weights_path(name: str, card: dict) -> Path:
+    """The weights file a card names, in the card's own folder (a bare file name: no path in a card is followed)."""
+    return card_path(name).parent / Path(card.get("weights_file", f"{name}.safetensors")).name
 
 
 def safe_name(name: str) -> str:
@@ -238,7 +255,7 @@ def _load_bundled(name: str) -> ModelBundle:
     from safetensors.torch import load_file
 
     card = json.loads(card_path(name).read_text())
-    weights = WEIGHTS_DIR / card.get("weights_file", f"{name}.safetensors")
+    weights = weights_path(name, card)
     if not weights.exists():
         raise ModelUnavailableError(
             f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository "
@@ -317,7 +334,8 @@ def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> Mode
 
 
 def list_models() -> list:
-    """Bundled models first, then fine-tuned checkpoints found in weights/, then the default hub names."""
+    """Bundled models first, then fine-tuned checkpoints found in weights/ and models imported into the data
+    folder, then the default hub names."""
     local = []
     if WEIGHTS_DIR.exists():
         for card_file in sorted(WEIGHTS_DIR.glob("*.json")):
@@ -330,6 +348,18 @@ def list_models() -> list:
                 continue
             if card.get("kind") == "classifier":
                 local.append(name)
+    from .paths import user_models_dir
+
+    for card_file in sorted(user_models_dir().glob("*.json")):  # imported models (explainers.import_model)
+        name = card_file.stem
+        if name in BUNDLED_MODELS or name in local or name.startswith("aha-"):
+            continue
+        try:
+            card = json.loads(card_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if card.get("kind") == "classifier":
+            local.append(name)
     return list(BUNDLED_MODELS) + local + list(HUB_MODELS)
 
 

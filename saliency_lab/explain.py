@@ -198,7 +198,7 @@ def model_menu(services, model_name, methods) -> tuple:
     bundle = services.bundle(model_name)
     choices = menus.method_choices(bundle)
     names = [value for _, value in choices]
-    kept = [m for m in (methods or []) if m in names] or menus.default_methods(bundle)
+    kept = [m for m in (methods or []) if m in names and menus.method_ready(bundle, m)] or menus.default_methods(bundle)
     info = (f"**{bundle.name}**: {bundle.family}, {bundle.num_classes} classes, input "
             f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({menus.model_kind(model_name)}).")
     return choices, kept, info

@@ -24,19 +24,29 @@ __all__ = ["model_kind", "model_available", "model_label", "model_choices", "def
 # Models
 # ------------------------------------------------------------------------------------------------
 def model_kind(name: str) -> str:
-    """'bundled', 'fine-tuned', 'hub' or 'memory' (a registered in-memory model, e.g. in tests)."""
+    """'bundled', 'fine-tuned', 'imported', 'hub' or 'memory' (a registered in-memory model, e.g. in tests)."""
     if name in models_module.BUNDLED_MODELS:
         return "bundled"
     if name in models_module.HUB_MODELS:
         return "hub"
     try:
-        if models_module.card_path(name).exists():
+        card_file = models_module.card_path(name)
+        if card_file.exists():
+            if card_file.parent != models_module.WEIGHTS_DIR and _card_source(card_file) == "import":
+                return "imported"
             return "fine-tuned"
     except ValueError:
         pass
     if models_module.is_loaded(name):
         return "memory"
     return "hub"
+
+
+def _card_source(card_file) -> str | None:
+    try:
+        return json.loads(card_file.read_text()).get("source")
+    except (OSError, ValueError):
+        return None
 
 
 def model_available(name: str) -> bool:
@@ -46,11 +56,10 @@ def model_available(name: str) -> bool:
     if name == "efficientnet-lite0":
         return True
     kind = model_kind(name)
-    if kind in ("bundled", "fine-tuned"):
+    if kind in ("bundled", "fine-tuned", "imported"):
         try:
-            card_file = models_module.card_path(name)
-            card = json.loads(card_file.read_text())
-            return (models_module.WEIGHTS_DIR / card.get("weights_file", f"{name}.safetensors")).exists()
+            card = json.loads(models_module.card_path(name).read_text())
+            return models_module.weights_path(name, card).exists()
         except (OSError, ValueError):
             return False
     cache = models_module.HUB_CACHE_DIR
@@ -63,6 +72,8 @@ def model_label(name: str) -> str:
         return f"{name} · bundled" if model_available(name) else f"{name} · bundled (not trained yet)"
     if kind == "fine-tuned":
         return f"{name} · fine-tuned"
+    if kind == "imported":
+        return f"{name} · imported"
     if kind == "memory":
         return f"{name} · in memory"
     return f"{name} · hub (cached)" if model_available(name) else f"{name} · hub (downloads on first use)"

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from explainers import engine
-from explainers import engine
 from explainers.images import png_bytes
 from explainers.models import ModelUnavailableError, load_model
 from .review_store import ReviewStore
@@ -156,6 +155,14 @@ class Services:
         if not name:
             raise ModelUnavailableError("Pick a model first.")
         return self.loader(name)
+
+    def forget_model(self, name: str) -> None:
+        """After a model was imported again or removed: drop its cached copies and the cached explanations
+        (keyed by model name, they could belong to the old weights)."""
+        from explainers.models import forget
+
+        forget(name)
+        self.cache.clear()
 
     def runner(self):
         """The fine-tune job runner (started on first use), with the 'camal' job kind registered."""

@@ -19,9 +19,13 @@ _LOCK = threading.Lock()
 
 
 def explainer_stem(model_name: str, weights_dir=None) -> Path:
-    from ..models import WEIGHTS_DIR, safe_name
+    """Where a model's explainer lives: next to the model's card (weights/ for shipped models, the data folder
+    for imported ones), unless `weights_dir` is given."""
+    from ..models import WEIGHTS_DIR, card_path, safe_name
 
-    return Path(weights_dir or WEIGHTS_DIR) / f"aha-{safe_name(model_name)}"
+    if weights_dir is None:
+        weights_dir = card_path(model_name).parent if card_path(model_name).exists() else WEIGHTS_DIR
+    return Path(weights_dir) / f"aha-{safe_name(model_name)}"
 
 
 def stem_from_out(out) -> Path:
@@ -50,8 +54,12 @@ def save_explainer(explainer: AHAExplainer, stem, card: dict) -> dict:
 
 
 def training_hint(model_name: str) -> str:
+    try:
+        out = explainer_stem(model_name)
+    except ValueError:
+        out = f"weights/aha-{model_name}"
     return (f"no trained AHA explainer for '{model_name}'; train one with: python -m explainers train-aha "
-            f"--model {model_name} --data PATH/TO/TRAIN/IMAGES --out weights/aha-{model_name}")
+            f"--model {model_name} --data PATH/TO/TRAIN/IMAGES --out {out}")
 
 
 def load_explainer(bundle, stem=None) -> AHAExplainer:
