@@ -11,7 +11,9 @@ From the captured statistics (all alpha-independent):
   g_q = mean over tokens of |dA_q * A_q|, heads below `head_threshold` x the layer's largest set to 0,
   normalised over the layer's heads; s_q = Gini of the head's attention from the class token to the patch
   tokens (the mean patch row where there is no class token), normalised over the layer's heads;
-- weighted attention  W~ = sum_q w_q relu(dA_q * A_q), column j scaled by |v_{q,j}|, rows renormalised;
+- weighted attention  W~ = sum_q w_q M_q, column j scaled by |v_{q,j}|, rows renormalised, where the per-head
+  matrix M_q is chosen by `attention_weighting` (ATTENTION_WEIGHTINGS): the paper's gradient-weighted
+  relu(dA_q * A_q) ("gradient"), plain attention A_q ("attention"), or one of two mixes;
 - start  R_L over the last block's tokens from the target's gradient there (`start`: |dz_j| for a class-token
   head, relu(dz_j . z_j) for a pooling head), summing to 1;
 - skip-aware propagation  R_{l-1} = W~^T (b_main * R_l) + b_skip * R_l, b_main = |sum do*o| /
@@ -25,8 +27,9 @@ benchmark's ablations: alpha, head selection, threshold, beta reduction, rescali
 
 Choices that are ours (the paper has no public code) are named options with the spec's defaults and are
 NOT VERIFIED AGAINST AUTHOR CODE: the gradient-flow formula and `head_threshold`, which attention rows
-the Gini uses, the form of W~ (`value_norm`), `beta_reduction`, where b_main applies (to R_l before the
-attention mixes it, so that relevance is conserved), the starting relevance `start`, and `rescale`.
+the Gini uses, the form of W~ (`attention_weighting`, `value_norm`), `beta_reduction`, where b_main applies
+(to R_l before the attention mixes it, so that relevance is conserved), the starting relevance `start`, and
+`rescale`.
 """
 from __future__ import annotations
 
@@ -41,9 +44,24 @@ EPS = 1e-12
 BETA_REDUCTIONS = ("token", "layer")
 HEAD_SELECTIONS = (None, "sparsest", "least_sparse")
 STARTS = ("auto", "gradient_norm", "gradient_x_activation", "class_token")
+# The per-head matrix M_q that W~ = rownorm(sum_q w_q M_q diag|v_q|) is built from. Only "gradient" is the
+# paper's wording; every form, and the per-head normalisation of the mixes, is ours, NOT VERIFIED AGAINST
+# AUTHOR CODE.
+#   "gradient"           relu(dA_q * A_q)  (paper: "gradient magnitudes"; heads with large gradients dominate)
+#   "attention"          A_q  (the gradient enters only through the head weights w_q, b_main and the start)
+#   "gradient_per_head"  relu(dA_q * A_q) diag|v_q| with each head's rows renormalised to sum 1 before w_q
+#                        mixes the heads, so that w_q (not the gradient's scale) sets each head's share
+#   "blend"              (rownorm(A_q diag|v_q|) + rownorm(relu(dA_q * A_q) diag|v_q|)) / 2 per head: attention's
+#                        locality plus the class-specific gradient, each head's two parts on the same scale
+ATTENTION_WEIGHTINGS = ("gradient", "attention", "gradient_per_head", "blend")
+DEFAULT_ATTENTION_WEIGHTING = "gradient"
 
 # the options `GradSkipState.map` accepts as overrides (everything after the capture)
-MAP_OPTIONS = ("head_threshold", "beta_reduction", "rescale", "head_selection", "head_fraction", "start")
+MAP_OPTIONS = ("head_threshold", "beta_reduction", "rescale", "head_selection", "head_fraction", "start",
+               "attention_weighting")
+# what a state built without some option (an older caller, a hand-made state) falls back to
+MAP_DEFAULTS = {"head_threshold": 0.1, "beta_reduction": "token", "rescale": True, "head_selection": None,
+                "head_fraction": 0.25, "start": "auto", "attention_weighting": DEFAULT_ATTENTION_WEIGHTING}
 
 
 def gini(values: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -59,7 +77,7 @@ def gini(values: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def _validate_options(*, alpha=None, head_threshold=None, beta_reduction=None, head_selection="unset",
-                      head_fraction=None, start=None, **_ignored) -> None:
+                      head_fraction=None, start=None, attention_weighting=None, **_ignored) -> None:
     if alpha is not None and not 0.0 <= float(alpha) <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if head_threshold is not None and not 0.0 <= float(head_threshold) <= 1.0:
@@ -72,6 +90,9 @@ def _validate_options(*, alpha=None, head_threshold=None, beta_reduction=None, h
         raise ValueError(f"head_fraction must be in (0, 1], got {head_fraction}")
     if start is not None and start not in STARTS:
         raise ValueError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+    if attention_weighting is not None and attention_weighting not in ATTENTION_WEIGHTINGS:
+        raise ValueError(f"attention_weighting must be one of {', '.join(ATTENTION_WEIGHTINGS)}, "
+                         f"got {attention_weighting!r}")
 
 
 class GradSkipState:
@@ -79,6 +100,7 @@ class GradSkipState:
 
     Shapes (L blocks, Hd heads, N tokens incl. P prefix tokens):
       `attention_flow`  B x L x Hd x N x N   relu(dA * A)
+      `attention`       B x L x Hd x N x N   A (None: only attention_weighting="gradient" can be read)
       `value_norms`     B x L x Hd x N       |v| per head and token (ones when `value_norm=False`)
       `gradient_flow`   B x L x Hd           mean |dA * A| (raw: threshold and normalisation at map time)
       `sparsity`        B x L x Hd           Gini of the class-token (or mean patch) attention row (raw)
@@ -93,8 +115,9 @@ class GradSkipState:
 
     def __init__(self, *, attention_flow, value_norms, gradient_flow, sparsity, main_flow, skip_flow,
                  end_gradient_norm, logits, targets, num_prefix_tokens, has_class_token, grid, image_hw,
-                 options, end_contribution=None, pooled_head: bool = False):
+                 options, end_contribution=None, pooled_head: bool = False, attention=None):
         self.attention_flow = attention_flow
+        self.attention = attention
         self.value_norms = value_norms
         self.gradient_flow = gradient_flow
         self.sparsity = sparsity
@@ -110,7 +133,8 @@ class GradSkipState:
         self.has_class_token = bool(has_class_token)
         self.grid = tuple(grid)
         self.image_hw = tuple(image_hw)
-        self.options = dict(options)  # alpha and the MAP_OPTIONS defaults of the method that captured this
+        self.options = {**MAP_DEFAULTS, **options}  # alpha and the MAP_OPTIONS of the method that captured this
+        _validate_options(**self.options)
 
     # --- shapes ----------------------------------------------------------------------------------
     @property
@@ -188,10 +212,26 @@ class GradSkipState:
         """b_main averaged over the tokens: B x L (a UI diagnostic)."""
         return self.beta_main.mean(dim=-1)
 
-    def weighted_attention(self, layer: int, weights: torch.Tensor) -> torch.Tensor:
+    def head_matrices(self, layer: int, **overrides) -> torch.Tensor:
+        """M_q diag|v_q| for one layer, before the head weights: B x Hd x N x N (see ATTENTION_WEIGHTINGS)."""
+        weighting = self._option(overrides, "attention_weighting")
+        _validate_options(attention_weighting=weighting)
+        values = self.value_norms[:, layer].unsqueeze(-2)
+        if weighting != "gradient" and self.attention is None:
+            raise ValueError(f"attention_weighting={weighting!r} needs the attention probabilities, which this "
+                             "GradSkip state does not hold (it was built without them)")
+        if weighting == "gradient":
+            return self.attention_flow[:, layer] * values
+        if weighting == "attention":
+            return self.attention[:, layer] * values
+        flow = _row_normalized(self.attention_flow[:, layer] * values)
+        if weighting == "gradient_per_head":
+            return flow
+        return 0.5 * (_row_normalized(self.attention[:, layer] * values) + flow)  # "blend"
+
+    def weighted_attention(self, layer: int, weights: torch.Tensor, **overrides) -> torch.Tensor:
         """W~ for one layer: B x N x N, rows summing to 1 (an all-zero row becomes the identity row)."""
-        matrix = torch.einsum("bh,bhij,bhj->bij", weights[:, layer], self.attention_flow[:, layer],
-                              self.value_norms[:, layer])
+        matrix = torch.einsum("bh,bhij->bij", weights[:, layer], self.head_matrices(layer, **overrides))
         rows = matrix.sum(dim=-1, keepdim=True)
         identity = torch.eye(matrix.shape[-1], device=matrix.device, dtype=matrix.dtype).expand_as(matrix)
         return torch.where(rows > EPS, matrix / rows.clamp_min(EPS), identity)
@@ -224,10 +264,50 @@ class GradSkipState:
         beta = self.beta_main_tokens(**overrides)
         relevance = self.start_relevance(**overrides)
         for layer in reversed(range(self.num_layers)):
-            matrix = self.weighted_attention(layer, weights)
+            matrix = self.weighted_attention(layer, weights, **overrides)
             main = beta[:, layer] * relevance
             relevance = torch.einsum("bij,bi->bj", matrix, main) + relevance - main
         return relevance
+
+    def layer_relevance(self, alpha: float | None = None, **overrides) -> torch.Tensor:
+        """R_l entering each block l (as the propagation reaches it from the top): B x L x N, each summing to 1.
+        Entry l is the relevance over block l's output tokens, before b_main splits it."""
+        weights = self.head_weights(alpha, **overrides)
+        beta = self.beta_main_tokens(**overrides)
+        relevance = self.start_relevance(**overrides)
+        entering = [None] * self.num_layers
+        for layer in reversed(range(self.num_layers)):
+            entering[layer] = relevance
+            matrix = self.weighted_attention(layer, weights, **overrides)
+            main = beta[:, layer] * relevance
+            relevance = torch.einsum("bij,bi->bj", matrix, main) + relevance - main
+        return torch.stack(entering, dim=1)
+
+    def beta_profile(self, alpha: float | None = None, index: int = 0, **overrides) -> dict:
+        """The per-layer main vs skip split for one image (plain lists, layer 0 = the first block).
+
+        `main_share[l]`: the fraction of the relevance reaching block l that the propagation sends through the
+        attention branch, sum_i b_main_i R_l,i (R_l sums to 1), so `skip_share = 1 - main_share` goes through
+        the skip connection unchanged. It depends on alpha and the map options (through R_l).
+        `beta_main_mean[l]`: b_main averaged over the tokens (unweighted, alpha-independent).
+        `main_flow` / `skip_flow`: |sum over tokens and channels| of do*o and dx*x, the two terms b_main compares.
+        """
+        if not 0 <= int(index) < self.batch_size:
+            raise IndexError(f"image index {index} out of range for a GradSkip state of {self.batch_size} images")
+        beta = self.beta_main_tokens(**overrides)[index]
+        entering = self.layer_relevance(alpha, **overrides)[index]
+        main_share = (beta * entering).sum(dim=-1)
+        return {
+            "layers": list(range(self.num_layers)),
+            "main_share": main_share.tolist(),
+            "skip_share": (1 - main_share).tolist(),
+            "beta_main_mean": beta.mean(dim=-1).tolist(),
+            "main_flow": self.main_flow[index].sum(dim=-1).abs().tolist(),
+            "skip_flow": self.skip_flow[index].sum(dim=-1).abs().tolist(),
+            "alpha": self._alpha(alpha),
+            "attention_weighting": self._option(overrides, "attention_weighting"),
+            "target": int(self.targets[index]),
+        }
 
     def relevance(self, alpha: float | None = None, **overrides) -> torch.Tensor:
         """Patch-token relevance B x gh x gw; with `rescale` each sums to its target logit (completeness)."""
@@ -261,6 +341,8 @@ class GradSkipState:
             "gradient_flow": self.normalized_gradient_flow(**overrides)[index].tolist(),
             "sparsity": self.normalized_sparsity()[index].tolist(),
             "beta_main": self.beta_main_tokens(**overrides)[index].mean(dim=-1).tolist(),
+            "main_share": self.beta_profile(alpha, index, **overrides)["main_share"],
+            "attention_weighting": self._option(overrides, "attention_weighting"),
             "target": int(self.targets[index]),
             "target_logit": float(self.target_logits[index]),
         }
@@ -270,6 +352,11 @@ class GradSkipState:
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.to(device))
         return self
+
+
+def _row_normalized(matrix: torch.Tensor) -> torch.Tensor:
+    """Each row divided by its sum (all-zero rows stay zero)."""
+    return matrix / matrix.sum(dim=-1, keepdim=True).clamp_min(EPS)
 
 
 def _branch_module(block: nn.Module) -> nn.Module:
@@ -377,6 +464,12 @@ class GradSkip(Method):
       head_selection=None, head_fraction=0.25  (ablation) keep only the `head_fraction` sparsest
                          ("sparsest") or least sparse ("least_sparse") heads per layer (at least one).
       value_norm=True    (choice) scale W~'s column j by |v_j| per head (the "embedding magnitude").
+      attention_weighting=DEFAULT_ATTENTION_WEIGHTING  (choice) the per-head matrix W~ mixes, one of
+                         ATTENTION_WEIGHTINGS: "gradient" relu(dA*A) (the paper's description), "attention" A,
+                         "gradient_per_head" relu(dA*A) with each head's rows renormalised before w_q mixes them,
+                         "blend" the mean of the row-normalised A and relu(dA*A) per head. Ours, NOT VERIFIED
+                         AGAINST AUTHOR CODE (the paper names the ingredients, not the form). The capture keeps
+                         both A and relu(dA*A), so every weighting is a free `state.map(...)` override.
       start="auto"       (choice) the relevance at the last block's tokens z_j. "gradient_norm": proportional to
                          |dy_c/dz_j|, i.e. the class token for a class-token head, class + distillation tokens for
                          DeiT (gradient x activation vanishes there: the per-token final LayerNorm makes dz_j
@@ -398,12 +491,15 @@ class GradSkip(Method):
 
     def __init__(self, alpha: float = 0.5, head_threshold: float = 0.1, beta_reduction: str = "token",
                  rescale: bool = True, head_selection: str | None = None, head_fraction: float = 0.25,
-                 value_norm: bool = True, start: str = "auto"):
+                 value_norm: bool = True, start: str = "auto",
+                 attention_weighting: str = DEFAULT_ATTENTION_WEIGHTING):
         _validate_options(alpha=alpha, head_threshold=head_threshold, beta_reduction=beta_reduction,
-                          head_selection=head_selection, head_fraction=head_fraction, start=start)
+                          head_selection=head_selection, head_fraction=head_fraction, start=start,
+                          attention_weighting=attention_weighting)
         super().__init__(alpha=alpha, head_threshold=head_threshold, beta_reduction=beta_reduction,
                          rescale=rescale, head_selection=head_selection, head_fraction=head_fraction,
-                         value_norm=value_norm, start=start)
+                         value_norm=value_norm, start=start, attention_weighting=attention_weighting)
+        self.attention_weighting = attention_weighting
         self.alpha, self.head_threshold, self.beta_reduction = float(alpha), float(head_threshold), beta_reduction
         self.rescale, self.head_selection, self.head_fraction = bool(rescale), head_selection, float(head_fraction)
         self.value_norm, self.start = bool(value_norm), start
@@ -434,9 +530,10 @@ class GradSkip(Method):
                 f"GradSkip: '{bundle.name}' has {tokens - prefix} patch tokens for a {image_hw} input, not the "
                 f"{grid[0]} x {grid[1]} grid its patch size implies (patch dropping or pooling tokens?).")
         with torch.no_grad():
-            flows, gradient_flow, sparsity, value_norms, main_flow, skip_flow = [], [], [], [], [], []
+            flows, attentions, gradient_flow, sparsity, value_norms, main_flow, skip_flow = [], [], [], [], [], [], []
             for index in range(layers):
                 attention = saved["A"][index].detach().float()
+                attentions.append(attention)
                 product = grad_a[index].float() * attention
                 flows.append(product.clamp_min(0))
                 gradient_flow.append(product.abs().mean(dim=(-2, -1)))
@@ -453,6 +550,7 @@ class GradSkip(Method):
                 skip_flow.append((grad_x[index].float() * x).sum(dim=-1))
             state = GradSkipState(
                 attention_flow=torch.stack(flows, dim=1),
+                attention=torch.stack(attentions, dim=1),
                 value_norms=torch.stack(value_norms, dim=1),
                 gradient_flow=torch.stack(gradient_flow, dim=1),
                 sparsity=torch.stack(sparsity, dim=1),
@@ -470,7 +568,7 @@ class GradSkip(Method):
                 options={"alpha": self.alpha, "head_threshold": self.head_threshold,
                          "beta_reduction": self.beta_reduction, "rescale": self.rescale,
                          "head_selection": self.head_selection, "head_fraction": self.head_fraction,
-                         "start": self.start},
+                         "start": self.start, "attention_weighting": self.attention_weighting},
             )
         return state
 
@@ -481,3 +579,25 @@ class GradSkip(Method):
 def prepare(bundle, images: torch.Tensor, targets, **options) -> GradSkipState:
     """`GradSkip(**options).prepare(bundle, images, targets)`: one capture, then `.map(alpha)` for free."""
     return GradSkip(**options).prepare(bundle, images, targets)
+
+
+def beta_profile(bundle, image: torch.Tensor, target: int, alpha: float | None = None, *,
+                 state: GradSkipState | None = None, index: int = 0, **options) -> dict:
+    """The per-layer main vs skip split of GradSkip's relevance for one explained image (for a UI's details).
+
+    `image`: 1 x 3 x H x W (or 3 x H x W) in [0, 1]; `target`: the explained class. Pass the `state` the map
+    came from (e.g. the app's cached capture) to read it without a model pass; otherwise one capture runs.
+    Returns `GradSkipState.beta_profile`'s dict: `layers`, `main_share` / `skip_share` (the fraction of the
+    relevance reaching each block that goes through its attention branch / its skip connection),
+    `beta_main_mean`, `main_flow`, `skip_flow`, `alpha`, `attention_weighting`, `target`."""
+    if state is None:
+        if image.dim() == 3:
+            image = image.unsqueeze(0)
+        if image.dim() != 4 or image.shape[0] != 1:
+            raise ValueError(f"beta_profile explains one image (1 x 3 x H x W), got shape {tuple(image.shape)}")
+        state = prepare(bundle, image, [int(target)], **options)
+        options = {}
+    elif int(state.targets[index]) != int(target):
+        raise ValueError(f"the GradSkip state explains class {int(state.targets[index])} for image {index}, "
+                         f"not {int(target)}")
+    return state.beta_profile(alpha, index=index, **options)
