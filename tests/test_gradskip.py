@@ -407,10 +407,21 @@ def test_captured_attention_matches_an_independent_recording():
     bundle = tiny_vit(**VARIANTS["registers"])
     images, targets = _images(bundle), torch.tensor([0, 1, 2])
     state = prepare(bundle, images, targets)
-    with AttentionRecorder(bundle) as recorder, torch.no_grad():
-        bundle(images)
+    qkv_outputs = []
+    handles = [block.attn.qkv.register_forward_hook(lambda _m, _i, out: qkv_outputs.append(out))
+               for block in bundle.network.blocks]
+    try:
+        with AttentionRecorder(bundle) as recorder, torch.no_grad():
+            bundle(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    heads = bundle.network.blocks[0].attn.num_heads
     for layer, attention in enumerate(recorder.attentions):
         assert torch.allclose(state.attention[:, layer], attention, atol=1e-6)
+        b, n, width = qkv_outputs[layer].shape
+        values = qkv_outputs[layer].reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]  # B x N x Hd x d
+        assert torch.allclose(state.value_norms[:, layer], values.norm(dim=-1).transpose(1, 2), atol=1e-6)
     assert torch.allclose(state.attention.sum(-1), torch.ones_like(state.attention.sum(-1)), atol=1e-5)
 
 
@@ -497,3 +508,29 @@ def test_beta_profile_library_function():
         beta_profile(bundle, image, 1, state=state)
     with pytest.raises(ValueError, match="one image"):
         beta_profile(bundle, _images(bundle, 2), 0)
+
+
+@pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square",
+                                     "layer_scale_non_square", "qk_norm"])
+def test_rebuilt_attention_equals_the_unfused_capture(variant):
+    """The default capture keeps timm's fused attention on and rebuilds A = softmax(q k^T s), dA = dO v^T; the
+    fallback switches fused attention off and reads A at attn_drop. Both must give the same statistics."""
+    from explainers.methods.gradskip import capture
+
+    bundle = tiny_vit(**({"qk_norm": True} if variant == "qk_norm" else VARIANTS[variant]))
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    seen = []
+    handle = bundle.network.blocks[0].attn.register_forward_pre_hook(lambda m, _a: seen.append(m.fused_attn))
+    try:
+        rebuilt = capture(bundle, images, targets, rebuild_attention=True)
+        unfused = capture(bundle, images, targets, rebuild_attention=False)
+    finally:
+        handle.remove()
+    assert rebuilt["rebuilt_attention"] and not unfused["rebuilt_attention"]
+    assert seen == [True, False]  # the default path leaves the fused kernel on
+    for a, b in zip(rebuilt["saved"]["A"], unfused["saved"]["A"]):
+        assert torch.allclose(a, b.detach(), atol=1e-6)
+    for a, b in zip(rebuilt["grads"], unfused["grads"]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    state = prepare(bundle, images, targets)
+    assert state.attention_flow.abs().sum() > 0

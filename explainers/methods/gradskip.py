@@ -387,20 +387,42 @@ def _unsupported_reason(bundle) -> str | None:
     return None
 
 
-def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: bool = True) -> dict:
-    """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached)."""
+def _reads_qkv(attn: nn.Module) -> bool:
+    """timm's standard `Attention` (qkv -> q_norm / k_norm -> attention -> norm -> proj): its probabilities and
+    their gradient can be rebuilt from q, k, v and the gradient at the attention output, fused kernel left on."""
+    return (type(attn).__name__ == "Attention" and isinstance(getattr(attn, "qkv", None), nn.Linear)
+            and all(isinstance(getattr(attn, name, None), nn.Module) for name in ("q_norm", "k_norm", "norm"))
+            and hasattr(attn, "num_heads") and hasattr(attn, "head_dim") and hasattr(attn, "scale")
+            and getattr(attn, "attn_dim", attn.num_heads * attn.head_dim) == attn.num_heads * attn.head_dim)
+
+
+def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: bool = True,
+            rebuild_attention: bool | None = None) -> dict:
+    """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached).
+
+    Two ways to see A and dA (the same values up to float rounding):
+    - `rebuild_attention=True` (the default where every block is timm's standard Attention): the model runs as
+      it is (fused attention kept on); hooks keep q, k (after q_norm / k_norm) and v, and the attention output
+      before `norm` / `proj`, whose gradient dO is one of the activations asked for. Then A = softmax(q k^T s)
+      and dA = dO v^T, outside autograd (x = A v, so that is exactly the gradient the unfused graph gives).
+    - otherwise fused attention is switched off for the pass and A is read at `attn_drop`'s output.
+    Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients."""
     blocks = bundle.blocks
     layers = len(blocks)
-    saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None}
+    if rebuild_attention is None:
+        rebuild_attention = all(_reads_qkv(block.attn) for block in blocks)
+    saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None,
+             "q": [None] * layers, "k": [None] * layers, "values": [None] * layers, "out": [None] * layers}
     handles, fused = [], []
 
-    def keep_input(index):
+    def keep_input(key, index):
         def hook(_module, args, kwargs):
-            saved["x"][index] = args[0] if args else kwargs["x"]
+            saved[key][index] = args[0] if args else kwargs["x"]
         return hook
 
-    def keep_output(key, index=None):
+    def keep_output(key, index=None, detach=False):
         def hook(_module, _inputs, output):
+            output = output.detach() if detach else output
             if index is None:
                 saved[key] = output
             else:
@@ -410,34 +432,41 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
     def keep_values(index, attn):
         heads = int(attn.num_heads)
 
-        def hook(_module, _inputs, output):
-            with torch.no_grad():
-                b, n, width = output.shape
-                values = output.detach().reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]
-                saved["v"][index] = values.float().norm(dim=-1).transpose(1, 2)  # B x Hd x N
+        def hook(_module, _inputs, output):  # a view, no copy: norms and dA are computed after the pass
+            b, n, width = output.shape
+            saved["values"][index] = output.detach().reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]
         return hook
 
     with bundle.lock:
         try:
-            fused = disable_fused_attention(bundle.network)
+            if not rebuild_attention:
+                fused = disable_fused_attention(bundle.network)
             for index, block in enumerate(blocks):
-                handles.append(block.register_forward_pre_hook(keep_input(index), with_kwargs=True))
+                attn = block.attn
+                handles.append(block.register_forward_pre_hook(keep_input("x", index), with_kwargs=True))
                 handles.append(_branch_module(block).register_forward_hook(keep_output("o", index)))
-                handles.append(block.attn.attn_drop.register_forward_hook(keep_output("A", index)))
-                qkv = getattr(block.attn, "qkv", None)
-                if value_norm and isinstance(qkv, nn.Linear) and hasattr(block.attn, "num_heads"):
-                    handles.append(qkv.register_forward_hook(keep_values(index, block.attn)))
+                if rebuild_attention:
+                    handles.append(attn.q_norm.register_forward_hook(keep_output("q", index, detach=True)))
+                    handles.append(attn.k_norm.register_forward_hook(keep_output("k", index, detach=True)))
+                    handles.append(attn.norm.register_forward_pre_hook(keep_input("out", index), with_kwargs=True))
+                else:
+                    handles.append(attn.attn_drop.register_forward_hook(keep_output("A", index)))
+                qkv = getattr(attn, "qkv", None)
+                if isinstance(qkv, nn.Linear) and hasattr(attn, "num_heads"):
+                    handles.append(qkv.register_forward_hook(keep_values(index, attn)))
             handles.append(blocks[-1].register_forward_hook(keep_output("z")))
             with torch.enable_grad():
                 inputs = images.detach().requires_grad_(True)  # a graph even for a frozen model
                 logits = bundle(inputs)
                 score = logits.gather(1, targets.view(-1, 1).to(logits.device)).sum()
-                missing = [key for key in ("x", "o", "A") if any(t is None for t in saved[key])]
+                first = ("q", "k", "values", "out") if rebuild_attention else ("A",)
+                missing = [key for key in first + ("x", "o") if any(t is None for t in saved[key])]
                 if missing or saved["z"] is None:
                     raise MethodNotApplicable(
                         f"GradSkip could not see {', '.join(missing) or 'the last block output'} in '{bundle.name}': "
                         "its blocks do not follow timm's ViT block layout.")
-                wanted = saved["A"] + saved["x"] + saved["o"] + [saved["z"]]
+                attention_side = saved["out"] if rebuild_attention else saved["A"]
+                wanted = attention_side + saved["x"] + saved["o"] + [saved["z"]]
                 # gradients with respect to activations only: parameters' .grad are neither computed nor touched
                 grads = torch.autograd.grad(score, wanted, allow_unused=True)
         finally:
@@ -445,7 +474,24 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
                 handle.remove()
             restore_fused_attention(fused)
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
-    return {"saved": saved, "grads": grads, "logits": logits.detach()}
+    with torch.no_grad():
+        values = saved["values"]  # B x N x Hd x d each, or None where qkv was not seen
+        if rebuild_attention:
+            for index, block in enumerate(blocks):
+                q, k, v = saved["q"][index], saved["k"][index], values[index].transpose(1, 2)
+                saved["A"][index] = ((q * block.attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+                b, n, _ = grads[index].shape
+                d_out = grads[index].view(b, n, q.shape[1], q.shape[-1]).transpose(1, 2)  # B x Hd x N x d
+                grads[index] = d_out @ v.transpose(-2, -1)  # dA = dO v^T
+        if value_norm and all(v is not None for v in values):
+            if len({tuple(v.shape) for v in values}) == 1:
+                norms = torch.linalg.vector_norm(torch.stack(values, dim=1).float(), dim=-1).transpose(-1, -2)
+                saved["v"] = list(norms.unbind(dim=1))  # B x Hd x N per layer
+            else:
+                saved["v"] = [torch.linalg.vector_norm(v.float(), dim=-1).transpose(1, 2) for v in values]
+    for key in ("q", "k", "values", "out"):
+        saved.pop(key)
+    return {"saved": saved, "grads": grads, "logits": logits.detach(), "rebuilt_attention": bool(rebuild_attention)}
 
 
 @register
@@ -529,33 +575,30 @@ class GradSkip(Method):
             raise MethodNotApplicable(
                 f"GradSkip: '{bundle.name}' has {tokens - prefix} patch tokens for a {image_hw} input, not the "
                 f"{grid[0]} x {grid[1]} grid its patch size implies (patch dropping or pooling tokens?).")
-        with torch.no_grad():
-            flows, attentions, gradient_flow, sparsity, value_norms, main_flow, skip_flow = [], [], [], [], [], [], []
-            for index in range(layers):
-                attention = saved["A"][index].detach().float()
-                attentions.append(attention)
-                product = grad_a[index].float() * attention
-                flows.append(product.clamp_min(0))
-                gradient_flow.append(product.abs().mean(dim=(-2, -1)))
-                if bundle.has_class_token:
-                    rows = attention[:, :, 0, prefix:]
-                else:
-                    rows = attention[:, :, prefix:, prefix:].mean(dim=2)
-                sparsity.append(gini(rows))
-                values = saved["v"][index]
-                value_norms.append(values if values is not None and self.value_norm
-                                   else torch.ones(attention.shape[:2] + attention.shape[-1:], device=attention.device))
-                x, o = saved["x"][index].detach().float(), saved["o"][index].detach().float()
-                main_flow.append((grad_o[index].float() * o).sum(dim=-1))
-                skip_flow.append((grad_x[index].float() * x).sum(dim=-1))
+        with torch.no_grad():  # every layer at once: B x L x ...
+            attention = torch.stack([a.detach() for a in saved["A"]], dim=1).float()
+            product = torch.stack(grad_a, dim=1).float().mul_(attention)
+            gradient_flow = product.abs().mean(dim=(-2, -1))
+            flows = product.clamp_min_(0)
+            if bundle.has_class_token:
+                rows = attention[:, :, :, 0, prefix:]
+            else:
+                rows = attention[:, :, :, prefix:, prefix:].mean(dim=3)
+            sparsity = gini(rows)
+            if self.value_norm and all(v is not None for v in saved["v"]):
+                value_norms = torch.stack(saved["v"], dim=1)
+            else:
+                value_norms = torch.ones(attention.shape[:3] + attention.shape[-1:], device=attention.device)
+            main_flow = torch.stack([(g.float() * o.detach().float()).sum(dim=-1) for g, o in zip(grad_o, saved["o"])], 1)
+            skip_flow = torch.stack([(g.float() * x.detach().float()).sum(dim=-1) for g, x in zip(grad_x, saved["x"])], 1)
             state = GradSkipState(
-                attention_flow=torch.stack(flows, dim=1),
-                attention=torch.stack(attentions, dim=1),
-                value_norms=torch.stack(value_norms, dim=1),
-                gradient_flow=torch.stack(gradient_flow, dim=1),
-                sparsity=torch.stack(sparsity, dim=1),
-                main_flow=torch.stack(main_flow, dim=1),
-                skip_flow=torch.stack(skip_flow, dim=1),
+                attention_flow=flows,
+                attention=attention,
+                value_norms=value_norms,
+                gradient_flow=gradient_flow,
+                sparsity=sparsity,
+                main_flow=main_flow,
+                skip_flow=skip_flow,
                 end_gradient_norm=grad_z.float().norm(dim=-1),
                 end_contribution=(grad_z.float() * saved["z"].detach().float()).sum(dim=-1),
                 pooled_head=_pooled_head(bundle),
