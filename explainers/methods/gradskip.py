@@ -13,7 +13,8 @@ From the captured statistics (all alpha-independent):
   tokens (the mean patch row where there is no class token), normalised over the layer's heads;
 - weighted attention  W~ = sum_q w_q M_q, column j scaled by |v_{q,j}|, rows renormalised, where the per-head
   matrix M_q is chosen by `attention_weighting` (ATTENTION_WEIGHTINGS): the paper's gradient-weighted
-  relu(dA_q * A_q) ("gradient"), plain attention A_q ("attention"), or one of two mixes;
+  relu(dA_q * A_q) ("gradient"), plain attention A_q ("attention", the default, chosen on validation data),
+  or one of two mixes;
 - start  R_L over the last block's tokens from the target's gradient there (`start`: |dz_j| for a class-token
   head, relu(dz_j . z_j) for a pooling head), summing to 1;
 - skip-aware propagation  R_{l-1} = W~^T (b_main * R_l) + b_skip * R_l, b_main = |sum do*o| /
@@ -54,7 +55,10 @@ STARTS = ("auto", "gradient_norm", "gradient_x_activation", "class_token")
 #   "blend"              (rownorm(A_q diag|v_q|) + rownorm(relu(dA_q * A_q) diag|v_q|)) / 2 per head: attention's
 #                        locality plus the class-specific gradient, each head's two parts on the same scale
 ATTENTION_WEIGHTINGS = ("gradient", "attention", "gradient_per_head", "blend")
-DEFAULT_ATTENTION_WEIGHTING = "gradient"
+# Chosen on BloodMNIST validation cells (256, all classes; bench/results/gradskip-weightings-val.json, issue #15):
+# ins-del 0.401 [0.371, 0.430] for "attention" vs 0.374 [0.345, 0.402] for the paper's "gradient" at alpha 0.5
+# (paired difference +0.027 [+0.018, +0.037]); "blend" 0.399, "gradient_per_head" 0.376; rollout 0.411.
+DEFAULT_ATTENTION_WEIGHTING = "attention"
 
 # the options `GradSkipState.map` accepts as overrides (everything after the capture)
 MAP_OPTIONS = ("head_threshold", "beta_reduction", "rescale", "head_selection", "head_fraction", "start",
@@ -510,7 +514,7 @@ class GradSkip(Method):
       head_selection=None, head_fraction=0.25  (ablation) keep only the `head_fraction` sparsest
                          ("sparsest") or least sparse ("least_sparse") heads per layer (at least one).
       value_norm=True    (choice) scale W~'s column j by |v_j| per head (the "embedding magnitude").
-      attention_weighting=DEFAULT_ATTENTION_WEIGHTING  (choice) the per-head matrix W~ mixes, one of
+      attention_weighting="attention"  (choice, chosen on validation data) the per-head matrix W~ mixes, one of
                          ATTENTION_WEIGHTINGS: "gradient" relu(dA*A) (the paper's description), "attention" A,
                          "gradient_per_head" relu(dA*A) with each head's rows renormalised before w_q mixes them,
                          "blend" the mean of the row-normalised A and relu(dA*A) per head. Ours, NOT VERIFIED
