@@ -49,7 +49,7 @@ from explainers.data import mean_colour, open_dataset  # noqa: E402
 from explainers.evaluate import evaluate_methods, format_table  # noqa: E402
 from explainers.images import prepare_image  # noqa: E402
 from explainers.methods import get_method  # noqa: E402
-from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip  # noqa: E402
+from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, capture  # noqa: E402
 from explainers.metrics import deletion_insertion, randomization_sanity_check  # noqa: E402
 from explainers.models import bundle_from_timm, load_model  # noqa: E402
 
@@ -323,6 +323,7 @@ def cost(bundle, images, batch_size: int, repeats: int) -> dict:
         "forward + full backward (parameter grads)": lambda x, t: floor_pass(bundle, x, t),
         "gradskip": lambda x, t: gradskip.prepare(bundle, x, t).map(),
         "gradskip capture only (prepare)": lambda x, t: gradskip.prepare(bundle, x, t),
+        "gradskip capture, rebuilt attention (fused kept)": lambda x, t: capture(bundle, x, t, rebuild_attention=True),
         "gradskip map only (new alpha)": None,
         "gradcam (ours)": lambda x, t: gradcam.attribute(bundle, x, t),
         "pytorch-grad-cam GradCAM": peer_run,

@@ -401,20 +401,21 @@ def _reads_qkv(attn: nn.Module) -> bool:
 
 
 def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: bool = True,
-            rebuild_attention: bool | None = None) -> dict:
+            rebuild_attention: bool = False) -> dict:
     """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached).
 
     Two ways to see A and dA (the same values up to float rounding):
-    - `rebuild_attention=True` (the default where every block is timm's standard Attention): the model runs as
-      it is (fused attention kept on); hooks keep q, k (after q_norm / k_norm) and v, and the attention output
-      before `norm` / `proj`, whose gradient dO is one of the activations asked for. Then A = softmax(q k^T s)
-      and dA = dO v^T, outside autograd (x = A v, so that is exactly the gradient the unfused graph gives).
-    - otherwise fused attention is switched off for the pass and A is read at `attn_drop`'s output.
+    - default: fused attention is switched off for the pass and A is read at `attn_drop`'s output. It needs
+      no assumption about the attention module's internals, and on the bundled 64 px ViT on a CPU it is not
+      slower: the two paths are within timing noise of each other (bench/results/gradskip-cost.json).
+    - `rebuild_attention=True` (every block must be timm's standard Attention, else the default is used): the
+      model runs as it is (fused attention kept on); hooks keep q, k (after q_norm / k_norm) and v, and the
+      attention output before `norm` / `proj`, whose gradient dO is one of the activations asked for. Then
+      A = softmax(q k^T s) and dA = dO v^T, outside autograd (x = A v: exactly the unfused graph's gradient).
     Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients."""
     blocks = bundle.blocks
     layers = len(blocks)
-    if rebuild_attention is None:
-        rebuild_attention = all(_reads_qkv(block.attn) for block in blocks)
+    rebuild_attention = bool(rebuild_attention) and all(_reads_qkv(block.attn) for block in blocks)
     saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None,
              "q": [None] * layers, "k": [None] * layers, "values": [None] * layers, "out": [None] * layers}
     handles, fused = [], []
