@@ -1,21 +1,28 @@
-"""GradSkip benchmark (issue #3; spec: docs/methods.md sections 1 and 3).
+"""GradSkip benchmark (issues #3 and #15; spec: docs/methods.md sections 1 and 3).
 
-    python bench/bench_gradskip.py --model bloodmnist-vit --data ../shared/data/bloodmnist/64/test \
-        --limit 500 --out bench/results/gradskip-bloodmnist-vit.json
+    # choose the W~ form on validation cells (never the test split):
+    python bench/bench_gradskip.py --parts weightings --data ../shared/data/bloodmnist/64/val --limit 256 \
+        --out bench/results/gradskip-weightings-val.json
+    # the chosen default against rollout and Chefer on test cells, paired intervals; cost in the same run:
+    python bench/bench_gradskip.py --parts paired,cost --data ../shared/data/bloodmnist/64/test --limit 500 \
+        --out bench/results/gradskip-test.json
 
-Measures, on one model and one data set, in one run:
-1. the evaluation table (deletion, insertion, ins-del; lower deletion / higher insertion are better) for
-   gradskip, chefer, rollout, gradcam, random through `explainers.evaluate.evaluate_methods` (the protocol
-   `python -m explainers evaluate` uses);
-2. the paper's ablations on the same images and targets: alpha in {0, 0.25, 0.5, 0.75, 1}, and keeping only
-   the 25% sparsest vs the 25% least sparse heads (one GradSkip capture per batch serves all of them:
-   `GradSkipState.map` needs no model pass);
-3. cost: FLOPs per map (torch.utils.flop_counter, batch 1) and time per map (median of interleaved repeats,
-   batch 1 and batch `--batch-size`) as ratios to Grad-CAM on the same model in the same run, with the
-   forward + full backward floor for context; the target is <= 1.5x Grad-CAM's time;
-4. FLOPs per map on vit_base_patch16_224 with random weights (the paper: 69.39 GFLOPs);
-5. the model-randomisation sanity check (Adebayo et al. 2018): Spearman correlation of each map with the
-   original as layers are re-initialised from the top; a faithful method's maps must decorrelate.
+Parts (`--parts`, comma list; `--skip` removes from it):
+- `weightings`: deletion, insertion and ins-del (lower deletion / higher insertion are better), each with a
+  seeded 95% bootstrap interval over the images, for every GradSkip `attention_weighting` x alpha in
+  {0, 0.5, 1} (one capture per batch serves them all: `GradSkipState.map` needs no model pass), plus rollout,
+  Chefer and Grad-CAM on the same images and targets (the predicted classes), with ms per map;
+- `paired`: GradSkip with its defaults vs rollout and Chefer on the same images: per-method intervals and
+  paired bootstrap intervals of the differences (GradSkip - peer);
+- `cost`: time per map (median of interleaved repeats, batch 1 and `--batch-size`) of GradSkip against its
+  floor (one forward + one backward to the activations through every block, no parameter gradients), the
+  forward + full backward with parameter gradients, our Grad-CAM, pytorch-grad-cam's GradCAM on the same ViT
+  (with its documented ViT reshape_transform) and Chefer before (`.backward()`) / after (`autograd.grad`);
+  FLOPs per map (torch.utils.flop_counter, batch 1);
+- `table`: `explainers.evaluate.evaluate_methods` for gradskip, chefer, rollout, gradcam, random;
+- `ablations`: alpha in {0, 0.25, 0.5, 0.75, 1} and the 25% sparsest / least sparse heads;
+- `vit_base`: FLOPs per map on vit_base_patch16_224 with random weights (the paper: 69.39 GFLOPs);
+- `sanity`: model randomisation (Adebayo et al. 2018), Spearman with the original map as layers reset.
 
 `--model random-vit-tiny` uses bloodmnist-vit's architecture with random weights (for checking the script
 before the trained weights exist). Timing on a shared CPU is noisy: `--threads` (default 1) pins torch's
@@ -42,7 +49,7 @@ from explainers.data import mean_colour, open_dataset  # noqa: E402
 from explainers.evaluate import evaluate_methods, format_table  # noqa: E402
 from explainers.images import prepare_image  # noqa: E402
 from explainers.methods import get_method  # noqa: E402
-from explainers.methods.gradskip import GradSkip  # noqa: E402
+from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, capture  # noqa: E402
 from explainers.metrics import deletion_insertion, randomization_sanity_check  # noqa: E402
 from explainers.models import bundle_from_timm, load_model  # noqa: E402
 
@@ -102,6 +109,139 @@ def ablations(bundle, images, batch_size: int, steps: int, reference: str) -> di
     return table
 
 
+WEIGHTING_ALPHAS = (0.0, 0.5, 1.0)
+PEERS = ("rollout", "chefer", "gradcam")
+
+
+# --- intervals ------------------------------------------------------------------------------------
+def bootstrap_interval(values, *, resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Mean of per-image values with a seeded percentile bootstrap interval (images resampled with replacement)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("bootstrap_interval needs at least one value")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return {"mean": float(values.mean()), "low": float(low), "high": float(high), "level": level,
+            "resamples": resamples, "seed": seed, "n": int(values.size)}
+
+
+def paired_interval(a, b, **kwargs) -> dict:
+    """Mean of a - b over the same images with a bootstrap interval that resamples the image pairs jointly."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired_interval needs scores on the same images, got {a.shape} and {b.shape}")
+    return bootstrap_interval(a - b, **kwargs)
+
+
+def summarize(scores: dict, seconds: float, n: int, **kwargs) -> dict:
+    """Per-method row: deletion, insertion and ins-del, each with its interval, and ms per map."""
+    deletion, insertion = np.asarray(scores["deletion"]), np.asarray(scores["insertion"])
+    return {"deletion": bootstrap_interval(deletion, **kwargs), "insertion": bootstrap_interval(insertion, **kwargs),
+            "ins_minus_del": bootstrap_interval(insertion - deletion, **kwargs), "ms_per_map": 1000 * seconds / n}
+
+
+def _fmt(row: dict) -> str:
+    return f"{row['mean']:.4f} [{row['low']:.4f}, {row['high']:.4f}]"
+
+
+def print_rows(rows: dict) -> None:
+    print(f"  {'variant':<34}{'deletion':>26}{'insertion':>26}{'ins-del':>26}{'ms/map':>9}")
+    for label, row in rows.items():
+        print(f"  {label:<34}{_fmt(row['deletion']):>26}{_fmt(row['insertion']):>26}"
+              f"{_fmt(row['ins_minus_del']):>26}{row['ms_per_map']:>9.2f}", flush=True)
+
+
+def _score(bundle, batch, maps, targets, steps, reference, into: dict) -> None:
+    curves = deletion_insertion(bundle, batch, maps, targets, steps=steps, reference=reference)
+    into["deletion"].extend(curves.deletion_auc.tolist())
+    into["insertion"].extend(curves.insertion_auc.tolist())
+
+
+def _timed(function):
+    started = time.perf_counter()
+    value = function()
+    return value, time.perf_counter() - started
+
+
+def weightings(bundle, images, batch_size: int, steps: int, reference: str, peers=PEERS) -> dict:
+    """Every attention_weighting x alpha from one GradSkip capture per batch, plus the peers, same images/targets.
+
+    ms per map of a GradSkip variant = the capture's time per image + that variant's own map time per image
+    (what a single run of that variant costs)."""
+    variants = {f"gradskip {w} alpha={alpha:g}": {"attention_weighting": w, "alpha": alpha}
+                for w in ATTENTION_WEIGHTINGS for alpha in WEIGHTING_ALPHAS}
+    labels = list(variants) + list(peers)
+    scores = {label: {"deletion": [], "insertion": []} for label in labels}
+    seconds = dict.fromkeys(labels, 0.0)
+    capture_seconds = 0.0
+    method = GradSkip()
+    peer_methods = {name: get_method(name) for name in peers}
+    all_targets = []
+    for start in range(0, images.shape[0], batch_size):
+        batch = images[start:start + batch_size]
+        with torch.no_grad():
+            targets = bundle(batch).argmax(dim=1)
+        all_targets.extend(targets.tolist())
+        state, elapsed = _timed(lambda: method.prepare(bundle, batch, targets))
+        capture_seconds += elapsed
+        for label, options in variants.items():
+            options = dict(options)
+            maps, elapsed = _timed(lambda: state.map(options.pop("alpha"), **options))
+            seconds[label] += elapsed
+            _score(bundle, batch, maps, targets, steps, reference, scores[label])
+        for name, peer in peer_methods.items():
+            maps, elapsed = _timed(lambda: peer.attribute(bundle, batch, targets).detach())
+            seconds[name] += elapsed
+            _score(bundle, batch, maps, targets, steps, reference, scores[name])
+        print(f"  weightings: {min(start + batch_size, images.shape[0])}/{images.shape[0]} images", flush=True)
+    n = images.shape[0]
+    rows = {}
+    for label in labels:
+        extra = capture_seconds if label in variants else 0.0
+        rows[label] = summarize(scores[label], seconds[label] + extra, n)
+        rows[label]["options"] = variants.get(label, {})
+    return {"rows": rows, "targets": all_targets, "capture_ms_per_image": 1000 * capture_seconds / n,
+            "per_image": {label: {k: [round(v, 6) for v in vals] for k, vals in s.items()}
+                          for label, s in scores.items()}}
+
+
+def paired(bundle, images, batch_size: int, steps: int, reference: str, options: dict | None = None,
+           peers=("rollout", "chefer")) -> dict:
+    """GradSkip (its defaults, or `options`) vs the peers on the same images and targets, paired intervals."""
+    methods = {"gradskip": GradSkip(**(options or {}))}
+    methods.update({name: get_method(name) for name in peers})
+    scores = {label: {"deletion": [], "insertion": []} for label in methods}
+    seconds = dict.fromkeys(methods, 0.0)
+    for start in range(0, images.shape[0], batch_size):
+        batch = images[start:start + batch_size]
+        with torch.no_grad():
+            targets = bundle(batch).argmax(dim=1)
+        for label, method in methods.items():
+            maps, elapsed = _timed(lambda: method.attribute(bundle, batch, targets).detach())
+            seconds[label] += elapsed
+            _score(bundle, batch, maps, targets, steps, reference, scores[label])
+        if (start // batch_size) % 8 == 0:
+            print(f"  paired: {min(start + batch_size, images.shape[0])}/{images.shape[0]} images", flush=True)
+    n = images.shape[0]
+    rows = {label: summarize(scores[label], seconds[label], n) for label in methods}
+    rows["gradskip"]["options"] = methods["gradskip"].options
+    differences = {}
+    for peer in peers:
+        ours, theirs = scores["gradskip"], scores[peer]
+        differences[f"gradskip - {peer}"] = {
+            "deletion": paired_interval(ours["deletion"], theirs["deletion"]),
+            "insertion": paired_interval(ours["insertion"], theirs["insertion"]),
+            "ins_minus_del": paired_interval(np.subtract(ours["insertion"], ours["deletion"]),
+                                             np.subtract(theirs["insertion"], theirs["deletion"])),
+        }
+    return {"rows": rows, "differences": differences,
+            "per_image": {label: {k: [round(v, 6) for v in vals] for k, vals in s.items()}
+                          for label, s in scores.items()}}
+
+
+# --- cost -----------------------------------------------------------------------------------------
 def flops_of(function) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -111,52 +251,117 @@ def flops_of(function) -> int:
 
 
 def floor_pass(bundle, images, targets):
-    """Forward + full backward (parameters' gradients included): the floor of a one-pass gradient method."""
+    """Forward + full backward (parameters' gradients included), as a `.backward()` method pays."""
     with torch.enable_grad():
         logits = bundle(images.detach().requires_grad_(True))
         logits.gather(1, targets.view(-1, 1)).sum().backward()
     bundle.network.zero_grad(set_to_none=True)
 
 
-def cost(bundle, images, batch_size: int, repeats: int) -> dict:
-    """FLOPs and time per map, GradSkip vs Grad-CAM (and the floor), on the same model in the same run."""
-    gradskip, gradcam = GradSkip(), get_method("gradcam")
-    runs = {
-        "gradskip": lambda x, t: gradskip.prepare(bundle, x, t).map(0.5),
-        "gradcam": lambda x, t: gradcam.attribute(bundle, x, t),
-        "forward+backward": lambda x, t: floor_pass(bundle, x, t),
-        "gradskip map only (new alpha)": None,
-    }
-    result = {"flops_per_map": {}, "ms_per_map": {}}
-    one = images[:1]
+def activation_floor_pass(bundle, images, targets):
+    """GradSkip's floor: one forward and one backward to the activations through every block (to the first
+    block's input), no parameter gradient, the model as it is (fused attention left on)."""
+    with torch.enable_grad():
+        captured = {}
+        handle = bundle.blocks[0].register_forward_pre_hook(lambda _m, args: captured.setdefault("x", args[0]))
+        try:
+            logits = bundle(images.detach().requires_grad_(True))
+        finally:
+            handle.remove()
+        score = logits.gather(1, targets.view(-1, 1)).sum()
+        return torch.autograd.grad(score, captured["x"])[0]
+
+
+def chefer_backward_reference(bundle, images, targets):
+    """Chefer as it was before issue #15: `.backward()` (every parameter gradient), then zero `.grad`."""
+    from explainers.attention import AttentionRecorder, class_token_relevance, tokens_to_map
+    from explainers.methods.base import normalize_max, upsample
+
+    with AttentionRecorder(bundle, gradients=True) as recorder:
+        with torch.enable_grad():
+            logits = bundle(images.detach().requires_grad_(True))
+            logits.gather(1, targets.view(-1, 1)).sum().backward()
+    bundle.network.zero_grad(set_to_none=True)
     with torch.no_grad():
-        one_target = bundle(one).argmax(dim=1)
-    state = gradskip.prepare(bundle, one, one_target)
-    runs["gradskip map only (new alpha)"] = lambda x, t: state.map(0.25)
-    for label, run in runs.items():
-        result["flops_per_map"][label] = flops_of(lambda: run(one, one_target))
-    for size in sorted({1, min(batch_size, images.shape[0])}):
-        batch = images[:size]
-        with torch.no_grad():
-            targets = bundle(batch).argmax(dim=1)
-        if size > 1:
-            state_batch = gradskip.prepare(bundle, batch, targets)
-            runs["gradskip map only (new alpha)"] = lambda x, t: state_batch.map(0.25)
-        else:
-            runs["gradskip map only (new alpha)"] = lambda x, t: state.map(0.25)
-        times = {label: [] for label in runs}
-        for label, run in runs.items():  # warm-up
-            run(batch, targets)
-        for _ in range(repeats):  # interleaved, so that load changes hit every method alike
-            for label, run in runs.items():
-                started = time.perf_counter()
+        first = recorder.attentions[0]
+        tokens = first.shape[-1]
+        relevance = torch.eye(tokens, device=first.device).expand(first.shape[0], tokens, tokens).clone()
+        for attention, gradient in zip(recorder.attentions, recorder.gradients):
+            relevance = relevance + (gradient * attention).clamp_min(0).mean(dim=1) @ relevance
+        row = class_token_relevance(relevance, bundle)
+        if not bundle.has_class_token:
+            row = row - row.min(dim=1, keepdim=True).values
+        maps = tokens_to_map(row, bundle, tuple(images.shape[-2:]))
+        return normalize_max(upsample(maps, tuple(images.shape[-2:])).clamp_min(0))
+
+
+def peer_gradcam(bundle):
+    """pytorch-grad-cam's GradCAM on the bundle's ViT layer with the library's documented ViT reshape_transform."""
+    from pytorch_grad_cam import GradCAM as PeerGradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    def reshape(tokens):
+        grid = tokens[:, bundle.num_prefix_tokens:, :]
+        gh, gw = bundle.patch_grid()
+        return grid.reshape(grid.shape[0], gh, gw, grid.shape[2]).permute(0, 3, 1, 2)
+
+    cam = PeerGradCAM(model=bundle.network, target_layers=[bundle.cam_layer],
+                      reshape_transform=reshape if bundle.is_vit else None)
+
+    def run(images, targets):
+        return cam(input_tensor=bundle.normalize(images), targets=[ClassifierOutputTarget(int(t)) for t in targets])
+
+    return cam, run
+
+
+def cost(bundle, images, batch_size: int, repeats: int) -> dict:
+    """Time (and FLOPs) per map of GradSkip vs its floor and peers on the same model, interleaved, in one run."""
+    gradskip, gradcam, chefer = GradSkip(), get_method("gradcam"), get_method("chefer")
+    peer, peer_run = peer_gradcam(bundle)
+    runs = {
+        "floor: forward + backward to activations": lambda x, t: activation_floor_pass(bundle, x, t),
+        "forward + full backward (parameter grads)": lambda x, t: floor_pass(bundle, x, t),
+        "gradskip": lambda x, t: gradskip.prepare(bundle, x, t).map(),
+        "gradskip capture only (prepare)": lambda x, t: gradskip.prepare(bundle, x, t),
+        "gradskip capture, rebuilt attention (fused kept)": lambda x, t: capture(bundle, x, t, rebuild_attention=True),
+        "gradskip map only (new alpha)": None,
+        "gradcam (ours)": lambda x, t: gradcam.attribute(bundle, x, t),
+        "pytorch-grad-cam GradCAM": peer_run,
+        "chefer before (.backward)": lambda x, t: chefer_backward_reference(bundle, x, t),
+        "chefer after (autograd.grad)": lambda x, t: chefer.attribute(bundle, x, t),
+    }
+    result = {"flops_per_map": {}, "ms_per_map": {}, "repeats": repeats}
+    try:
+        for size in sorted({1, min(batch_size, images.shape[0])}):
+            batch = images[:size]
+            with torch.no_grad():
+                targets = bundle(batch).argmax(dim=1)
+            state = gradskip.prepare(bundle, batch, targets)
+            runs["gradskip map only (new alpha)"] = lambda x, t, state=state: state.map(0.25)
+            if size == 1:
+                for label, run in runs.items():
+                    result["flops_per_map"][label] = flops_of(lambda: run(batch, targets))
+            times = {label: [] for label in runs}
+            for label, run in runs.items():  # warm-up
                 run(batch, targets)
-                times[label].append((time.perf_counter() - started) / size)
-        result["ms_per_map"][f"batch {size}"] = {label: 1000 * statistics.median(v) for label, v in times.items()}
-    reference_flops = result["flops_per_map"]["gradcam"]
-    result["flops_ratio_to_gradcam"] = {k: v / reference_flops for k, v in result["flops_per_map"].items()}
-    result["time_ratio_to_gradcam"] = {
-        batch: {k: v / row["gradcam"] for k, v in row.items()} for batch, row in result["ms_per_map"].items()}
+            for _ in range(repeats):  # interleaved, so that load changes hit every method alike
+                for label, run in runs.items():
+                    started = time.perf_counter()
+                    run(batch, targets)
+                    times[label].append((time.perf_counter() - started) / size)
+            result["ms_per_map"][f"batch {size}"] = {label: 1000 * statistics.median(v) for label, v in times.items()}
+    finally:
+        peer.__exit__(None, None, None)
+    floor = "floor: forward + backward to activations"
+    result["ratios"] = {
+        batch: {"gradskip / floor": row["gradskip"] / row[floor],
+                "gradskip / forward+full backward": row["gradskip"] / row["forward + full backward (parameter grads)"],
+                "gradskip / pytorch-grad-cam GradCAM": row["gradskip"] / row["pytorch-grad-cam GradCAM"],
+                "gradskip / gradcam (ours)": row["gradskip"] / row["gradcam (ours)"],
+                "floor / gradcam (ours)": row[floor] / row["gradcam (ours)"],
+                "chefer before / after": row["chefer before (.backward)"] / row["chefer after (autograd.grad)"],
+                "chefer after / gradcam (ours)": row["chefer after (autograd.grad)"] / row["gradcam (ours)"]}
+        for batch, row in result["ms_per_map"].items()}
     result["gflops_per_map"] = {k: v / 1e9 for k, v in result["flops_per_map"].items()}
     return result
 
@@ -172,14 +377,14 @@ def vit_base_flops(repeats: int) -> dict:
     target = torch.tensor([0])
     gradskip, gradcam = GradSkip(), get_method("gradcam")
     flops = {
-        "gradskip": flops_of(lambda: gradskip.prepare(bundle, image, target).map(0.5)),
+        "gradskip": flops_of(lambda: gradskip.prepare(bundle, image, target).map()),
         "gradcam": flops_of(lambda: gradcam.attribute(bundle, image, target)),
         "forward": flops_of(lambda: torch.no_grad()(bundle)(image)),
         "forward+backward": flops_of(lambda: floor_pass(bundle, image, target)),
     }
     times = {"gradskip": [], "gradcam": []}
     for _ in range(repeats):
-        for label, run in (("gradskip", lambda: gradskip.prepare(bundle, image, target).map(0.5)),
+        for label, run in (("gradskip", lambda: gradskip.prepare(bundle, image, target).map()),
                            ("gradcam", lambda: gradcam.attribute(bundle, image, target))):
             started = time.perf_counter()
             run()
@@ -202,11 +407,14 @@ def sanity(bundle, images, count: int) -> dict:
     return report
 
 
+PARTS = ("weightings", "paired", "cost", "table", "ablations", "vit_base", "sanity")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bloodmnist-vit", help="a zoo name, or random-vit-tiny")
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/bloodmnist/64/test"))
-    parser.add_argument("--limit", type=int, default=500)
+    parser.add_argument("--limit", type=int, default=500, help="images spread evenly over the csv (all classes)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--reference", default="mean")
@@ -215,40 +423,64 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=15, help="timing repeats per method")
     parser.add_argument("--sanity-images", type=int, default=16)
     parser.add_argument("--vit-base-repeats", type=int, default=3, help="timing repeats on ViT-B/16 (0: FLOPs only)")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: table,ablations,cost,vit_base,sanity")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of parts to run: {','.join(PARTS)}")
+    parser.add_argument("--skip", default="", help="comma list of parts to leave out of --parts")
+    parser.add_argument("--gradskip-options", default="{}",
+                        help='JSON options for GradSkip in the paired part (default: its defaults), e.g. '
+                             '\'{"attention_weighting": "attention"}\'')
     parser.add_argument("--out", default=None, help="JSON report path")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    skip = set(filter(None, args.skip.split(",")))
+    parts = [p for p in filter(None, args.parts.split(",")) if p not in set(args.skip.split(","))]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown part(s) {sorted(unknown)}; choose from {', '.join(PARTS)}")
 
     bundle = build_bundle(args.model, args.data, args.device)
     images, _labels = load_images(bundle, args.data, args.limit)
-    report = {"model": args.model, "data": args.data, "limit": args.limit, "n_images": int(images.shape[0]),
-              "device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "python": platform.python_version(), "gradskip_defaults": GradSkip().options}
+    report = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+              "model": args.model, "data": args.data, "limit": args.limit, "n_images": int(images.shape[0]),
+              "classes": {str(k): int(v) for k, v in zip(*np.unique(_labels.numpy(), return_counts=True))},
+              "steps": args.steps, "reference": args.reference, "device": args.device,
+              "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "python": platform.python_version(), "gradskip_defaults": GradSkip().options,
+              "intervals": "95% percentile bootstrap over images, 2000 resamples, seed 0 (paired: the same "
+                           "resampled images for both methods)"}
     started = time.perf_counter()
 
-    if "table" not in skip:
+    if "weightings" in parts:
+        print(f"\nW~ options x alpha on {images.shape[0]} images of {args.data} (means, 95% bootstrap intervals)")
+        report["weightings"] = weightings(bundle, images, args.batch_size, args.steps, args.reference)
+        print_rows(report["weightings"]["rows"])
+    if "paired" in parts:
+        options = json.loads(args.gradskip_options)
+        print(f"\nGradSkip {GradSkip(**options).options} vs rollout and Chefer on {images.shape[0]} images")
+        report["paired"] = paired(bundle, images, args.batch_size, args.steps, args.reference, options)
+        print_rows(report["paired"]["rows"])
+        for label, row in report["paired"]["differences"].items():
+            print(f"  {label:<34}" + "".join(f"{_fmt(row[k]):>26}" for k in ("deletion", "insertion", "ins_minus_del")))
+    if "table" in parts:
         table = evaluate_methods(bundle, args.data, list(METHODS), limit=args.limit, steps=args.steps,
                                  reference=args.reference, batch_size=args.batch_size, progress=False)
         report["table"] = table
         print(format_table(table), flush=True)
-    if "ablations" not in skip:
+    if "ablations" in parts:
         report["ablations"] = ablations(bundle, images, args.batch_size, args.steps, args.reference)
         print("\nablations (GradSkip, same images and targets)")
         for label, row in report["ablations"].items():
             print(f"  {label:<26} deletion {row['deletion_auc']:.4f}  insertion {row['insertion_auc']:.4f}  "
                   f"ins-del {row['ins_minus_del']:.4f}", flush=True)
-    if "cost" not in skip:
+    if "cost" in parts:
         report["cost"] = cost(bundle, images, args.batch_size, args.repeats)
         print("\ncost per map on", args.model)
         for label, gflops in report["cost"]["gflops_per_map"].items():
-            print(f"  {label:<32} {gflops:.4f} GFLOPs ({report['cost']['flops_ratio_to_gradcam'][label]:.2f}x Grad-CAM)")
+            print(f"  {label:<44} {gflops:.4f} GFLOPs (batch 1)")
         for batch, row in report["cost"]["ms_per_map"].items():
-            ratios = report["cost"]["time_ratio_to_gradcam"][batch]
-            print(f"  {batch}: " + ", ".join(f"{k} {v:.2f} ms ({ratios[k]:.2f}x)" for k, v in row.items()), flush=True)
-    if "vit_base" not in skip:
+            print(f"  {batch}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in row.items()))
+            print(f"  {batch} ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in report["cost"]["ratios"][batch].items()),
+                  flush=True)
+    if "vit_base" in parts:
         report["vit_base_random"] = vit_base_flops(args.vit_base_repeats)
         vb = report["vit_base_random"]
         print("\nvit_base_patch16_224 (random weights), per map: " + ", ".join(
@@ -256,7 +488,7 @@ def main(argv=None) -> int:
             + f"; GradSkip / paper's {PAPER_GFLOPS} = {vb['gradskip_vs_paper']:.3f}"
             + (f"; time GradSkip/Grad-CAM {vb['time_ratio_gradskip_to_gradcam']:.2f}x" if vb["ms_per_map"] else ""),
             flush=True)
-    if "sanity" not in skip:
+    if "sanity" in parts:
         report["sanity"] = sanity(bundle, images, args.sanity_images)
         print("\nmodel randomisation (Spearman with the original map; cascading from the top)")
         for name, row in report["sanity"].items():

@@ -6,7 +6,7 @@ import torch
 from conftest import tiny_cnn, tiny_vit
 from explainers.attention import AttentionRecorder
 from explainers.methods import MethodNotApplicable, available_methods, explain, get_method
-from explainers.methods.gradskip import GradSkip, GradSkipState, gini, prepare
+from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, GradSkipState, gini, prepare
 from explainers.models import bundle_from_timm
 
 VARIANTS = {
@@ -83,11 +83,16 @@ def test_alpha_recombination_runs_no_model_pass(monkeypatch):
         state.head_weights(0.7)
         state.diagnostics(0.2)
         state.map(0.5, head_selection="sparsest")
+        weighted = {w: state.map(0.5, attention_weighting=w) for w in ATTENTION_WEIGHTINGS}
+        for w in ATTENTION_WEIGHTINGS:
+            state.map(0.0, attention_weighting=w, normalize=False)
+            state.beta_profile(1.0, index=2, attention_weighting=w)
     finally:
         handle.remove()
     assert calls == []
     assert not torch.allclose(maps[0.0], maps[1.0], atol=1e-4)
     assert all(m.shape == (3, 32, 32) for m in maps.values())
+    assert not torch.allclose(weighted["gradient"], weighted["attention"], atol=1e-4)  # the option does something
     # the forward hook does count a real pass (the check above can fail)
     handle = bundle.network.register_forward_hook(lambda *_: calls.append("forward"))
     try:
@@ -229,7 +234,8 @@ def test_propagation_by_hand():
         end_gradient_norm=torch.tensor([[2.0, 0.0, 0.0]]), logits=torch.tensor([[4.0, 0.0]]),
         targets=torch.tensor([0]), num_prefix_tokens=1, has_class_token=True, grid=(1, 2), image_hw=(2, 4),
         options={"alpha": 0.5, "head_threshold": 0.1, "beta_reduction": "token", "rescale": True,
-                 "head_selection": None, "head_fraction": 0.25, "start": "auto"})
+                 "head_selection": None, "head_fraction": 0.25, "start": "auto",
+                 "attention_weighting": "gradient"})
     # b_main = 3 / (3 + 1) = 0.75 at the class token; W~ row 0 = [0, 2, 6] / 8
     expected = torch.tensor([0.25, 0.75 * 0.25, 0.75 * 0.75])
     assert torch.allclose(state.token_relevance(), expected.view(1, 3))
@@ -346,3 +352,186 @@ def test_swin_refused_with_a_clear_message():
         get_method("gradskip").check(bundle)
     with pytest.raises(MethodNotApplicable, match="Swin"):
         prepare(bundle, torch.rand(1, 3, 64, 64), [0])
+
+
+def _hand_state(weighting="gradient", attention=True):
+    """One block, one head, class token + 2 patches (the by-hand case above), with its attention A."""
+    flow = torch.tensor([[0.0, 2.0, 2.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    probabilities = torch.tensor([[0.5, 0.25, 0.25], [0.0, 1.0, 0.0], [0.25, 0.25, 0.5]])
+    return GradSkipState(
+        attention_flow=flow.view(1, 1, 1, 3, 3), value_norms=torch.tensor([1.0, 1.0, 3.0]).view(1, 1, 1, 3),
+        attention=probabilities.view(1, 1, 1, 3, 3) if attention else None,
+        gradient_flow=torch.ones(1, 1, 1), sparsity=torch.ones(1, 1, 1),
+        main_flow=torch.tensor([[[3.0, 1.0, 0.0]]]), skip_flow=torch.tensor([[[-1.0, 1.0, 0.0]]]),
+        end_gradient_norm=torch.tensor([[2.0, 0.0, 0.0]]), logits=torch.tensor([[4.0, 0.0]]),
+        targets=torch.tensor([0]), num_prefix_tokens=1, has_class_token=True, grid=(1, 2), image_hw=(2, 4),
+        options={"alpha": 0.5, "attention_weighting": weighting})
+
+
+def test_attention_weightings_by_hand():
+    """R_0 = W~^T (b * R_1) + (1 - b) R_1 with b = 0.75 at the class token, where all of R_1 starts."""
+    state = _hand_state()
+    # gradient: row 0 of relu(dA*A) diag|v| = [0, 2, 6] -> [0, 1/4, 3/4]
+    assert torch.allclose(state.token_relevance(), torch.tensor([[0.25, 0.1875, 0.5625]]))
+    # attention: row 0 of A diag|v| = [0.5, 0.25, 0.75] -> [1/3, 1/6, 1/2]
+    expected = torch.tensor([[0.25 + 0.75 / 3, 0.75 / 6, 0.75 / 2]])
+    assert torch.allclose(state.token_relevance(attention_weighting="attention"), expected)
+    assert torch.allclose(_hand_state("attention").token_relevance(), expected)  # the captured default
+    # one head: per-head normalisation changes nothing; the blend is the mean of the two rows
+    assert torch.allclose(state.token_relevance(attention_weighting="gradient_per_head"), state.token_relevance())
+    blend = torch.tensor([[0.25 + 0.75 * (0 + 1 / 3) / 2, 0.75 * (0.25 + 1 / 6) / 2, 0.75 * (0.75 + 0.5) / 2]])
+    assert torch.allclose(state.token_relevance(attention_weighting="blend"), blend)
+
+
+def test_per_head_normalisation_gives_the_head_weights_the_say():
+    """Two heads, one with 10x the gradient scale: the paper's form follows the loud head, the per-head form
+    follows w_q (equal weights here: the mean of the two heads' normalised rows)."""
+    loud = torch.tensor([[0.0, 10.0, 0.0], [0.0, 10.0, 0.0], [0.0, 0.0, 10.0]])
+    quiet = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    state = _hand_state()
+    state.attention_flow = torch.stack([loud, quiet]).view(1, 1, 2, 3, 3)
+    state.attention = torch.full((1, 1, 2, 3, 3), 1 / 3)
+    state.value_norms = torch.ones(1, 1, 2, 3)
+    state.gradient_flow, state.sparsity = torch.ones(1, 1, 2), torch.ones(1, 1, 2)
+    weights = state.head_weights(0.5)
+    assert torch.allclose(weights, torch.full((1, 1, 2), 0.5))
+    paper = state.weighted_attention(0, weights)[0, 0]
+    per_head = state.weighted_attention(0, weights, attention_weighting="gradient_per_head")[0, 0]
+    assert torch.allclose(paper, torch.tensor([0.0, 10 / 11, 1 / 11]))
+    assert torch.allclose(per_head, torch.tensor([0.0, 0.5, 0.5]))
+    assert torch.allclose(state.weighted_attention(0, weights, attention_weighting="attention")[0, 0],
+                          torch.full((3,), 1 / 3))
+
+
+def test_captured_attention_matches_an_independent_recording():
+    bundle = tiny_vit(**VARIANTS["registers"])
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    state = prepare(bundle, images, targets)
+    qkv_outputs = []
+    handles = [block.attn.qkv.register_forward_hook(lambda _m, _i, out: qkv_outputs.append(out))
+               for block in bundle.network.blocks]
+    try:
+        with AttentionRecorder(bundle) as recorder, torch.no_grad():
+            bundle(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    heads = bundle.network.blocks[0].attn.num_heads
+    for layer, attention in enumerate(recorder.attentions):
+        assert torch.allclose(state.attention[:, layer], attention, atol=1e-6)
+        b, n, width = qkv_outputs[layer].shape
+        values = qkv_outputs[layer].reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]  # B x N x Hd x d
+        assert torch.allclose(state.value_norms[:, layer], values.norm(dim=-1).transpose(1, 2), atol=1e-6)
+    assert torch.allclose(state.attention.sum(-1), torch.ones_like(state.attention.sum(-1)), atol=1e-5)
+
+
+@pytest.mark.parametrize("weighting", ATTENTION_WEIGHTINGS)
+def test_every_weighting_is_a_method_option_and_a_free_override(weighting):
+    bundle = tiny_vit(**VARIANTS["deit_distilled"])
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    direct = get_method("gradskip", attention_weighting=weighting, alpha=0.25).attribute(bundle, images, targets)
+    assert torch.allclose(direct, prepare(bundle, images, targets).map(0.25, attention_weighting=weighting),
+                          atol=1e-6)
+    state = prepare(bundle, images, targets, attention_weighting=weighting)
+    assert state.options["attention_weighting"] == weighting
+    assert torch.allclose(state.map(0.25), direct, atol=1e-6)
+    assert torch.isfinite(direct).all() and (direct >= 0).all()
+    assert torch.allclose(state.token_relevance().sum(-1), torch.ones(3), atol=1e-5)  # conserved for every form
+    assert torch.allclose(state.relevance().sum(dim=(1, 2)), state.target_logits, atol=1e-4)
+
+
+def test_weighting_validated_and_missing_attention_is_a_clear_error():
+    with pytest.raises(ValueError, match="attention_weighting"):
+        GradSkip(attention_weighting="relu")
+    bundle = tiny_vit()
+    state = prepare(bundle, _images(bundle, 1), [0])
+    with pytest.raises(ValueError, match="attention_weighting"):
+        state.map(0.5, attention_weighting="plain")
+    bare = _hand_state(attention=False)
+    assert torch.isfinite(bare.map()).all()  # the paper's form needs no A
+    with pytest.raises(ValueError, match="attention probabilities"):
+        bare.map(attention_weighting="attention")
+
+
+def test_beta_profile_by_hand():
+    state = _hand_state()
+    profile = state.beta_profile()
+    # all of R_1 starts on the class token, where b_main = 3 / (3 + 1): 75% goes through attention
+    assert profile["main_share"] == pytest.approx([0.75]) and profile["skip_share"] == pytest.approx([0.25])
+    assert profile["beta_main_mean"] == pytest.approx([(0.75 + 0.5 + 0.0) / 3])
+    assert profile["main_flow"] == pytest.approx([4.0]) and profile["skip_flow"] == pytest.approx([0.0])
+    assert profile["layers"] == [0] and profile["target"] == 0
+    with pytest.raises(IndexError):
+        state.beta_profile(index=1)
+
+
+def test_beta_profile_on_a_vit():
+    bundle = tiny_vit(depth=4, num_heads=2)
+    state = prepare(bundle, _images(bundle, 2), [0, 1])
+    entering = state.layer_relevance()
+    assert entering.shape == (2, 4, state.attention_flow.shape[-1])
+    assert torch.allclose(entering.sum(-1), torch.ones(2, 4), atol=1e-5)
+    assert torch.allclose(entering[:, -1], state.start_relevance())  # the top block receives the start
+    beta = state.beta_main_tokens()
+    for index in range(2):
+        profile = state.beta_profile(0.3, index=index)
+        assert len(profile["main_share"]) == 4
+        assert all(0 <= m <= 1 for m in profile["main_share"])
+        assert [m + s for m, s in zip(profile["main_share"], profile["skip_share"])] == pytest.approx([1.0] * 4)
+        expected = (beta[index] * state.layer_relevance(0.3)[index]).sum(-1)
+        assert profile["main_share"] == pytest.approx(expected.tolist(), abs=1e-6)
+        # the relevance-weighted share at the top block reads b_main at the tokens the head reads (not the mean)
+        assert profile["main_share"][-1] == pytest.approx(float((beta[index, -1] * state.start_relevance()[index]).sum()))
+    assert state.diagnostics(0.3, index=1)["main_share"] == pytest.approx(state.beta_profile(0.3, index=1)["main_share"])
+
+
+def test_beta_profile_library_function():
+    from explainers.methods.gradskip import beta_profile
+
+    bundle = tiny_vit(depth=3, num_heads=2)
+    image = _images(bundle, 1)
+    profile = beta_profile(bundle, image, 2, alpha=0.5)
+    state = prepare(bundle, image, [2])
+    assert profile["main_share"] == pytest.approx(state.beta_profile(0.5)["main_share"], abs=1e-6)
+    assert len(profile["main_share"]) == 3 and profile["target"] == 2
+    assert beta_profile(bundle, image[0], 2, alpha=0.5)["main_share"] == pytest.approx(profile["main_share"], abs=1e-6)
+    # from a cached state: no model pass
+    calls = []
+    handle = bundle.network.register_forward_hook(lambda *_: calls.append("forward"))
+    try:
+        cached = beta_profile(bundle, image, 2, 0.5, state=state, attention_weighting="attention")
+    finally:
+        handle.remove()
+    assert calls == [] and cached["attention_weighting"] == "attention"
+    assert cached["main_share"] == pytest.approx(state.beta_profile(0.5, attention_weighting="attention")["main_share"])
+    with pytest.raises(ValueError, match="explains class"):
+        beta_profile(bundle, image, 1, state=state)
+    with pytest.raises(ValueError, match="one image"):
+        beta_profile(bundle, _images(bundle, 2), 0)
+
+
+@pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square",
+                                     "layer_scale_non_square", "qk_norm"])
+def test_rebuilt_attention_equals_the_unfused_capture(variant):
+    """rebuild_attention=True keeps timm's fused attention on and rebuilds A = softmax(q k^T s), dA = dO v^T; the
+    default switches fused attention off and reads A at attn_drop. Both must give the same statistics."""
+    from explainers.methods.gradskip import capture
+
+    bundle = tiny_vit(**({"qk_norm": True} if variant == "qk_norm" else VARIANTS[variant]))
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    seen = []
+    handle = bundle.network.blocks[0].attn.register_forward_pre_hook(lambda m, _a: seen.append(m.fused_attn))
+    try:
+        rebuilt = capture(bundle, images, targets, rebuild_attention=True)
+        unfused = capture(bundle, images, targets, rebuild_attention=False)
+    finally:
+        handle.remove()
+    assert rebuilt["rebuilt_attention"] and not unfused["rebuilt_attention"]
+    assert seen == [True, False]  # the rebuilding path leaves the fused kernel on
+    assert not capture(bundle, images, targets)["rebuilt_attention"]  # the default: unfused (faster on a CPU)
+    for a, b in zip(rebuilt["saved"]["A"], unfused["saved"]["A"]):
+        assert torch.allclose(a, b.detach(), atol=1e-6)
+    for a, b in zip(rebuilt["grads"], unfused["grads"]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    state = prepare(bundle, images, targets)
+    assert state.attention_flow.abs().sum() > 0

@@ -141,3 +141,66 @@ def test_chefer_is_class_specific_and_rollout_is_not(vit_bundle, images):
 def test_registry_has_labels_and_descriptions():
     for name, cls in METHODS.items():
         assert cls.label and cls.description, name
+
+
+def _chefer_backward_reference(bundle, images, targets):
+    """Chefer as it was before issue #15, written out independently: tensor hooks on the attention
+    probabilities, `.backward()` through every parameter, then R <- R + mean_h((dA * A)^+) R."""
+    from explainers.attention import AttentionRecorder
+
+    with AttentionRecorder(bundle, gradients=True) as recorder:
+        with torch.enable_grad():
+            logits = bundle(images.clone().requires_grad_(True))
+            logits.gather(1, targets.view(-1, 1)).sum().backward()
+    bundle.network.zero_grad(set_to_none=True)
+    tokens = recorder.attentions[0].shape[-1]
+    relevance = torch.eye(tokens).repeat(images.shape[0], 1, 1)
+    for attention, gradient in zip(recorder.attentions, recorder.gradients):
+        relevance = relevance + (gradient * attention.detach()).clamp_min(0).mean(dim=1) @ relevance
+    prefix = bundle.num_prefix_tokens
+    if bundle.has_class_token:
+        row = relevance[:, 0, prefix:]
+    else:
+        row = relevance[:, prefix:, prefix:].mean(dim=1)
+        row = row - row.min(dim=1, keepdim=True).values
+    gh, gw = bundle.patch_grid(tuple(images.shape[-2:]))
+    grid = row.reshape(-1, 1, gh, gw)
+    maps = torch.nn.functional.interpolate(grid, size=tuple(images.shape[-2:]), mode="bilinear",
+                                           align_corners=False)[:, 0].clamp_min(0)
+    return maps / maps.flatten(1).amax(1).clamp_min(1e-8).view(-1, 1, 1)
+
+
+@pytest.mark.parametrize("variant", [
+    dict(), dict(timm_name="deit_tiny_distilled_patch16_224"), dict(reg_tokens=4),
+    dict(class_token=False, global_pool="avg"), dict(img_size=(32, 48), depth=3),
+])
+def test_chefer_autograd_grad_matches_the_backward_implementation(variant):
+    bundle = tiny_vit(**variant)
+    h, w = bundle.input_size
+    images = torch.rand(3, 3, h, w, generator=torch.Generator().manual_seed(5))
+    targets = torch.tensor([0, 3, 1])
+    expected = _chefer_backward_reference(bundle, images, targets)
+    maps = get_method("chefer").attribute(bundle, images, targets)
+    assert maps.shape == expected.shape
+    assert (maps - expected).abs().max() <= 1e-5
+    assert expected.flatten(1).std(1).min() > 0  # a non-trivial map (the comparison can fail)
+
+
+def test_chefer_leaves_parameter_gradients_alone():
+    bundle = tiny_vit()
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(6))
+    targets = torch.tensor([0, 1])
+    parameters = list(bundle.network.parameters())
+    get_method("chefer").attribute(bundle, images, targets)
+    assert all(p.grad is None for p in parameters)  # none computed
+    # a caller's accumulated gradients (e.g. mid training step) survive: the old .backward() + zero_grad did not
+    sentinels = [torch.full_like(p, 0.125) for p in parameters]
+    for p, sentinel in zip(parameters, sentinels):
+        p.grad = sentinel.clone()
+    get_method("chefer").attribute(bundle, images, targets)
+    assert all(p.grad is not None and torch.equal(p.grad, s) for p, s in zip(parameters, sentinels))
+    # and the maps do not depend on whether the parameters want gradients (a frozen shared model)
+    before = get_method("chefer").attribute(bundle, images, targets)
+    for p in parameters:
+        p.requires_grad_(False)
+    assert torch.allclose(get_method("chefer").attribute(bundle, images, targets), before, atol=1e-6)

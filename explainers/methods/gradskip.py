@@ -11,7 +11,10 @@ From the captured statistics (all alpha-independent):
   g_q = mean over tokens of |dA_q * A_q|, heads below `head_threshold` x the layer's largest set to 0,
   normalised over the layer's heads; s_q = Gini of the head's attention from the class token to the patch
   tokens (the mean patch row where there is no class token), normalised over the layer's heads;
-- weighted attention  W~ = sum_q w_q relu(dA_q * A_q), column j scaled by |v_{q,j}|, rows renormalised;
+- weighted attention  W~ = sum_q w_q M_q, column j scaled by |v_{q,j}|, rows renormalised, where the per-head
+  matrix M_q is chosen by `attention_weighting` (ATTENTION_WEIGHTINGS): the paper's gradient-weighted
+  relu(dA_q * A_q) ("gradient"), plain attention A_q ("attention", the default, chosen on validation data),
+  or one of two mixes;
 - start  R_L over the last block's tokens from the target's gradient there (`start`: |dz_j| for a class-token
   head, relu(dz_j . z_j) for a pooling head), summing to 1;
 - skip-aware propagation  R_{l-1} = W~^T (b_main * R_l) + b_skip * R_l, b_main = |sum do*o| /
@@ -25,8 +28,9 @@ benchmark's ablations: alpha, head selection, threshold, beta reduction, rescali
 
 Choices that are ours (the paper has no public code) are named options with the spec's defaults and are
 NOT VERIFIED AGAINST AUTHOR CODE: the gradient-flow formula and `head_threshold`, which attention rows
-the Gini uses, the form of W~ (`value_norm`), `beta_reduction`, where b_main applies (to R_l before the
-attention mixes it, so that relevance is conserved), the starting relevance `start`, and `rescale`.
+the Gini uses, the form of W~ (`attention_weighting`, `value_norm`), `beta_reduction`, where b_main applies
+(to R_l before the attention mixes it, so that relevance is conserved), the starting relevance `start`, and
+`rescale`.
 """
 from __future__ import annotations
 
@@ -41,9 +45,27 @@ EPS = 1e-12
 BETA_REDUCTIONS = ("token", "layer")
 HEAD_SELECTIONS = (None, "sparsest", "least_sparse")
 STARTS = ("auto", "gradient_norm", "gradient_x_activation", "class_token")
+# The per-head matrix M_q that W~ = rownorm(sum_q w_q M_q diag|v_q|) is built from. Only "gradient" is the
+# paper's wording; every form, and the per-head normalisation of the mixes, is ours, NOT VERIFIED AGAINST
+# AUTHOR CODE.
+#   "gradient"           relu(dA_q * A_q)  (paper: "gradient magnitudes"; heads with large gradients dominate)
+#   "attention"          A_q  (the gradient enters only through the head weights w_q, b_main and the start)
+#   "gradient_per_head"  relu(dA_q * A_q) diag|v_q| with each head's rows renormalised to sum 1 before w_q
+#                        mixes the heads, so that w_q (not the gradient's scale) sets each head's share
+#   "blend"              (rownorm(A_q diag|v_q|) + rownorm(relu(dA_q * A_q) diag|v_q|)) / 2 per head: attention's
+#                        locality plus the class-specific gradient, each head's two parts on the same scale
+ATTENTION_WEIGHTINGS = ("gradient", "attention", "gradient_per_head", "blend")
+# Chosen on BloodMNIST validation cells (256, all classes; bench/results/gradskip-weightings-val.json, issue #15):
+# ins-del 0.401 [0.371, 0.430] for "attention" vs 0.374 [0.345, 0.402] for the paper's "gradient" at alpha 0.5
+# (paired difference +0.027 [+0.018, +0.037]); "blend" 0.399, "gradient_per_head" 0.376; rollout 0.411.
+DEFAULT_ATTENTION_WEIGHTING = "attention"
 
 # the options `GradSkipState.map` accepts as overrides (everything after the capture)
-MAP_OPTIONS = ("head_threshold", "beta_reduction", "rescale", "head_selection", "head_fraction", "start")
+MAP_OPTIONS = ("head_threshold", "beta_reduction", "rescale", "head_selection", "head_fraction", "start",
+               "attention_weighting")
+# what a state built without some option (an older caller, a hand-made state) falls back to
+MAP_DEFAULTS = {"head_threshold": 0.1, "beta_reduction": "token", "rescale": True, "head_selection": None,
+                "head_fraction": 0.25, "start": "auto", "attention_weighting": DEFAULT_ATTENTION_WEIGHTING}
 
 
 def gini(values: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -59,7 +81,7 @@ def gini(values: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def _validate_options(*, alpha=None, head_threshold=None, beta_reduction=None, head_selection="unset",
-                      head_fraction=None, start=None, **_ignored) -> None:
+                      head_fraction=None, start=None, attention_weighting=None, **_ignored) -> None:
     if alpha is not None and not 0.0 <= float(alpha) <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if head_threshold is not None and not 0.0 <= float(head_threshold) <= 1.0:
@@ -72,6 +94,9 @@ def _validate_options(*, alpha=None, head_threshold=None, beta_reduction=None, h
         raise ValueError(f"head_fraction must be in (0, 1], got {head_fraction}")
     if start is not None and start not in STARTS:
         raise ValueError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+    if attention_weighting is not None and attention_weighting not in ATTENTION_WEIGHTINGS:
+        raise ValueError(f"attention_weighting must be one of {', '.join(ATTENTION_WEIGHTINGS)}, "
+                         f"got {attention_weighting!r}")
 
 
 class GradSkipState:
@@ -79,6 +104,7 @@ class GradSkipState:
 
     Shapes (L blocks, Hd heads, N tokens incl. P prefix tokens):
       `attention_flow`  B x L x Hd x N x N   relu(dA * A)
+      `attention`       B x L x Hd x N x N   A (None: only attention_weighting="gradient" can be read)
       `value_norms`     B x L x Hd x N       |v| per head and token (ones when `value_norm=False`)
       `gradient_flow`   B x L x Hd           mean |dA * A| (raw: threshold and normalisation at map time)
       `sparsity`        B x L x Hd           Gini of the class-token (or mean patch) attention row (raw)
@@ -93,8 +119,9 @@ class GradSkipState:
 
     def __init__(self, *, attention_flow, value_norms, gradient_flow, sparsity, main_flow, skip_flow,
                  end_gradient_norm, logits, targets, num_prefix_tokens, has_class_token, grid, image_hw,
-                 options, end_contribution=None, pooled_head: bool = False):
+                 options, end_contribution=None, pooled_head: bool = False, attention=None):
         self.attention_flow = attention_flow
+        self.attention = attention
         self.value_norms = value_norms
         self.gradient_flow = gradient_flow
         self.sparsity = sparsity
@@ -110,7 +137,8 @@ class GradSkipState:
         self.has_class_token = bool(has_class_token)
         self.grid = tuple(grid)
         self.image_hw = tuple(image_hw)
-        self.options = dict(options)  # alpha and the MAP_OPTIONS defaults of the method that captured this
+        self.options = {**MAP_DEFAULTS, **options}  # alpha and the MAP_OPTIONS of the method that captured this
+        _validate_options(**self.options)
 
     # --- shapes ----------------------------------------------------------------------------------
     @property
@@ -188,10 +216,26 @@ class GradSkipState:
         """b_main averaged over the tokens: B x L (a UI diagnostic)."""
         return self.beta_main.mean(dim=-1)
 
-    def weighted_attention(self, layer: int, weights: torch.Tensor) -> torch.Tensor:
+    def head_matrices(self, layer: int, **overrides) -> torch.Tensor:
+        """M_q diag|v_q| for one layer, before the head weights: B x Hd x N x N (see ATTENTION_WEIGHTINGS)."""
+        weighting = self._option(overrides, "attention_weighting")
+        _validate_options(attention_weighting=weighting)
+        values = self.value_norms[:, layer].unsqueeze(-2)
+        if weighting != "gradient" and self.attention is None:
+            raise ValueError(f"attention_weighting={weighting!r} needs the attention probabilities, which this "
+                             "GradSkip state does not hold (it was built without them)")
+        if weighting == "gradient":
+            return self.attention_flow[:, layer] * values
+        if weighting == "attention":
+            return self.attention[:, layer] * values
+        flow = _row_normalized(self.attention_flow[:, layer] * values)
+        if weighting == "gradient_per_head":
+            return flow
+        return 0.5 * (_row_normalized(self.attention[:, layer] * values) + flow)  # "blend"
+
+    def weighted_attention(self, layer: int, weights: torch.Tensor, **overrides) -> torch.Tensor:
         """W~ for one layer: B x N x N, rows summing to 1 (an all-zero row becomes the identity row)."""
-        matrix = torch.einsum("bh,bhij,bhj->bij", weights[:, layer], self.attention_flow[:, layer],
-                              self.value_norms[:, layer])
+        matrix = torch.einsum("bh,bhij->bij", weights[:, layer], self.head_matrices(layer, **overrides))
         rows = matrix.sum(dim=-1, keepdim=True)
         identity = torch.eye(matrix.shape[-1], device=matrix.device, dtype=matrix.dtype).expand_as(matrix)
         return torch.where(rows > EPS, matrix / rows.clamp_min(EPS), identity)
@@ -224,10 +268,50 @@ class GradSkipState:
         beta = self.beta_main_tokens(**overrides)
         relevance = self.start_relevance(**overrides)
         for layer in reversed(range(self.num_layers)):
-            matrix = self.weighted_attention(layer, weights)
+            matrix = self.weighted_attention(layer, weights, **overrides)
             main = beta[:, layer] * relevance
             relevance = torch.einsum("bij,bi->bj", matrix, main) + relevance - main
         return relevance
+
+    def layer_relevance(self, alpha: float | None = None, **overrides) -> torch.Tensor:
+        """R_l entering each block l (as the propagation reaches it from the top): B x L x N, each summing to 1.
+        Entry l is the relevance over block l's output tokens, before b_main splits it."""
+        weights = self.head_weights(alpha, **overrides)
+        beta = self.beta_main_tokens(**overrides)
+        relevance = self.start_relevance(**overrides)
+        entering = [None] * self.num_layers
+        for layer in reversed(range(self.num_layers)):
+            entering[layer] = relevance
+            matrix = self.weighted_attention(layer, weights, **overrides)
+            main = beta[:, layer] * relevance
+            relevance = torch.einsum("bij,bi->bj", matrix, main) + relevance - main
+        return torch.stack(entering, dim=1)
+
+    def beta_profile(self, alpha: float | None = None, index: int = 0, **overrides) -> dict:
+        """The per-layer main vs skip split for one image (plain lists, layer 0 = the first block).
+
+        `main_share[l]`: the fraction of the relevance reaching block l that the propagation sends through the
+        attention branch, sum_i b_main_i R_l,i (R_l sums to 1), so `skip_share = 1 - main_share` goes through
+        the skip connection unchanged. It depends on alpha and the map options (through R_l).
+        `beta_main_mean[l]`: b_main averaged over the tokens (unweighted, alpha-independent).
+        `main_flow` / `skip_flow`: |sum over tokens and channels| of do*o and dx*x, the two terms b_main compares.
+        """
+        if not 0 <= int(index) < self.batch_size:
+            raise IndexError(f"image index {index} out of range for a GradSkip state of {self.batch_size} images")
+        beta = self.beta_main_tokens(**overrides)[index]
+        entering = self.layer_relevance(alpha, **overrides)[index]
+        main_share = (beta * entering).sum(dim=-1)
+        return {
+            "layers": list(range(self.num_layers)),
+            "main_share": main_share.tolist(),
+            "skip_share": (1 - main_share).tolist(),
+            "beta_main_mean": beta.mean(dim=-1).tolist(),
+            "main_flow": self.main_flow[index].sum(dim=-1).abs().tolist(),
+            "skip_flow": self.skip_flow[index].sum(dim=-1).abs().tolist(),
+            "alpha": self._alpha(alpha),
+            "attention_weighting": self._option(overrides, "attention_weighting"),
+            "target": int(self.targets[index]),
+        }
 
     def relevance(self, alpha: float | None = None, **overrides) -> torch.Tensor:
         """Patch-token relevance B x gh x gw; with `rescale` each sums to its target logit (completeness)."""
@@ -261,6 +345,8 @@ class GradSkipState:
             "gradient_flow": self.normalized_gradient_flow(**overrides)[index].tolist(),
             "sparsity": self.normalized_sparsity()[index].tolist(),
             "beta_main": self.beta_main_tokens(**overrides)[index].mean(dim=-1).tolist(),
+            "main_share": self.beta_profile(alpha, index, **overrides)["main_share"],
+            "attention_weighting": self._option(overrides, "attention_weighting"),
             "target": int(self.targets[index]),
             "target_logit": float(self.target_logits[index]),
         }
@@ -270,6 +356,11 @@ class GradSkipState:
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.to(device))
         return self
+
+
+def _row_normalized(matrix: torch.Tensor) -> torch.Tensor:
+    """Each row divided by its sum (all-zero rows stay zero)."""
+    return matrix / matrix.sum(dim=-1, keepdim=True).clamp_min(EPS)
 
 
 def _branch_module(block: nn.Module) -> nn.Module:
@@ -300,20 +391,43 @@ def _unsupported_reason(bundle) -> str | None:
     return None
 
 
-def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: bool = True) -> dict:
-    """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached)."""
+def _reads_qkv(attn: nn.Module) -> bool:
+    """timm's standard `Attention` (qkv -> q_norm / k_norm -> attention -> norm -> proj): its probabilities and
+    their gradient can be rebuilt from q, k, v and the gradient at the attention output, fused kernel left on."""
+    return (type(attn).__name__ == "Attention" and isinstance(getattr(attn, "qkv", None), nn.Linear)
+            and all(isinstance(getattr(attn, name, None), nn.Module) for name in ("q_norm", "k_norm", "norm"))
+            and hasattr(attn, "num_heads") and hasattr(attn, "head_dim") and hasattr(attn, "scale")
+            and getattr(attn, "attn_dim", attn.num_heads * attn.head_dim) == attn.num_heads * attn.head_dim)
+
+
+def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: bool = True,
+            rebuild_attention: bool = False) -> dict:
+    """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached).
+
+    Two ways to see A and dA (the same values up to float rounding):
+    - default: fused attention is switched off for the pass and A is read at `attn_drop`'s output. It needs
+      no assumption about the attention module's internals, and on the bundled 64 px ViT on a CPU it is not
+      slower: the two paths are within timing noise of each other (bench/results/gradskip-cost.json).
+    - `rebuild_attention=True` (every block must be timm's standard Attention, else the default is used): the
+      model runs as it is (fused attention kept on); hooks keep q, k (after q_norm / k_norm) and v, and the
+      attention output before `norm` / `proj`, whose gradient dO is one of the activations asked for. Then
+      A = softmax(q k^T s) and dA = dO v^T, outside autograd (x = A v: exactly the unfused graph's gradient).
+    Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients."""
     blocks = bundle.blocks
     layers = len(blocks)
-    saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None}
+    rebuild_attention = bool(rebuild_attention) and all(_reads_qkv(block.attn) for block in blocks)
+    saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None,
+             "q": [None] * layers, "k": [None] * layers, "values": [None] * layers, "out": [None] * layers}
     handles, fused = [], []
 
-    def keep_input(index):
+    def keep_input(key, index):
         def hook(_module, args, kwargs):
-            saved["x"][index] = args[0] if args else kwargs["x"]
+            saved[key][index] = args[0] if args else kwargs["x"]
         return hook
 
-    def keep_output(key, index=None):
+    def keep_output(key, index=None, detach=False):
         def hook(_module, _inputs, output):
+            output = output.detach() if detach else output
             if index is None:
                 saved[key] = output
             else:
@@ -323,34 +437,41 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
     def keep_values(index, attn):
         heads = int(attn.num_heads)
 
-        def hook(_module, _inputs, output):
-            with torch.no_grad():
-                b, n, width = output.shape
-                values = output.detach().reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]
-                saved["v"][index] = values.float().norm(dim=-1).transpose(1, 2)  # B x Hd x N
+        def hook(_module, _inputs, output):  # a view, no copy: norms and dA are computed after the pass
+            b, n, width = output.shape
+            saved["values"][index] = output.detach().reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]
         return hook
 
     with bundle.lock:
         try:
-            fused = disable_fused_attention(bundle.network)
+            if not rebuild_attention:
+                fused = disable_fused_attention(bundle.network)
             for index, block in enumerate(blocks):
-                handles.append(block.register_forward_pre_hook(keep_input(index), with_kwargs=True))
+                attn = block.attn
+                handles.append(block.register_forward_pre_hook(keep_input("x", index), with_kwargs=True))
                 handles.append(_branch_module(block).register_forward_hook(keep_output("o", index)))
-                handles.append(block.attn.attn_drop.register_forward_hook(keep_output("A", index)))
-                qkv = getattr(block.attn, "qkv", None)
-                if value_norm and isinstance(qkv, nn.Linear) and hasattr(block.attn, "num_heads"):
-                    handles.append(qkv.register_forward_hook(keep_values(index, block.attn)))
+                if rebuild_attention:
+                    handles.append(attn.q_norm.register_forward_hook(keep_output("q", index, detach=True)))
+                    handles.append(attn.k_norm.register_forward_hook(keep_output("k", index, detach=True)))
+                    handles.append(attn.norm.register_forward_pre_hook(keep_input("out", index), with_kwargs=True))
+                else:
+                    handles.append(attn.attn_drop.register_forward_hook(keep_output("A", index)))
+                qkv = getattr(attn, "qkv", None)
+                if isinstance(qkv, nn.Linear) and hasattr(attn, "num_heads"):
+                    handles.append(qkv.register_forward_hook(keep_values(index, attn)))
             handles.append(blocks[-1].register_forward_hook(keep_output("z")))
             with torch.enable_grad():
                 inputs = images.detach().requires_grad_(True)  # a graph even for a frozen model
                 logits = bundle(inputs)
                 score = logits.gather(1, targets.view(-1, 1).to(logits.device)).sum()
-                missing = [key for key in ("x", "o", "A") if any(t is None for t in saved[key])]
+                first = ("q", "k", "values", "out") if rebuild_attention else ("A",)
+                missing = [key for key in first + ("x", "o") if any(t is None for t in saved[key])]
                 if missing or saved["z"] is None:
                     raise MethodNotApplicable(
                         f"GradSkip could not see {', '.join(missing) or 'the last block output'} in '{bundle.name}': "
                         "its blocks do not follow timm's ViT block layout.")
-                wanted = saved["A"] + saved["x"] + saved["o"] + [saved["z"]]
+                attention_side = saved["out"] if rebuild_attention else saved["A"]
+                wanted = attention_side + saved["x"] + saved["o"] + [saved["z"]]
                 # gradients with respect to activations only: parameters' .grad are neither computed nor touched
                 grads = torch.autograd.grad(score, wanted, allow_unused=True)
         finally:
@@ -358,7 +479,24 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
                 handle.remove()
             restore_fused_attention(fused)
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
-    return {"saved": saved, "grads": grads, "logits": logits.detach()}
+    with torch.no_grad():
+        values = saved["values"]  # B x N x Hd x d each, or None where qkv was not seen
+        if rebuild_attention:
+            for index, block in enumerate(blocks):
+                q, k, v = saved["q"][index], saved["k"][index], values[index].transpose(1, 2)
+                saved["A"][index] = ((q * block.attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+                b, n, _ = grads[index].shape
+                d_out = grads[index].view(b, n, q.shape[1], q.shape[-1]).transpose(1, 2)  # B x Hd x N x d
+                grads[index] = d_out @ v.transpose(-2, -1)  # dA = dO v^T
+        if value_norm and all(v is not None for v in values):
+            if len({tuple(v.shape) for v in values}) == 1:
+                norms = torch.linalg.vector_norm(torch.stack(values, dim=1).float(), dim=-1).transpose(-1, -2)
+                saved["v"] = list(norms.unbind(dim=1))  # B x Hd x N per layer
+            else:
+                saved["v"] = [torch.linalg.vector_norm(v.float(), dim=-1).transpose(1, 2) for v in values]
+    for key in ("q", "k", "values", "out"):
+        saved.pop(key)
+    return {"saved": saved, "grads": grads, "logits": logits.detach(), "rebuilt_attention": bool(rebuild_attention)}
 
 
 @register
@@ -377,6 +515,12 @@ class GradSkip(Method):
       head_selection=None, head_fraction=0.25  (ablation) keep only the `head_fraction` sparsest
                          ("sparsest") or least sparse ("least_sparse") heads per layer (at least one).
       value_norm=True    (choice) scale W~'s column j by |v_j| per head (the "embedding magnitude").
+      attention_weighting="attention"  (choice, chosen on validation data) the per-head matrix W~ mixes, one of
+                         ATTENTION_WEIGHTINGS: "gradient" relu(dA*A) (the paper's description), "attention" A,
+                         "gradient_per_head" relu(dA*A) with each head's rows renormalised before w_q mixes them,
+                         "blend" the mean of the row-normalised A and relu(dA*A) per head. Ours, NOT VERIFIED
+                         AGAINST AUTHOR CODE (the paper names the ingredients, not the form). The capture keeps
+                         both A and relu(dA*A), so every weighting is a free `state.map(...)` override.
       start="auto"       (choice) the relevance at the last block's tokens z_j. "gradient_norm": proportional to
                          |dy_c/dz_j|, i.e. the class token for a class-token head, class + distillation tokens for
                          DeiT (gradient x activation vanishes there: the per-token final LayerNorm makes dz_j
@@ -409,12 +553,15 @@ class GradSkip(Method):
 
     def __init__(self, alpha: float = 0.5, head_threshold: float = 0.1, beta_reduction: str = "token",
                  rescale: bool = True, head_selection: str | None = None, head_fraction: float = 0.25,
-                 value_norm: bool = True, start: str = "auto"):
+                 value_norm: bool = True, start: str = "auto",
+                 attention_weighting: str = DEFAULT_ATTENTION_WEIGHTING):
         _validate_options(alpha=alpha, head_threshold=head_threshold, beta_reduction=beta_reduction,
-                          head_selection=head_selection, head_fraction=head_fraction, start=start)
+                          head_selection=head_selection, head_fraction=head_fraction, start=start,
+                          attention_weighting=attention_weighting)
         super().__init__(alpha=alpha, head_threshold=head_threshold, beta_reduction=beta_reduction,
                          rescale=rescale, head_selection=head_selection, head_fraction=head_fraction,
-                         value_norm=value_norm, start=start)
+                         value_norm=value_norm, start=start, attention_weighting=attention_weighting)
+        self.attention_weighting = attention_weighting
         self.alpha, self.head_threshold, self.beta_reduction = float(alpha), float(head_threshold), beta_reduction
         self.rescale, self.head_selection, self.head_fraction = bool(rescale), head_selection, float(head_fraction)
         self.value_norm, self.start = bool(value_norm), start
@@ -444,31 +591,30 @@ class GradSkip(Method):
             raise MethodNotApplicable(
                 f"GradSkip: '{bundle.name}' has {tokens - prefix} patch tokens for a {image_hw} input, not the "
                 f"{grid[0]} x {grid[1]} grid its patch size implies (patch dropping or pooling tokens?).")
-        with torch.no_grad():
-            flows, gradient_flow, sparsity, value_norms, main_flow, skip_flow = [], [], [], [], [], []
-            for index in range(layers):
-                attention = saved["A"][index].detach().float()
-                product = grad_a[index].float() * attention
-                flows.append(product.clamp_min(0))
-                gradient_flow.append(product.abs().mean(dim=(-2, -1)))
-                if bundle.has_class_token:
-                    rows = attention[:, :, 0, prefix:]
-                else:
-                    rows = attention[:, :, prefix:, prefix:].mean(dim=2)
-                sparsity.append(gini(rows))
-                values = saved["v"][index]
-                value_norms.append(values if values is not None and self.value_norm
-                                   else torch.ones(attention.shape[:2] + attention.shape[-1:], device=attention.device))
-                x, o = saved["x"][index].detach().float(), saved["o"][index].detach().float()
-                main_flow.append((grad_o[index].float() * o).sum(dim=-1))
-                skip_flow.append((grad_x[index].float() * x).sum(dim=-1))
+        with torch.no_grad():  # every layer at once: B x L x ...
+            attention = torch.stack([a.detach() for a in saved["A"]], dim=1).float()
+            product = torch.stack(grad_a, dim=1).float().mul_(attention)
+            gradient_flow = product.abs().mean(dim=(-2, -1))
+            flows = product.clamp_min_(0)
+            if bundle.has_class_token:
+                rows = attention[:, :, :, 0, prefix:]
+            else:
+                rows = attention[:, :, :, prefix:, prefix:].mean(dim=3)
+            sparsity = gini(rows)
+            if self.value_norm and all(v is not None for v in saved["v"]):
+                value_norms = torch.stack(saved["v"], dim=1)
+            else:
+                value_norms = torch.ones(attention.shape[:3] + attention.shape[-1:], device=attention.device)
+            main_flow = torch.stack([(g.float() * o.detach().float()).sum(dim=-1) for g, o in zip(grad_o, saved["o"])], 1)
+            skip_flow = torch.stack([(g.float() * x.detach().float()).sum(dim=-1) for g, x in zip(grad_x, saved["x"])], 1)
             state = GradSkipState(
-                attention_flow=torch.stack(flows, dim=1),
-                value_norms=torch.stack(value_norms, dim=1),
-                gradient_flow=torch.stack(gradient_flow, dim=1),
-                sparsity=torch.stack(sparsity, dim=1),
-                main_flow=torch.stack(main_flow, dim=1),
-                skip_flow=torch.stack(skip_flow, dim=1),
+                attention_flow=flows,
+                attention=attention,
+                value_norms=value_norms,
+                gradient_flow=gradient_flow,
+                sparsity=sparsity,
+                main_flow=main_flow,
+                skip_flow=skip_flow,
                 end_gradient_norm=grad_z.float().norm(dim=-1),
                 end_contribution=(grad_z.float() * saved["z"].detach().float()).sum(dim=-1),
                 pooled_head=_pooled_head(bundle),
@@ -481,7 +627,7 @@ class GradSkip(Method):
                 options={"alpha": self.alpha, "head_threshold": self.head_threshold,
                          "beta_reduction": self.beta_reduction, "rescale": self.rescale,
                          "head_selection": self.head_selection, "head_fraction": self.head_fraction,
-                         "start": self.start},
+                         "start": self.start, "attention_weighting": self.attention_weighting},
             )
         return state
 
@@ -492,3 +638,25 @@ class GradSkip(Method):
 def prepare(bundle, images: torch.Tensor, targets, **options) -> GradSkipState:
     """`GradSkip(**options).prepare(bundle, images, targets)`: one capture, then `.map(alpha)` for free."""
     return GradSkip(**options).prepare(bundle, images, targets)
+
+
+def beta_profile(bundle, image: torch.Tensor, target: int, alpha: float | None = None, *,
+                 state: GradSkipState | None = None, index: int = 0, **options) -> dict:
+    """The per-layer main vs skip split of GradSkip's relevance for one explained image (for a UI's details).
+
+    `image`: 1 x 3 x H x W (or 3 x H x W) in [0, 1]; `target`: the explained class. Pass the `state` the map
+    came from (e.g. the app's cached capture) to read it without a model pass; otherwise one capture runs.
+    Returns `GradSkipState.beta_profile`'s dict: `layers`, `main_share` / `skip_share` (the fraction of the
+    relevance reaching each block that goes through its attention branch / its skip connection),
+    `beta_main_mean`, `main_flow`, `skip_flow`, `alpha`, `attention_weighting`, `target`."""
+    if state is None:
+        if image.dim() == 3:
+            image = image.unsqueeze(0)
+        if image.dim() != 4 or image.shape[0] != 1:
+            raise ValueError(f"beta_profile explains one image (1 x 3 x H x W), got shape {tuple(image.shape)}")
+        state = prepare(bundle, image, [int(target)], **options)
+        options = {}
+    elif int(state.targets[index]) != int(target):
+        raise ValueError(f"the GradSkip state explains class {int(state.targets[index])} for image {index}, "
+                         f"not {int(target)}")
+    return state.beta_profile(alpha, index=index, **options)
