@@ -103,14 +103,34 @@ def empty_figure(message: str) -> FigureSpec:
 
 
 def head_weights_figure(diagnostics: dict) -> FigureSpec:
-    """GradSkip's head weights (layers x heads) as a heatmap."""
+    """GradSkip's head weights (layers x heads) as a heatmap and, beside it when the diagnostics carry it, the
+    b_main profile: per block, the share of the relevance that flows through attention (main) and through the
+    skip connection, for the explained image."""
     weights = np.asarray(diagnostics["head_weights"], dtype=float)
+    blocks = [f"block {b}" for b in range(weights.shape[0])]
+    share = diagnostics.get("main_share")
+    split = share is not None and len(share) == weights.shape[0]
     data = [{"type": "heatmap", "z": weights.round(4).tolist(), "colorscale": "Cividis",
-             "colorbar": {"title": {"text": "weight"}},
-             "x": [f"h{h}" for h in range(weights.shape[1])], "y": [f"block {b}" for b in range(weights.shape[0])],
+             "colorbar": {"title": {"text": "weight"}, "x": 0.56 if split else 1.02, "len": 0.9},
+             "x": [f"h{h}" for h in range(weights.shape[1])], "y": blocks,
              "hovertemplate": "%{y}, %{x}: %{z:.3f}<extra></extra>"}]
-    layout = _layout(f"GradSkip head weights (alpha = {diagnostics['alpha']:.2f})", 320,
+    layout = _layout(f"GradSkip head weights (alpha = {diagnostics['alpha']:.2f})"
+                     + (" and main / skip share per block" if split else ""), 320,
                      margin={"l": 70, "r": 20, "t": 45, "b": 30})
+    if split:
+        main = [round(float(v), 4) for v in share]
+        skip = [round(1 - v, 4) for v in main]
+        data[0].update(xaxis="x", yaxis="y")
+        data += [{"type": "bar", "orientation": "h", "y": blocks, "x": main, "name": "main (attention)",
+                  "marker": {"color": "#0072B2"}, "xaxis": "x2", "yaxis": "y2",
+                  "hovertemplate": "%{y}: main %{x:.2f}<extra></extra>"},
+                 {"type": "bar", "orientation": "h", "y": blocks, "x": skip, "name": "skip",
+                  "marker": {"color": "#E69F00"}, "xaxis": "x2", "yaxis": "y2",
+                  "hovertemplate": "%{y}: skip %{x:.2f}<extra></extra>"}]
+        layout.update(barmode="stack", xaxis={"domain": [0.0, 0.5]}, yaxis={"autorange": "reversed"},
+                      xaxis2={"domain": [0.68, 1.0], "range": [0, 1], "title": {"text": "share of relevance"}},
+                      yaxis2={"anchor": "x2", "autorange": "reversed", "showticklabels": False},
+                      legend={"orientation": "h", "x": 0.68, "y": -0.15})
     return FigureSpec(data, layout)
 
 

@@ -429,3 +429,28 @@ def test_decoy_view_uses_a_built_test_split_when_there_is_one(tmp_path):
     assert captions[1][2:].startswith("before: c") and captions[2][2:].startswith("after CAMAL: c")
     assert text.startswith(f"Decoy test split ({root / 'decoy-bloodmnist' / 'test'})")
     assert "Before (decoy test acc. 12%): **decoy-tiny**" in text and "accuracy 12.5% → 50.0%" in text
+
+
+def test_gradskip_details_show_the_main_and_skip_share_per_block():
+    """The GradSkip details figure carries, beside the head weights, the b_main profile of the explained image:
+    per block the main (attention) share and the skip share of the relevance, summing to 1."""
+    import torch
+
+    from conftest import tiny_vit
+    from explainers.methods import gradskip
+    from saliency_lab import figures
+
+    bundle = tiny_vit()
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    state = gradskip.prepare(bundle, image, [1])
+    diagnostics = state.diagnostics(alpha=0.5)
+    assert len(diagnostics["main_share"]) == len(diagnostics["head_weights"]) == len(bundle.blocks)
+    assert all(0.0 <= v <= 1.0 for v in diagnostics["main_share"])
+    spec = figures.head_weights_figure(diagnostics).to_dict()
+    heat, main, skip = spec["data"]
+    assert heat["type"] == "heatmap" and main["name"].startswith("main") and skip["name"] == "skip"
+    np.testing.assert_allclose(np.add(main["x"], skip["x"]), 1.0, atol=1e-3)
+    np.testing.assert_allclose(main["x"], diagnostics["main_share"], atol=1e-4)
+    assert spec["layout"]["barmode"] == "stack"
+    # without a profile (older diagnostics), the heatmap alone
+    assert len(figures.head_weights_figure({"alpha": 0.5, "head_weights": [[0.5, 0.5]]}).data) == 1
