@@ -79,6 +79,17 @@ def cmd_evaluate(args) -> int:
                               limit=args.limit, steps=args.steps, reference=args.reference, seed=args.seed,
                               batch_size=args.batch_size, method_options=_method_options(args))
     print(format_table(report))
+    if args.compare:
+        from .statistics import compare_methods, format_comparison
+
+        report["comparisons"] = []
+        for pair in args.compare:
+            first, _, second = pair.partition(",")
+            if not first or not second:
+                raise ValueError(f"--compare takes two evaluated methods as A,B; got '{pair}'")
+            comparison = compare_methods(report, first, second, seed=args.seed)
+            report["comparisons"].append(comparison)
+            print(format_comparison(comparison))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))
@@ -88,7 +99,9 @@ def cmd_evaluate(args) -> int:
 
 def _add_method_options(parser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="K: curve points at 0, 1/K, ..., 1 (default 20)")
-    parser.add_argument("--reference", choices=["mean", "black", "blur"], default="mean")
+    parser.add_argument("--reference", choices=["mean", "black", "blur", "road"], default="mean",
+                        help="what removed pixels become: the data mean colour, black, a blur, or ROAD's noisy "
+                             "linear imputation (needs pip install grad-cam)")
     parser.add_argument("--refine-steps", type=int, default=None, help="AHA test-time refinement steps T")
     parser.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
     parser.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
@@ -138,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=int, default=16)
     evaluate.add_argument("--threads", type=int, default=None)
     evaluate.add_argument("--out", default=None, help="JSON report")
+    evaluate.add_argument("--compare", action="append", default=None, metavar="A,B",
+                          help="print (and store) the paired bootstrap 95%% interval of A - B on the same images "
+                               "for deletion, insertion and ins-del (repeatable)")
     _add_method_options(evaluate)
     evaluate.set_defaults(handler=cmd_evaluate)
 
@@ -185,6 +201,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (ModelUnavailableError, MethodNotApplicable, ImageError, FileNotFoundError, KeyError, ValueError) as error:
+    except (ModelUnavailableError, MethodNotApplicable, ImageError, FileNotFoundError, KeyError, ValueError,
+            ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

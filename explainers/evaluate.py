@@ -11,9 +11,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import open_dataset
+from .data import item_names, open_dataset
 from .methods import as_targets, get_method
-from .metrics import REFERENCES, deletion_insertion, pointing_game
+from .metrics import REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
+from .statistics import N_RESAMPLES, format_interval, method_intervals
 
 
 @torch.no_grad()
@@ -71,7 +72,9 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     """Deletion/insertion (and pointing game where masks exist) for each method over a data set.
 
     Targets are the model's predicted classes. `ms_per_image` is each method's own time to produce maps
-    (curves excluded), measured in this run so that methods compare as ratios.
+    (curves excluded), measured in this run so that methods compare as ratios. The report keeps `files`
+    (the images, in order), each method's `per_image` scores in that order and percentile-bootstrap 95%
+    intervals of each mean (`statistics.bootstrap_ci`, `bootstrap_resamples` resamples, seeded by `seed`).
     """
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}")
@@ -113,20 +116,24 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             totals[label]["insertion"].extend(curves.insertion_auc.tolist())
             if masks is not None:
                 batch_masks = torch.stack([torch.as_tensor(masks[i]) for i in batch_indices])
-                totals[label]["pointing"].extend(pointing_game(maps.cpu(), batch_masks).tolist())
+                totals[label]["pointing"].extend(pointing_game(maps.cpu(), batch_masks, tolerance).tolist())
         bar.update(len(batch_indices))
     bar.close()
 
     n = len(indices)
+    tolerance = pointing_tolerance(size)
     report = {
         "model": bundle.name,
         "n_images": n,
+        "files": item_names(dataset),
         "accuracy": correct / max(n, 1),
         "protocol": {"data": str(data), "split": split, "limit": limit, "steps": steps, "reference": reference,
                      "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
                      "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
                      "torch": torch.__version__, "python": platform.python_version(),
-                     "threads": torch.get_num_threads(), "device": str(bundle.device)},
+                     "threads": torch.get_num_threads(), "device": str(bundle.device),
+                     "pointing_tolerance_px": tolerance if masks is not None else None,
+                     "intervals": f"percentile bootstrap over images, {N_RESAMPLES} resamples, seed {seed}"},
         "methods": {},
     }
     for label, method_obj in method_objects:
@@ -136,20 +143,29 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             "deletion_auc": float(deletion),
             "insertion_auc": float(insertion),
             "ins_minus_del": float(insertion - deletion),
+            **method_intervals(stats["deletion"], stats["insertion"], seed=seed),
             "pointing_game": float(np.nanmean(stats["pointing"])) if stats["pointing"] else None,
             "ms_per_image": 1000.0 * stats["seconds"] / max(n, 1),
             "options": method_obj.options,
+            "per_image": {"deletion": [float(v) for v in stats["deletion"]],
+                          "insertion": [float(v) for v in stats["insertion"]]},
         }
+        if stats["pointing"]:
+            report["methods"][label]["per_image"]["pointing"] = [None if np.isnan(v) else float(v)
+                                                                 for v in stats["pointing"]]
     return report
 
 
 def format_table(report: dict) -> str:
+    """The evaluate table; each AUC with its 95% interval where the report has one."""
     lines = [f"{report['model']}: {report['n_images']} images, accuracy {report['accuracy']:.4f}, "
-             f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps",
-             f"{'method':<28}{'deletion (lower better)':>25}{'insertion (higher better)':>27}{'ins-del':>10}"
+             f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps"
+             + (" (95% bootstrap intervals)" if report["n_images"] > 1 else ""),
+             f"{'method':<28}{'deletion (lower better)':>27}{'insertion (higher better)':>27}{'ins-del':>27}"
              f"{'pointing':>10}{'ms/image':>11}"]
     for label, row in report["methods"].items():
         pointing = "-" if row["pointing_game"] is None else f"{row['pointing_game']:.3f}"
-        lines.append(f"{label:<28}{row['deletion_auc']:>25.4f}{row['insertion_auc']:>27.4f}"
-                     f"{row['ins_minus_del']:>10.4f}{pointing:>10}{row['ms_per_image']:>11.1f}")
+        cells = [format_interval(row[key], row.get(f"{key.removesuffix('_auc')}_ci95"))
+                 for key in ("deletion_auc", "insertion_auc", "ins_minus_del")]
+        lines.append(f"{label:<28}{cells[0]:>27}{cells[1]:>27}{cells[2]:>27}{pointing:>10}{row['ms_per_image']:>11.1f}")
     return "\n".join(lines)

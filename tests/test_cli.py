@@ -49,8 +49,35 @@ def test_evaluate_writes_the_documented_json(tiny_folder, tmp_path, registered, 
         assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
         assert row["ins_minus_del"] == pytest.approx(row["insertion_auc"] - row["deletion_auc"])
         assert row["pointing_game"] is None and row["ms_per_image"] > 0
+        assert len(row["per_image"]["deletion"]) == 5 and len(row["per_image"]["insertion"]) == 5
+        assert row["deletion_auc"] == pytest.approx(np.mean(row["per_image"]["deletion"]))
+        for key, mean in (("deletion_ci95", "deletion_auc"), ("insertion_ci95", "insertion_auc"),
+                          ("ins_minus_del_ci95", "ins_minus_del")):
+            low, high = row[key]
+            assert low <= row[mean] <= high
+    # the five images of an even spread over six (labels.csv order), by name
+    assert report["files"] == ["cell_0.jpg", "cell_1.jpg", "cell_2.jpg", "cell_4.jpg", "cell_5.jpg"]
     table = capsys.readouterr().out
-    assert "deletion (lower better)" in table and "chefer" in table
+    assert "deletion (lower better)" in table and "chefer" in table and "[" in table
+
+
+def test_evaluate_compare_prints_and_stores_the_paired_interval(tiny_folder, tmp_path, registered, capsys):
+    out = tmp_path / "report.json"
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam,random", "--data", str(tiny_folder),
+                 "--steps", "5", "--compare", "gradcam,random", "--compare", "random,random", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    first, same = report["comparisons"]
+    assert (first["a"], first["b"]) == ("gradcam", "random")
+    a, b = (report["methods"][m]["per_image"] for m in ("gradcam", "random"))
+    assert first["deletion"]["mean"] == pytest.approx(np.mean(np.subtract(a["deletion"], b["deletion"])))
+    low, high = first["insertion"]["ci95"]
+    assert low <= first["insertion"]["mean"] <= high
+    assert same["deletion"]["ci95"] == [0.0, 0.0] and not same["deletion"]["significant"]
+    printed = capsys.readouterr().out
+    assert "gradcam - random" in printed and "random - random" in printed
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(tiny_folder),
+                 "--limit", "2", "--steps", "2", "--compare", "gradcam,rise"]) == 2
+    assert "not among the evaluated methods" in capsys.readouterr().err
 
 
 def test_evaluate_reads_medmnist_npz(tmp_path, registered):
@@ -59,7 +86,8 @@ def test_evaluate_reads_medmnist_npz(tmp_path, registered):
     out = tmp_path / "npz.json"
     assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam,random", "--data",
                  str(tmp_path / "blood.npz"), "--split", "test", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["n_images"] == 4
+    report = json.loads(out.read_text())
+    assert report["n_images"] == 4 and report["files"] == [f"test_images[{i}]" for i in range(4)]
 
 
 def test_explain_writes_overlay_and_npy(tmp_path, registered, capsys):
