@@ -97,6 +97,28 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_gridpg(args) -> int:
+    from .gridpg import format_gridpg, run_gridpg
+    from .models import load_model
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.mosaics < 1:
+        raise ValueError("--mosaics must be at least 1")
+    bundle = load_model(args.model)
+    report = run_gridpg(bundle, args.data, [m for m in args.methods.split(",") if m], n_mosaics=args.mosaics,
+                        seed=args.seed, batch_size=args.batch_size, method_options=_method_options(args),
+                        split=args.split)
+    print(format_gridpg(report))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _add_method_options(parser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="K: curve points at 0, 1/K, ..., 1 (default 20)")
     parser.add_argument("--reference", choices=["mean", "black", "blur", "road"], default="mean",
@@ -156,6 +178,22 @@ def build_parser() -> argparse.ArgumentParser:
                                "for deletion, insertion and ins-del (repeatable)")
     _add_method_options(evaluate)
     evaluate.set_defaults(handler=cmd_evaluate)
+
+    gridpg = commands.add_parser("gridpg", help="grid pointing game: 2x2 mosaics of four classes, "
+                                                "share of each class's attribution in its quadrant")
+    gridpg.add_argument("--model", required=True)
+    gridpg.add_argument("--methods", required=True, help="comma-separated, options as name:key=value")
+    gridpg.add_argument("--data", required=True, help="labelled folder (labels.csv) of held-out cells")
+    gridpg.add_argument("--split", default="test", help="sub-folder or npz split")
+    gridpg.add_argument("--mosaics", type=int, default=200)
+    gridpg.add_argument("--seed", type=int, default=0, help="which cells, classes and quadrants")
+    gridpg.add_argument("--batch-size", type=int, default=8, help="mosaics per batch (4 maps each)")
+    gridpg.add_argument("--threads", type=int, default=None)
+    gridpg.add_argument("--out", default=None, help="JSON report")
+    gridpg.add_argument("--refine-steps", type=int, default=None, help="AHA test-time refinement steps T")
+    gridpg.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
+    gridpg.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
+    gridpg.set_defaults(handler=cmd_gridpg)
 
     camal = commands.add_parser("camal", help="CAMAL: fine-tune a model so its CAM lies inside trusted masks")
     camal.add_argument("--model", required=True, help="model-zoo name, or a card NAME.json")
