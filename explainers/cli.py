@@ -69,15 +69,20 @@ def cmd_evaluate(args) -> int:
     from .evaluate import evaluate_methods, format_table
     from .models import load_model
 
-    torch_threads = args.threads
-    if torch_threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(torch_threads)
-    bundle = load_model(args.model)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from .evaluate import init_distributed
+
+    world, rank = init_distributed()
+    device = f"cuda:{torch.cuda.current_device()}" if world > 1 and torch.cuda.is_available() else "cpu"
+    bundle = load_model(args.model, device=device)
     report = evaluate_methods(bundle, args.data, [m for m in args.methods.split(",") if m], split=args.split,
                               limit=args.limit, steps=args.steps, reference=args.reference, seed=args.seed,
                               batch_size=args.batch_size, method_options=_method_options(args))
+    if rank > 0:  # under torchrun, process 0 prints and writes the whole report
+        return 0
     print(format_table(report))
     if args.compare:
         from .statistics import compare_methods, format_comparison

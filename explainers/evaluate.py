@@ -98,8 +98,11 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
 
     totals = {label: {"deletion": [], "insertion": [], "seconds": 0.0, "pointing": []} for label, _ in method_objects}
     correct = 0
-    indices = list(range(len(dataset)))
-    bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress, file=sys.stderr)
+    tolerance = pointing_tolerance(size)  # 15 px at 224 px, scaled
+    all_indices = list(range(len(dataset)))
+    world, rank = _world()
+    indices = all_indices[rank::world]  # under torchrun each process scores every world-th image
+    bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
     for start in range(0, len(indices), batch_size):
         batch_indices = indices[start:start + batch_size]
         images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
@@ -120,8 +123,9 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         bar.update(len(batch_indices))
     bar.close()
 
-    n = len(indices)
-    tolerance = pointing_tolerance(size)
+    if world > 1:
+        totals, correct = _gather(totals, correct, indices, len(all_indices))
+    n = len(all_indices)
     report = {
         "model": bundle.name,
         "n_images": n,
@@ -131,7 +135,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
                      "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
                      "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
                      "torch": torch.__version__, "python": platform.python_version(),
-                     "threads": torch.get_num_threads(), "device": str(bundle.device),
+                     "threads": torch.get_num_threads(), "device": str(bundle.device), "processes": world,
                      "pointing_tolerance_px": tolerance if masks is not None else None,
                      "intervals": f"percentile bootstrap over images, {N_RESAMPLES} resamples, seed {seed}"},
         "methods": {},
@@ -154,6 +158,49 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             report["methods"][label]["per_image"]["pointing"] = [None if np.isnan(v) else float(v)
                                                                  for v in stats["pointing"]]
     return report
+
+
+def _world() -> tuple:
+    """(world size, rank) of the torchrun process group; (1, 0) in a single process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
+    """All processes' per-image scores, put back in image order (every process gets the whole)."""
+    import torch.distributed as dist
+
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, {"indices": indices, "totals": totals, "correct": correct})
+    merged = {}
+    for label in totals:
+        row = {"seconds": sum(part["totals"][label]["seconds"] for part in parts)}
+        for key in ("deletion", "insertion", "pointing"):
+            values = [None] * n
+            for part in parts:
+                for index, value in zip(part["indices"], part["totals"][label][key]):
+                    values[index] = value
+            row[key] = values if any(v is not None for v in values) else []
+        merged[label] = row
+    return merged, sum(part["correct"] for part in parts)
+
+
+def init_distributed() -> tuple:
+    """Join torchrun's process group when WORLD_SIZE > 1 (gloo on CPU, NCCL where CUDA is there);
+    returns (world size, rank)."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        use_cuda = torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return _world()
 
 
 def format_table(report: dict) -> str:
