@@ -109,3 +109,28 @@ def format_comparison(comparison: dict) -> str:
         lines.append(f"  {metric:<14}{format_interval(result['mean'], result['ci95']):>32}  {verdict} "
                      f"({better} is better)")
     return "\n".join(lines)
+
+
+def score_table(methods: dict, *, digits: int = 3, **options) -> list:
+    """Rows for a score table (the app's Review and batch views): per method each AUC as 'mean [low, high]'
+    and, for each metric, whether it differs significantly (paired interval excludes 0) from the best method
+    on that metric. `methods`: {name: {'deletion': [...], 'insertion': [...]}} per-image scores on the same
+    images (an evaluate report's `per_image` blocks). One image: means only, nothing marked."""
+    scores = {name: {"deletion": np.asarray(v["deletion"], dtype=np.float64),
+                     "insertion": np.asarray(v["insertion"], dtype=np.float64)} for name, v in methods.items()}
+    for value in scores.values():
+        value["ins_minus_del"] = value["insertion"] - value["deletion"]
+    best = {metric: (min if metric == "deletion" else max)(scores, key=lambda m: scores[m][metric].mean())
+            for metric in METRICS} if scores else {}
+    rows = []
+    for name, value in scores.items():
+        row = {"method": name}
+        for metric in METRICS:
+            mean = float(value[metric].mean())
+            row[metric] = format_interval(mean, bootstrap_ci(value[metric], **options), digits)
+            row[f"{metric}_best"] = best[metric] == name
+            row[f"{metric}_worse_than_best"] = (best[metric] != name and len(value[metric]) > 1 and
+                                                paired_difference(value[metric], scores[best[metric]][metric],
+                                                                  **options)["significant"])
+        rows.append(row)
+    return rows

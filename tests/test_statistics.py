@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from explainers.statistics import (bootstrap_ci, bootstrap_means, compare_methods, excludes_zero, format_comparison,
-                                   format_interval, method_intervals, paired_difference)
+                                   format_interval, method_intervals, paired_difference, score_table)
 
 
 def test_constant_data_gives_a_zero_width_interval():
@@ -91,3 +91,18 @@ def test_compare_methods_on_a_report():
     intervals = method_intervals(deletion_a, insertion)
     assert set(intervals) == {"deletion_ci95", "insertion_ci95", "ins_minus_del_ci95"}
     assert intervals["ins_minus_del_ci95"] == pytest.approx([0.5, 0.5])
+
+
+def test_score_table_marks_significant_differences_from_the_best():
+    rng = np.random.default_rng(5)
+    base = rng.random(60)
+    methods = {"good": {"deletion": base * 0.5, "insertion": base * 0.5 + 0.4},
+               "tied": {"deletion": base * 0.5 + 0.05 + rng.normal(0, 0.01, 60), "insertion": base * 0.5 + 0.4},
+               "bad": {"deletion": base * 0.5 + 0.2, "insertion": base * 0.5 + 0.1}}
+    rows = {row["method"]: row for row in score_table(methods)}
+    assert rows["good"]["ins_minus_del_best"] and not rows["good"]["ins_minus_del_worse_than_best"]
+    assert rows["bad"]["deletion_worse_than_best"] and rows["bad"]["ins_minus_del_worse_than_best"]
+    assert "[" in rows["bad"]["deletion"]
+    assert rows["tied"]["deletion_worse_than_best"] and not rows["tied"]["insertion_worse_than_best"]
+    single = score_table({"a": {"deletion": [0.2], "insertion": [0.6]}, "b": {"deletion": [0.3], "insertion": [0.5]}})
+    assert single[0]["deletion"] == "0.200" and not single[1]["deletion_worse_than_best"]
