@@ -178,3 +178,12 @@ def same(a, b, where="report"):
         assert a == pytest.approx(b, abs=1e-6), where
     else:
         assert a == b, where
+
+
+def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
+    pytest.importorskip("pytorch_grad_cam")
+    out = tmp_path / "road.json"
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(tiny_folder),
+                 "--limit", "2", "--steps", "4", "--reference", "road", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["protocol"]["reference"] == "road" and len(report["methods"]["gradcam"]["per_image"]["deletion"]) == 2
