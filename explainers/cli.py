@@ -124,6 +124,20 @@ def cmd_gridpg(args) -> int:
     return 0
 
 
+def cmd_train_grid(args) -> int:
+    import torch
+
+    from .grid_training import train_grid
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    card = train_grid(base=args.base, name=args.name, data=args.data, val_data=args.val_data, test_data=args.test_data,
+                      minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
+                      single_fraction=args.single_fraction, lr=args.lr, seed=args.seed, out_dir=args.out_dir)
+    print(json.dumps({k: card[k] for k in ("name", "steps", "train_seconds", "grid")}, indent=2))
+    return 0
+
+
 def _add_method_options(parser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="K: curve points at 0, 1/K, ..., 1 (default 20)")
     parser.add_argument("--reference", choices=["mean", "black", "blur", "road"], default="mean",
@@ -199,6 +213,23 @@ def build_parser() -> argparse.ArgumentParser:
     gridpg.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
     gridpg.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
     gridpg.set_defaults(handler=cmd_gridpg)
+
+    grid = commands.add_parser("train-grid", help="fine-tune a ViT at 2x its size on 2x2 mosaics (multi-label) "
+                                                  "mixed with single cells; time-budgeted, resumable")
+    grid.add_argument("--base", default="bloodmnist-vit")
+    grid.add_argument("--name", default="bloodmnist-vit-grid")
+    grid.add_argument("--data", required=True, help="train folder with labels.csv")
+    grid.add_argument("--val-data", default=None)
+    grid.add_argument("--test-data", default=None)
+    grid.add_argument("--minutes", type=float, default=30.0, help="training time budget of this and earlier runs")
+    grid.add_argument("--max-steps", type=int, default=2000, help="the learning-rate schedule's length")
+    grid.add_argument("--batch-size", type=int, default=32)
+    grid.add_argument("--single-fraction", type=float, default=0.25, help="share of single cells in a batch")
+    grid.add_argument("--lr", type=float, default=3e-4)
+    grid.add_argument("--seed", type=int, default=0)
+    grid.add_argument("--threads", type=int, default=None)
+    grid.add_argument("--out-dir", default="weights")
+    grid.set_defaults(handler=cmd_train_grid)
 
     camal = commands.add_parser("camal", help="CAMAL: fine-tune a model so its CAM lies inside trusted masks")
     camal.add_argument("--model", required=True, help="model-zoo name, or a card NAME.json")

@@ -121,8 +121,10 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
     dataset = open_dataset(data, split=split)
     names = item_names(dataset)
     plan = plan_mosaics(dataset.labels, n_mosaics, seed)
-    cell_h, cell_w = bundle.input_size
-    mosaic_bundle = bundle_for_mosaics(bundle, (2 * cell_h, 2 * cell_w))
+    # a model fine-tuned on mosaics (train-grid) names its cell size; others take cells at their input size
+    cell_h, cell_w = tuple((bundle.card or {}).get("grid_cell_size") or bundle.input_size)
+    mosaic_size = (2 * cell_h, 2 * cell_w)
+    mosaic_bundle = bundle if tuple(bundle.input_size) == mosaic_size else bundle_for_mosaics(bundle, mosaic_size)
     method_objects = []
     for spec in methods:
         name, options, label = parse_method_spec(spec)
@@ -132,7 +134,7 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
         method_objects.append((label, method_obj))
 
     def cell(index):
-        tensor, _ = prepare_image(dataset.image(index), bundle.input_size, bundle.crop_pct, bundle.interpolation)
+        tensor, _ = prepare_image(dataset.image(index), (cell_h, cell_w), bundle.crop_pct, bundle.interpolation)
         return tensor[0]
 
     torch.manual_seed(seed)

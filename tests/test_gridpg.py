@@ -136,3 +136,18 @@ def test_gridpg_command_writes_the_report(colour_folder, tmp_path, capsys):
     assert {"gridpg", "gridpg_ci95", "per_mosaic"} <= set(report["methods"]["gradcam"])
     assert len(report["model_quadrant_sensitivity"]["per_mosaic"]) == 6
     assert "GridPG" in capsys.readouterr().out
+
+
+def test_grid_training_batches_and_figures():
+    from explainers.grid_training import _mosaic_batch, grid_figures
+
+    cells = torch.stack([torch.tensor(np.array(c) * 255, dtype=torch.uint8).view(3, 1, 1).expand(3, 16, 16)
+                         for c in COLOURS for _ in range(2)])
+    labels = torch.tensor([k for k in range(len(COLOURS)) for _ in range(2)])
+    mosaics, targets = _mosaic_batch(cells, labels, 6, torch.Generator().manual_seed(0), len(COLOURS),
+                                     np.random.default_rng(0))
+    assert mosaics.shape == (6, 3, 32, 32) and targets.sum(1).tolist() == [4.0] * 6
+    bundle = colour_bundle(size=32)  # a model taking 32 px mosaics of 16 px cells
+    figures = grid_figures(bundle, cells, labels, n_mosaics=10, batch_size=4)
+    assert figures["single_cell_accuracy"] == 1.0 and figures["quadrant_top4_recall"] == 1.0
+    assert figures["quadrant_sensitivity_positive"] == 1.0
