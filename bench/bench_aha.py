@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from explainers.evaluate import evaluate_methods  # noqa: E402
+from explainers.statistics import compare_methods, format_comparison  # noqa: E402
 from explainers.methods import METHODS, get_method  # noqa: E402
 from explainers.models import load_model  # noqa: E402
 
@@ -116,6 +117,10 @@ def bench_model(name: str, args) -> dict:
         result[tier] = evaluate_methods(bundle, data, methods, split="test", limit=limits[tier],
                                         batch_size=args.batch_size, progress=not args.quiet)
         result[f"{tier}_seconds"] = round(time.time() - started, 1)
+        # paired bootstrap intervals of AHA (T=0) minus each other method on the same images
+        result[f"{tier}_comparisons"] = [compare_methods(result[tier], "aha", other) for other in methods if other != "aha"]
+        for comparison in result[f"{tier}_comparisons"]:
+            print(format_comparison(comparison), file=sys.stderr, flush=True)
         print(f"{name} {tier}: {json.dumps({k: (round(v['deletion_auc'], 4), round(v['insertion_auc'], 4)) for k, v in result[tier]['methods'].items()})}",
               file=sys.stderr, flush=True)
     if "timing" in args.tiers:

@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 from explainers.data import mean_colour, open_dataset  # noqa: E402
 from explainers.evaluate import evaluate_methods, format_table  # noqa: E402
+from explainers.statistics import compare_methods, format_comparison  # noqa: E402
 from explainers.images import prepare_image  # noqa: E402
 from explainers.methods import get_method  # noqa: E402
 from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, capture  # noqa: E402
@@ -465,6 +466,11 @@ def main(argv=None) -> int:
                                  reference=args.reference, batch_size=args.batch_size, progress=False)
         report["table"] = table
         print(format_table(table), flush=True)
+        # paired bootstrap intervals of GradSkip minus each other method on the same images
+        report["comparisons"] = [compare_methods(table, "gradskip", other) for other in table["methods"]
+                                 if other != "gradskip"]
+        for comparison in report["comparisons"]:
+            print(format_comparison(comparison), flush=True)
     if "ablations" in parts:
         report["ablations"] = ablations(bundle, images, args.batch_size, args.steps, args.reference)
         print("\nablations (GradSkip, same images and targets)")

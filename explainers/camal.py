@@ -24,7 +24,7 @@ and masks (random 90-degree turns and flips), `freeze_early` = fraction of the n
 (0 = none); BatchNorm keeps its running statistics (`bn_train=False`: a small or shifted mask set cannot
 corrupt them, and samples never interact, so the batch-level CAM is exact during training too); bf16 autocast
 on CUDA. Pointing game tolerance: TorchRay's 15 px at 224 px, scaled to the image
-(4 px at 64 px), since 15 px would cover most of a 64 px image.
+(4 px at 64 px; `metrics.pointing_tolerance`, shared with `evaluate`), since 15 px would cover most of a 64 px image.
 
 Data-parallel: run under torchrun (`torchrun --nproc_per_node 2 -m explainers camal ...`; gloo on CPU, NCCL on
 CUDA). Each rank takes its share of every global batch; gradients are summed with all_reduce (the loss is
@@ -239,9 +239,6 @@ def _average_buffers(network: nn.Module, world: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-def pointing_tolerance(image_hw) -> int:
-    """TorchRay's 15 px at 224 px, scaled to this image size (choice)."""
-    return max(1, int(round(15 * min(image_hw) / 224)))
 
 
 @torch.no_grad()
@@ -284,7 +281,7 @@ def evaluate(bundle, data: MaskSet, *, batch_size: int = 64, curve_limit: int = 
              reference: str = "mean", layer: str | None = None, return_maps: bool = False):
     """Accuracy, CAM-vs-mask IoU (top pixels), pointing game, mean CAM inside/outside the mask, and
     deletion/insertion AUCs (on the first `curve_limit` images; lower deletion / higher insertion is better)."""
-    from .metrics import deletion_insertion, pointing_game, top_pixel_iou
+    from .metrics import deletion_insertion, pointing_game, pointing_tolerance, top_pixel_iou
 
     maps, predictions = cam_maps(bundle, data, batch_size=batch_size, layer=layer)
     masks = data.masks.bool()

@@ -65,16 +65,32 @@ def cmd_evaluate(args) -> int:
     from .evaluate import evaluate_methods, format_table
     from .models import load_model
 
-    torch_threads = args.threads
-    if torch_threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(torch_threads)
-    bundle = load_model(args.model)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from .evaluate import init_distributed
+
+    world, rank = init_distributed()
+    device = f"cuda:{torch.cuda.current_device()}" if world > 1 and torch.cuda.is_available() else "cpu"
+    bundle = load_model(args.model, device=device)
     report = evaluate_methods(bundle, args.data, [m for m in args.methods.split(",") if m], split=args.split,
                               limit=args.limit, steps=args.steps, reference=args.reference, seed=args.seed,
                               batch_size=args.batch_size, method_options=_method_options(args))
+    if rank > 0:  # under torchrun, process 0 prints and writes the whole report
+        return 0
     print(format_table(report))
+    if args.compare:
+        from .statistics import compare_methods, format_comparison
+
+        report["comparisons"] = []
+        for pair in args.compare:
+            first, _, second = pair.partition(",")
+            if not first or not second:
+                raise ValueError(f"--compare takes two evaluated methods as A,B; got '{pair}'")
+            comparison = compare_methods(report, first, second, seed=args.seed)
+            report["comparisons"].append(comparison)
+            print(format_comparison(comparison))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))
@@ -82,9 +98,47 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_gridpg(args) -> int:
+    from .gridpg import format_gridpg, run_gridpg
+    from .models import load_model
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.mosaics < 1:
+        raise ValueError("--mosaics must be at least 1")
+    bundle = load_model(args.model)
+    report = run_gridpg(bundle, args.data, [m for m in args.methods.split(",") if m], n_mosaics=args.mosaics,
+                        seed=args.seed, batch_size=args.batch_size, method_options=_method_options(args),
+                        split=args.split)
+    print(format_gridpg(report))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_train_grid(args) -> int:
+    import torch
+
+    from .grid_training import train_grid
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    card = train_grid(base=args.base, name=args.name, data=args.data, val_data=args.val_data, test_data=args.test_data,
+                      minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
+                      single_fraction=args.single_fraction, lr=args.lr, seed=args.seed, out_dir=args.out_dir)
+    print(json.dumps({k: card[k] for k in ("name", "steps", "train_seconds", "grid")}, indent=2))
+    return 0
+
+
 def _add_method_options(parser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="K: curve points at 0, 1/K, ..., 1 (default 20)")
-    parser.add_argument("--reference", choices=["mean", "black", "blur"], default="mean")
+    parser.add_argument("--reference", choices=["mean", "black", "blur", "road"], default="mean",
+                        help="what removed pixels become: the data mean colour, black, a blur, or ROAD's noisy "
+                             "linear imputation (needs pip install grad-cam)")
     parser.add_argument("--refine-steps", type=int, default=None, help="AHA test-time refinement steps T")
     parser.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
     parser.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
@@ -173,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=int, default=16)
     evaluate.add_argument("--threads", type=int, default=None)
     evaluate.add_argument("--out", default=None, help="JSON report")
+    evaluate.add_argument("--compare", action="append", default=None, metavar="A,B",
+                          help="print (and store) the paired bootstrap 95%% interval of A - B on the same images "
+                               "for deletion, insertion and ins-del (repeatable)")
     _add_method_options(evaluate)
     evaluate.set_defaults(handler=cmd_evaluate)
 
@@ -197,6 +254,39 @@ def build_parser() -> argparse.ArgumentParser:
     rm = commands.add_parser("remove-model", help="remove an imported model (and its AHA explainer)")
     rm.add_argument("--name", required=True)
     rm.set_defaults(handler=cmd_remove_model)
+
+    gridpg = commands.add_parser("gridpg", help="grid pointing game: 2x2 mosaics of four classes, "
+                                                "share of each class's attribution in its quadrant")
+    gridpg.add_argument("--model", required=True)
+    gridpg.add_argument("--methods", required=True, help="comma-separated, options as name:key=value")
+    gridpg.add_argument("--data", required=True, help="labelled folder (labels.csv) of held-out cells")
+    gridpg.add_argument("--split", default="test", help="sub-folder or npz split")
+    gridpg.add_argument("--mosaics", type=int, default=200)
+    gridpg.add_argument("--seed", type=int, default=0, help="which cells, classes and quadrants")
+    gridpg.add_argument("--batch-size", type=int, default=8, help="mosaics per batch (4 maps each)")
+    gridpg.add_argument("--threads", type=int, default=None)
+    gridpg.add_argument("--out", default=None, help="JSON report")
+    gridpg.add_argument("--refine-steps", type=int, default=None, help="AHA test-time refinement steps T")
+    gridpg.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
+    gridpg.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
+    gridpg.set_defaults(handler=cmd_gridpg)
+
+    grid = commands.add_parser("train-grid", help="fine-tune a ViT at 2x its size on 2x2 mosaics (multi-label) "
+                                                  "mixed with single cells; time-budgeted, resumable")
+    grid.add_argument("--base", default="bloodmnist-vit")
+    grid.add_argument("--name", default="bloodmnist-vit-grid")
+    grid.add_argument("--data", required=True, help="train folder with labels.csv")
+    grid.add_argument("--val-data", default=None)
+    grid.add_argument("--test-data", default=None)
+    grid.add_argument("--minutes", type=float, default=30.0, help="training time budget of this and earlier runs")
+    grid.add_argument("--max-steps", type=int, default=2000, help="the learning-rate schedule's length")
+    grid.add_argument("--batch-size", type=int, default=32)
+    grid.add_argument("--single-fraction", type=float, default=0.25, help="share of single cells in a batch")
+    grid.add_argument("--lr", type=float, default=3e-4)
+    grid.add_argument("--seed", type=int, default=0)
+    grid.add_argument("--threads", type=int, default=None)
+    grid.add_argument("--out-dir", default="weights")
+    grid.set_defaults(handler=cmd_train_grid)
 
     camal = commands.add_parser("camal", help="CAMAL: fine-tune a model so its CAM lies inside trusted masks")
     camal.add_argument("--model", required=True, help="model-zoo name, or a card NAME.json")
@@ -250,6 +340,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (ModelUnavailableError, MethodNotApplicable, ImageError, FileNotFoundError, KeyError, ValueError) as error:
+    except (ModelUnavailableError, MethodNotApplicable, ImageError, FileNotFoundError, KeyError, ValueError,
+            ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -69,6 +69,7 @@ class NpzSplit(Dataset):
             if key not in data:
                 raise KeyError(f"{path} has no '{key}'; keys: {sorted(data.keys())}")
             keep = spread_indices(len(data[key]), limit)
+            self.split, self.indices = split, keep
             self.images = data[key][keep]
             self.labels = data[f"{split}_labels"].reshape(-1)[keep].astype(int)
         self.transform = transform
@@ -84,6 +85,15 @@ class NpzSplit(Dataset):
         image = self.image(index)
         tensor = self.transform(image) if self.transform else pil_to_tensor(image)
         return tensor, int(self.labels[index])
+
+
+def item_names(dataset) -> list:
+    """A name per item, in order: the file name for a folder, `{split}_images[i]` (i in the whole split) for an npz."""
+    if hasattr(dataset, "items"):
+        return [file_name for file_name, _ in dataset.items]
+    if hasattr(dataset, "indices"):
+        return [f"{dataset.split}_images[{i}]" for i in dataset.indices]
+    return [str(i) for i in range(len(dataset))]
 
 
 def pil_to_tensor(image: Image.Image) -> torch.Tensor:

@@ -11,9 +11,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import open_dataset
+from .data import item_names, open_dataset
 from .methods import as_targets, get_method
-from .metrics import REFERENCES, deletion_insertion, pointing_game
+from .metrics import REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
+from .statistics import N_RESAMPLES, format_interval, method_intervals
 
 
 @torch.no_grad()
@@ -71,7 +72,9 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     """Deletion/insertion (and pointing game where masks exist) for each method over a data set.
 
     Targets are the model's predicted classes. `ms_per_image` is each method's own time to produce maps
-    (curves excluded), measured in this run so that methods compare as ratios.
+    (curves excluded), measured in this run so that methods compare as ratios. The report keeps `files`
+    (the images, in order), each method's `per_image` scores in that order and percentile-bootstrap 95%
+    intervals of each mean (`statistics.bootstrap_ci`, `bootstrap_resamples` resamples, seeded by `seed`).
     """
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}")
@@ -95,8 +98,11 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
 
     totals = {label: {"deletion": [], "insertion": [], "seconds": 0.0, "pointing": []} for label, _ in method_objects}
     correct = 0
-    indices = list(range(len(dataset)))
-    bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress, file=sys.stderr)
+    tolerance = pointing_tolerance(size)  # 15 px at 224 px, scaled
+    all_indices = list(range(len(dataset)))
+    world, rank = _world()
+    indices = all_indices[rank::world]  # under torchrun each process scores every world-th image
+    bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
     for start in range(0, len(indices), batch_size):
         batch_indices = indices[start:start + batch_size]
         images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
@@ -113,20 +119,25 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             totals[label]["insertion"].extend(curves.insertion_auc.tolist())
             if masks is not None:
                 batch_masks = torch.stack([torch.as_tensor(masks[i]) for i in batch_indices])
-                totals[label]["pointing"].extend(pointing_game(maps.cpu(), batch_masks).tolist())
+                totals[label]["pointing"].extend(pointing_game(maps.cpu(), batch_masks, tolerance).tolist())
         bar.update(len(batch_indices))
     bar.close()
 
-    n = len(indices)
+    if world > 1:
+        totals, correct = _gather(totals, correct, indices, len(all_indices))
+    n = len(all_indices)
     report = {
         "model": bundle.name,
         "n_images": n,
+        "files": item_names(dataset),
         "accuracy": correct / max(n, 1),
         "protocol": {"data": str(data), "split": split, "limit": limit, "steps": steps, "reference": reference,
                      "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
                      "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
                      "torch": torch.__version__, "python": platform.python_version(),
-                     "threads": torch.get_num_threads(), "device": str(bundle.device)},
+                     "threads": torch.get_num_threads(), "device": str(bundle.device), "processes": world,
+                     "pointing_tolerance_px": tolerance if masks is not None else None,
+                     "intervals": f"percentile bootstrap over images, {N_RESAMPLES} resamples, seed {seed}"},
         "methods": {},
     }
     for label, method_obj in method_objects:
@@ -136,20 +147,72 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             "deletion_auc": float(deletion),
             "insertion_auc": float(insertion),
             "ins_minus_del": float(insertion - deletion),
+            **method_intervals(stats["deletion"], stats["insertion"], seed=seed),
             "pointing_game": float(np.nanmean(stats["pointing"])) if stats["pointing"] else None,
             "ms_per_image": 1000.0 * stats["seconds"] / max(n, 1),
             "options": method_obj.options,
+            "per_image": {"deletion": [float(v) for v in stats["deletion"]],
+                          "insertion": [float(v) for v in stats["insertion"]]},
         }
+        if stats["pointing"]:
+            report["methods"][label]["per_image"]["pointing"] = [None if np.isnan(v) else float(v)
+                                                                 for v in stats["pointing"]]
     return report
 
 
+def _world() -> tuple:
+    """(world size, rank) of the torchrun process group; (1, 0) in a single process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
+    """All processes' per-image scores, put back in image order (every process gets the whole)."""
+    import torch.distributed as dist
+
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, {"indices": indices, "totals": totals, "correct": correct})
+    merged = {}
+    for label in totals:
+        row = {"seconds": sum(part["totals"][label]["seconds"] for part in parts)}
+        for key in ("deletion", "insertion", "pointing"):
+            values = [None] * n
+            for part in parts:
+                for index, value in zip(part["indices"], part["totals"][label][key]):
+                    values[index] = value
+            row[key] = values if any(v is not None for v in values) else []
+        merged[label] = row
+    return merged, sum(part["correct"] for part in parts)
+
+
+def init_distributed() -> tuple:
+    """Join torchrun's process group when WORLD_SIZE > 1 (gloo on CPU, NCCL where CUDA is there);
+    returns (world size, rank)."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        use_cuda = torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return _world()
+
+
 def format_table(report: dict) -> str:
+    """The evaluate table; each AUC with its 95% interval where the report has one."""
     lines = [f"{report['model']}: {report['n_images']} images, accuracy {report['accuracy']:.4f}, "
-             f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps",
-             f"{'method':<28}{'deletion (lower better)':>25}{'insertion (higher better)':>27}{'ins-del':>10}"
+             f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps"
+             + (" (95% bootstrap intervals)" if report["n_images"] > 1 else ""),
+             f"{'method':<28}{'deletion (lower better)':>27}{'insertion (higher better)':>27}{'ins-del':>27}"
              f"{'pointing':>10}{'ms/image':>11}"]
     for label, row in report["methods"].items():
         pointing = "-" if row["pointing_game"] is None else f"{row['pointing_game']:.3f}"
-        lines.append(f"{label:<28}{row['deletion_auc']:>25.4f}{row['insertion_auc']:>27.4f}"
-                     f"{row['ins_minus_del']:>10.4f}{pointing:>10}{row['ms_per_image']:>11.1f}")
+        cells = [format_interval(row[key], row.get(f"{key.removesuffix('_auc')}_ci95"))
+                 for key in ("deletion_auc", "insertion_auc", "ins_minus_del")]
+        lines.append(f"{label:<28}{cells[0]:>27}{cells[1]:>27}{cells[2]:>27}{pointing:>10}{row['ms_per_image']:>11.1f}")
     return "\n".join(lines)

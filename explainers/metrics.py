@@ -4,6 +4,16 @@ Deletion: replace the top-p pixels (by the map) with the reference and watch the
 probability fall; insertion: start from the reference and restore the top-p pixels. All 2(K+1)
 images of all B curves go through the model in as few batched forward passes as `batch_size` allows.
 AUC by the trapezoid rule over p in [0, 1]. Lower deletion and higher insertion are better.
+
+ROAD (`reference="road"`, Rong et al. ICML 2022): the removed pixels are not painted with a colour but
+filled by noisy linear imputation from the pixels that remain (each removed pixel = the weighted mean of
+its 8 neighbours, solved as one sparse system, plus N(0, 0.01) noise), so that removal does not push the
+image out of distribution. Deletion is then ROAD's MoRF curve (most relevant removed first); insertion
+keeps the top-p pixels and imputes the rest, i.e. ROAD's LeRF curve read from the other end (LeRF at
+q removed = insertion at p = 1 - q, so the two AUCs are equal). Where every pixel is removed there is
+nothing to impute from: the image is the bundle's reference colour plus the same noise. The imputer is
+pytorch-grad-cam's (`pytorch_grad_cam.metrics.road.NoisyLinearImputer`, MIT, taken from the ROAD
+authors' code), an optional dependency: `pip install grad-cam`.
 """
 from __future__ import annotations
 
@@ -13,8 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-REFERENCES = ("mean", "black", "blur")
+REFERENCES = ("mean", "black", "blur", "road")
 TIE_BREAK_SEED = 0
+ROAD_NOISE = 0.01
+ROAD_SEED = 0
 
 
 @dataclass
@@ -76,6 +88,8 @@ def reference_images(images: torch.Tensor, reference: str = "mean", mean_color=(
         return torch.zeros_like(images)
     if reference == "blur":
         return gaussian_blur(images)
+    if reference == "road":  # what a fully removed image becomes; partial removals are imputed
+        return reference_images(images, "mean", mean_color)
     raise ValueError(f"Unknown reference '{reference}': choose one of {', '.join(REFERENCES)}")
 
 
@@ -90,6 +104,39 @@ def pixel_ranks(maps: torch.Tensor) -> torch.Tensor:
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(h * w, device=maps.device).expand(b, -1))
     return ranks
+
+
+def road_imputer():
+    """pytorch-grad-cam's noisy linear imputer with its noise off (we add seeded noise ourselves)."""
+    try:
+        from pytorch_grad_cam.metrics.road import NoisyLinearImputer
+    except ImportError as error:
+        raise ImportError("reference 'road' uses pytorch-grad-cam's noisy linear imputer: "
+                          "pip install grad-cam (version 1.5.7 is tested)") from error
+    return NoisyLinearImputer(noise=0.0)
+
+
+def road_fill(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, generators: list,
+              imputer=None, noise: float = ROAD_NOISE) -> torch.Tensor:
+    """ROAD's removal: N x 3 x H x W images whose `removed` (N x H x W bool) pixels are replaced by noisy
+    linear imputation from the kept ones. `fill`: the image used where nothing is kept; `generators`: one
+    torch.Generator per image for the noise (seeded by the caller, so results do not depend on batching)."""
+    imputer = imputer or road_imputer()
+    out = images.clone()
+    for index in range(images.shape[0]):
+        mask = removed[index]
+        count = int(mask.sum())
+        if count == 0:
+            continue
+        if count == mask.numel():
+            filled = fill[index].clone()
+        else:
+            keep = (~mask).float().cpu()
+            filled = imputer(images[index].detach().float().cpu(), keep).to(images.device, images.dtype)
+        shape = (images.shape[1], *mask.shape)
+        noise_field = noise * torch.randn(shape, generator=generators[index]).to(images.device, images.dtype)
+        out[index] = torch.where(mask.unsqueeze(0), filled + noise_field, images[index])
+    return out
 
 
 def fraction_counts(steps: int, num_pixels: int) -> tuple:
@@ -111,6 +158,7 @@ def deletion_insertion(bundle, images: torch.Tensor, maps: torch.Tensor, targets
     counts = counts.to(images.device)
     ranks = pixel_ranks(maps)  # B x HW
     base = reference_images(images, reference, bundle.reference_color)
+    imputer = road_imputer() if reference == "road" else None
     points = steps + 1
     total = b * points * 2
     scores = torch.empty(total, device=images.device)
@@ -120,6 +168,12 @@ def deletion_insertion(bundle, images: torch.Tensor, maps: torch.Tensor, targets
         image_index = indices // (2 * points)
         curve = (indices // points) % 2  # 0 = deletion, 1 = insertion
         step = indices % points
+        if reference == "road":
+            top = (ranks[image_index] < counts[step].unsqueeze(1)).view(-1, h, w)
+            removed = torch.where((curve == 1).view(-1, 1, 1), ~top, top)
+            generators = [torch.Generator().manual_seed(ROAD_SEED + 2 * points * int(i) + int(c) * points + int(s))
+                          for i, c, s in zip(image_index, curve, step)]
+            return road_fill(images[image_index], removed, base[image_index], generators, imputer), image_index
         top = (ranks[image_index] < counts[step].unsqueeze(1)).view(-1, 1, h, w).to(images.dtype)
         original, ref = images[image_index], base[image_index]
         deleted = original * (1 - top) + ref * top
@@ -136,11 +190,23 @@ def deletion_insertion(bundle, images: torch.Tensor, maps: torch.Tensor, targets
     return Curves(fractions=fractions, deletion=scores[:, 0], insertion=scores[:, 1])
 
 
-def pointing_game(maps: torch.Tensor, masks: torch.Tensor, tolerance: int = 15) -> np.ndarray:
-    """1 where the map's maximum falls inside the mask or within `tolerance` px of it (TorchRay's convention)."""
+POINTING_TOLERANCE_PX, POINTING_TOLERANCE_AT = 15, 224
+
+
+def pointing_tolerance(image_hw) -> int:
+    """TorchRay's 15 px tolerance is for 224 px images: scaled to this image's shorter side (4 px at 64 px,
+    9 px at 128 px), at least 1 px."""
+    return max(1, int(round(POINTING_TOLERANCE_PX * min(image_hw) / POINTING_TOLERANCE_AT)))
+
+
+def pointing_game(maps: torch.Tensor, masks: torch.Tensor, tolerance: int | None = None) -> np.ndarray:
+    """1 where the map's maximum falls inside the mask or within `tolerance` px of it (TorchRay's convention;
+    default: `pointing_tolerance` of the map size, i.e. 15 px at 224 px)."""
     maps = torch.as_tensor(maps, dtype=torch.float32)
     masks = torch.as_tensor(masks).bool()
     b, h, w = maps.shape
+    if tolerance is None:
+        tolerance = pointing_tolerance((h, w))
     peaks = maps.view(b, -1).argmax(dim=1)
     ys, xs = peaks // w, peaks % w
     hits = []

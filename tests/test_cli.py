@@ -49,8 +49,35 @@ def test_evaluate_writes_the_documented_json(tiny_folder, tmp_path, registered, 
         assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
         assert row["ins_minus_del"] == pytest.approx(row["insertion_auc"] - row["deletion_auc"])
         assert row["pointing_game"] is None and row["ms_per_image"] > 0
+        assert len(row["per_image"]["deletion"]) == 5 and len(row["per_image"]["insertion"]) == 5
+        assert row["deletion_auc"] == pytest.approx(np.mean(row["per_image"]["deletion"]))
+        for key, mean in (("deletion_ci95", "deletion_auc"), ("insertion_ci95", "insertion_auc"),
+                          ("ins_minus_del_ci95", "ins_minus_del")):
+            low, high = row[key]
+            assert low <= row[mean] <= high
+    # the five images of an even spread over six (labels.csv order), by name
+    assert report["files"] == ["cell_0.jpg", "cell_1.jpg", "cell_2.jpg", "cell_4.jpg", "cell_5.jpg"]
     table = capsys.readouterr().out
-    assert "deletion (lower better)" in table and "chefer" in table
+    assert "deletion (lower better)" in table and "chefer" in table and "[" in table
+
+
+def test_evaluate_compare_prints_and_stores_the_paired_interval(tiny_folder, tmp_path, registered, capsys):
+    out = tmp_path / "report.json"
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam,random", "--data", str(tiny_folder),
+                 "--steps", "5", "--compare", "gradcam,random", "--compare", "random,random", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    first, same = report["comparisons"]
+    assert (first["a"], first["b"]) == ("gradcam", "random")
+    a, b = (report["methods"][m]["per_image"] for m in ("gradcam", "random"))
+    assert first["deletion"]["mean"] == pytest.approx(np.mean(np.subtract(a["deletion"], b["deletion"])))
+    low, high = first["insertion"]["ci95"]
+    assert low <= first["insertion"]["mean"] <= high
+    assert same["deletion"]["ci95"] == [0.0, 0.0] and not same["deletion"]["significant"]
+    printed = capsys.readouterr().out
+    assert "gradcam - random" in printed and "random - random" in printed
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(tiny_folder),
+                 "--limit", "2", "--steps", "2", "--compare", "gradcam,rise"]) == 2
+    assert "not among the evaluated methods" in capsys.readouterr().err
 
 
 def test_evaluate_reads_medmnist_npz(tmp_path, registered):
@@ -59,7 +86,8 @@ def test_evaluate_reads_medmnist_npz(tmp_path, registered):
     out = tmp_path / "npz.json"
     assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam,random", "--data",
                  str(tmp_path / "blood.npz"), "--split", "test", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["n_images"] == 4
+    report = json.loads(out.read_text())
+    assert report["n_images"] == 4 and report["files"] == [f"test_images[{i}]" for i in range(4)]
 
 
 def test_explain_writes_overlay_and_npy(tmp_path, registered, capsys):
@@ -85,3 +113,77 @@ def test_clear_errors_not_tracebacks(tmp_path, registered, capsys):
     assert "cannot explain" in capsys.readouterr().err
     assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data",
                  str(tmp_path / "missing")]) == 2
+
+
+def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
+    """`torchrun --nproc-per-node 2 -m explainers evaluate` (gloo) gathers the same per-image results."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    bundle = tiny_vit(name="ddp-tiny-vit", num_classes=4)
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in bundle.network.state_dict().items()}, weights / "ddp.safetensors")
+    script = tmp_path / "run_evaluate.py"  # registers the tiny model in each process, then runs the CLI
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path[:0] = [{str(root)!r}, {str(root / 'tests')!r}]\n"
+        "from safetensors.torch import load_file\n"
+        "from conftest import tiny_vit\n"
+        "from explainers import models\n"
+        "from explainers.cli import main\n"
+        "bundle = tiny_vit(name='ddp-tiny-vit', num_classes=4)\n"
+        f"bundle.network.load_state_dict(load_file({str(weights / 'ddp.safetensors')!r}))\n"
+        "models.register_bundle(bundle)\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    common = ["evaluate", "--model", "ddp-tiny-vit", "--methods", "gradcam,rollout", "--data", str(tiny_folder),
+              "--steps", "4", "--batch-size", "2", "--threads", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), *common, "--out", str(tmp_path / "two.json")],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert two.returncode == 0, two.stderr[-4000:]
+    one = subprocess.run([sys.executable, str(script), *common, "--out", str(tmp_path / "one.json")],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert one.returncode == 0, one.stderr[-4000:]
+    a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("two", "one"))
+    assert a["protocol"].pop("processes") == 2 and b["protocol"].pop("processes") == 1
+    for report in (a, b):
+        for row in report["methods"].values():
+            row.pop("ms_per_image")
+    assert a["files"] == b["files"] and len(a["files"]) == 6
+    for method in ("gradcam", "rollout"):
+        for key in ("deletion", "insertion"):
+            assert np.allclose(a["methods"][method]["per_image"][key], b["methods"][method]["per_image"][key],
+                               atol=1e-6)
+    same(a, b)  # everything else: the same report (floats to 1e-6: summation order within a batch)
+
+
+def same(a, b, where="report"):
+    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, abs=1e-6), where
+    else:
+        assert a == b, where
+
+
+def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
+    pytest.importorskip("pytorch_grad_cam")
+    out = tmp_path / "road.json"
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(tiny_folder),
+                 "--limit", "2", "--steps", "4", "--reference", "road", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["protocol"]["reference"] == "road" and len(report["methods"]["gradcam"]["per_image"]["deletion"]) == 2

@@ -4,28 +4,63 @@ import torch
 
 from explainers.methods import get_method
 from explainers.metrics import (Curves, deletion_insertion, fraction_counts, pixel_ranks, pointing_game,
-                                randomization_sanity_check, reference_images, spearman, top_pixel_iou,
+                                pointing_tolerance, randomization_sanity_check, spearman, top_pixel_iou,
                                 trapezoid_auc)
 
 from conftest import quadrant_bundle, tiny_cnn, tiny_vit
 
 
+def naive_reference(image, reference, color):
+    """The reference image, written without the engine's helpers (blur: torchvision's Gaussian blur)."""
+    if reference == "mean":
+        return torch.tensor(color, dtype=image.dtype).view(3, 1, 1) * torch.ones_like(image)
+    if reference == "black":
+        return torch.zeros_like(image)
+    from torchvision.transforms.functional import gaussian_blur
+
+    return gaussian_blur(image, kernel_size=[11, 11], sigma=[5.0, 5.0])
+
+
 def naive_curves(bundle, images, maps, targets, steps, reference):
-    """An independent, straightforward implementation: one forward pass per image and step."""
+    """An independent, straightforward implementation: the map's pixels sorted by value (the maps of these
+    tests have no ties), one forward pass per image, curve and step."""
     b, _, h, w = images.shape
-    fractions = np.linspace(0, 1, steps + 1)
-    base = reference_images(images, reference, bundle.reference_color)
     deletion = np.zeros((b, steps + 1))
     insertion = np.zeros((b, steps + 1))
     for i in range(b):
-        ranks = pixel_ranks(maps[i:i + 1])[0]
-        for k, p in enumerate(fractions):
-            top = (ranks < int(round(p * h * w))).view(1, 1, h, w).float()
+        values = maps[i].flatten().numpy()
+        assert len(np.unique(values)) == h * w, "this reference assumes a map without ties"
+        order = np.argsort(-values, kind="stable")  # most important first
+        base = naive_reference(images[i], reference, bundle.reference_color)
+        for k in range(steps + 1):
+            count = int(round(k / steps * h * w))
+            top = torch.zeros(h * w)
+            top[torch.as_tensor(order[:count].copy())] = 1.0
+            top = top.view(1, h, w)
             with torch.no_grad():
-                deleted = bundle(images[i:i + 1] * (1 - top) + base[i:i + 1] * top).softmax(1)[0, targets[i]]
-                inserted = bundle(base[i:i + 1] * (1 - top) + images[i:i + 1] * top).softmax(1)[0, targets[i]]
+                deleted = bundle((images[i] * (1 - top) + base * top)[None]).softmax(1)[0, targets[i]]
+                inserted = bundle((base * (1 - top) + images[i] * top)[None]).softmax(1)[0, targets[i]]
             deletion[i, k], insertion[i, k] = float(deleted), float(inserted)
     return deletion, insertion
+
+
+class ForwardCounter:
+    """Counts the network's forward passes and the images each one sees."""
+
+    def __init__(self, network):
+        self.sizes = []
+        self.handle = network.register_forward_hook(lambda module, inputs, output: self.sizes.append(len(inputs[0])))
+
+
+def test_engine_batches_every_curve_point_into_few_forward_passes(cnn_bundle, images):
+    counter = ForwardCounter(cnn_bundle.network)
+    deletion_insertion(cnn_bundle, images, torch.rand(3, 32, 32), [0, 1, 2], steps=10, batch_size=7)
+    # 3 images x 2 curves x 11 points = 66 perturbed images, 7 per pass: 10 passes, each image once
+    assert counter.sizes == [7] * 9 + [3]
+    counter.sizes.clear()
+    deletion_insertion(cnn_bundle, images, torch.rand(3, 32, 32), [0, 1, 2], steps=10)  # default batch 256
+    assert counter.sizes == [66]
+    counter.handle.remove()
 
 
 @pytest.mark.parametrize("reference", ["mean", "black", "blur"])
@@ -108,14 +143,24 @@ def test_pointing_game_and_iou_known_answers():
     maps[1, 10, 40] = 1  # 20 px right of the mask: outside the 15 px tolerance
     masks = torch.zeros(2, 64, 64, dtype=torch.bool)
     masks[:, 5:15, 5:20] = True
-    assert pointing_game(maps, masks).tolist() == [1.0, 0.0]
+    assert pointing_game(maps, masks, tolerance=15).tolist() == [1.0, 0.0]
     maps[1, 10, 40] = 0
-    maps[1, 10, 30] = 1  # 10 px away: a hit with tolerance
+    maps[1, 10, 30] = 1  # 10 px away: a hit with TorchRay's 15 px ...
+    assert pointing_game(maps, masks, tolerance=15)[1] == 1.0
+    assert pointing_game(maps, masks)[1] == 0.0  # ... but not with 15 px scaled to 64 px (4 px)
+    maps[1, 10, 30] = 0
+    maps[1, 10, 23] = 1  # 3 px away: a hit at 64 px
     assert pointing_game(maps, masks)[1] == 1.0
     perfect = masks.float()
     assert top_pixel_iou(perfect, masks).tolist() == [1.0, 1.0]
     opposite = (~masks).float()
     assert top_pixel_iou(opposite, masks).tolist() == [0.0, 0.0]
+
+
+def test_pointing_tolerance_scales_with_image_size():
+    assert pointing_tolerance((224, 224)) == 15  # TorchRay's value at its image size
+    assert pointing_tolerance((64, 64)) == 4 and pointing_tolerance((128, 128)) == 9
+    assert pointing_tolerance((64, 300)) == 4 and pointing_tolerance((8, 8)) == 1
 
 
 def test_unknown_reference_and_bad_shapes(cnn_bundle, images):
@@ -140,3 +185,73 @@ def test_sanity_check_separates_gradcam_from_a_model_independent_map(cnn_bundle,
     before = {k: v.clone() for k, v in cnn_bundle.network.state_dict().items()}
     randomization_sanity_check(cnn_bundle, get_method("gradcam"), images, [0, 1, 2], max_layers=1)
     assert all(torch.equal(before[k], v) for k, v in cnn_bundle.network.state_dict().items())
+
+
+def road_case():
+    """The quadrant model on an image whose top-left quadrant is a bright, smooth blob on a dark field:
+    imputing a removed pixel from its neighbours keeps it bright, painting it the mean colour does not."""
+    bundle = quadrant_bundle(scale=6.0)
+    generator = torch.Generator().manual_seed(4)
+    ys, xs = torch.meshgrid(torch.arange(32.0), torch.arange(32.0), indexing="ij")
+    blob = torch.exp(-((ys - 7) ** 2 + (xs - 8) ** 2) / 60.0)
+    images = torch.stack([(0.25 + 0.7 * blob + 0.05 * torch.rand(32, 32, generator=generator)).expand(3, -1, -1)
+                          for _ in range(3)])
+    images[2] = images[2].flip(-1)  # the blob leaves the quadrant: another score level
+    maps = torch.rand(3, 32, 32, generator=generator) + torch.stack([blob, -blob, blob])
+    return bundle, images.contiguous(), maps, torch.tensor([0, 0, 1])
+
+
+def test_road_agrees_with_pytorch_grad_cam():
+    pytest.importorskip("pytorch_grad_cam")
+    from pytorch_grad_cam.metrics.road import ROADLeastRelevantFirst, ROADMostRelevantFirst
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget
+
+    bundle, images, maps, targets = road_case()
+    torch.manual_seed(0)  # pytorch-grad-cam's imputation noise uses the global generator
+    normalized = bundle.normalize(images)
+    cams = maps.numpy()
+    target_fns = [ClassifierOutputSoftmaxTarget(int(t)) for t in targets]
+    # pytorch-grad-cam's curves at 10%, ..., 90%: MoRF at percentile p removes the top (100 - p)% (our
+    # deletion at 1 - p/100), LeRF at p removes the bottom (100 - p)%, i.e. keeps the top p% (our insertion)
+    percentiles = list(range(10, 100, 10))
+    morf = np.stack([ROADMostRelevantFirst(100 - q)(normalized, cams, target_fns, bundle.network, return_diff=False)
+                     for q in percentiles], axis=1)
+    lerf = np.stack([ROADLeastRelevantFirst(q)(normalized, cams, target_fns, bundle.network, return_diff=False)
+                     for q in percentiles], axis=1)
+    curves = deletion_insertion(bundle, images, maps, targets, steps=10, reference="road")
+    inner = curves.fractions[1:10]
+    ours_morf, ours_lerf = curves.deletion[:, 1:10], curves.insertion[:, 1:10]
+    assert np.abs(trapezoid_auc(ours_morf, inner) - trapezoid_auc(morf, inner)).max() < 0.01
+    assert np.abs(trapezoid_auc(ours_lerf, inner) - trapezoid_auc(lerf, inner)).max() < 0.01
+    assert np.abs(ours_morf - morf).max() < 0.05 and np.abs(ours_lerf - lerf).max() < 0.05  # point by point
+    with torch.no_grad():
+        own = bundle(images).softmax(1)[torch.arange(3), targets].numpy()
+    # the check can fail: the mean-colour reference scores these images very differently
+    mean_curves = deletion_insertion(bundle, images, maps, targets, steps=10, reference="mean")
+    assert np.abs(trapezoid_auc(mean_curves.deletion[:, 1:10], inner) - trapezoid_auc(morf, inner)).max() > 0.05
+    # ends: nothing removed = the model's own score
+    assert np.allclose(curves.deletion[:, 0], own, atol=1e-6) and np.allclose(curves.insertion[:, -1], own, atol=1e-6)
+
+
+def test_road_is_deterministic_and_independent_of_the_forward_batch():
+    pytest.importorskip("pytorch_grad_cam")
+    bundle, images, maps, targets = road_case()
+    first = deletion_insertion(bundle, images, maps, targets, steps=5, reference="road", batch_size=5)
+    second = deletion_insertion(bundle, images, maps, targets, steps=5, reference="road", batch_size=64)
+    assert np.allclose(first.deletion, second.deletion, atol=1e-6)
+    assert np.allclose(first.insertion, second.insertion, atol=1e-6)
+
+
+def test_road_without_pytorch_grad_cam_says_what_to_install(monkeypatch, quadrant):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def refuse(name, *args, **kwargs):
+        if name.startswith("pytorch_grad_cam"):
+            raise ImportError("no module")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", refuse)
+    with pytest.raises(ImportError, match="pip install grad-cam"):
+        deletion_insertion(quadrant, torch.rand(1, 3, 32, 32), torch.rand(1, 32, 32), [0], reference="road")

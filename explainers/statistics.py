@@ -1,0 +1,136 @@
+"""Uncertainty for per-image scores: percentile bootstrap intervals of a mean, and the paired bootstrap
+interval of the difference between two methods scored on the same images.
+
+Seeded (the same data and seed give the same interval) and chunked over resamples, so 100k images cost
+memory for one chunk only. No app code: the CLI, the bench scripts and the app's score table call these.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+N_RESAMPLES = 2000
+LEVEL = 0.95
+SEED = 0
+_CHUNK_ELEMENTS = 4_000_000  # resample indices held at once (32 MB of int64)
+
+
+def bootstrap_means(values, *, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """The mean of each of `n_resamples` resamples (with replacement, same size) of `values`."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    n = len(values)
+    if n == 0:
+        raise ValueError("bootstrap needs at least one value")
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_ELEMENTS // n)
+    means = np.empty(n_resamples)
+    for start in range(0, n_resamples, chunk):
+        stop = min(start + chunk, n_resamples)
+        indices = rng.integers(0, n, size=(stop - start, n))
+        means[start:stop] = values[indices].mean(axis=1)
+    return means
+
+
+def bootstrap_ci(values, *, level: float = LEVEL, n_resamples: int = N_RESAMPLES, seed: int = SEED):
+    """Percentile bootstrap interval [low, high] of the mean of `values`; None with fewer than 2 values
+    (one image has no spread to resample) or where a value is missing (NaN)."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if len(values) < 2 or not np.all(np.isfinite(values)):
+        return None
+    means = bootstrap_means(values, n_resamples=n_resamples, seed=seed)
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(means, [tail, 100.0 - tail])
+    return [float(low), float(high)]
+
+
+def paired_difference(a, b, *, level: float = LEVEL, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> dict:
+    """Mean of a - b over the same images and its paired bootstrap interval (the images are resampled,
+    both scores of an image travel together). `significant`: the interval excludes 0."""
+    a = np.asarray(a, dtype=np.float64).reshape(-1)
+    b = np.asarray(b, dtype=np.float64).reshape(-1)
+    if a.shape != b.shape:
+        raise ValueError(f"paired scores need the same images: {len(a)} vs {len(b)} values")
+    difference = a - b
+    interval = bootstrap_ci(difference, level=level, n_resamples=n_resamples, seed=seed)
+    return {"mean": float(difference.mean()) if len(difference) else float("nan"), "ci95": interval,
+            "significant": excludes_zero(interval), "n": int(len(difference))}
+
+
+def excludes_zero(interval) -> bool:
+    """True when an interval lies entirely above or below 0 (None: not enough data, so False)."""
+    return interval is not None and (interval[0] > 0 or interval[1] < 0)
+
+
+METRICS = ("deletion", "insertion", "ins_minus_del")
+
+
+def per_image_scores(row: dict) -> dict:
+    """{'deletion': [...], 'insertion': [...], 'ins_minus_del': [...]} from an evaluate report's method row."""
+    deletion = np.asarray(row["per_image"]["deletion"], dtype=np.float64)
+    insertion = np.asarray(row["per_image"]["insertion"], dtype=np.float64)
+    return {"deletion": deletion, "insertion": insertion, "ins_minus_del": insertion - deletion}
+
+
+def method_intervals(deletion, insertion, **options) -> dict:
+    """The three intervals an evaluate row carries."""
+    deletion = np.asarray(deletion, dtype=np.float64)
+    insertion = np.asarray(insertion, dtype=np.float64)
+    return {"deletion_ci95": bootstrap_ci(deletion, **options), "insertion_ci95": bootstrap_ci(insertion, **options),
+            "ins_minus_del_ci95": bootstrap_ci(insertion - deletion, **options)}
+
+
+def compare_methods(report: dict, first: str, second: str, **options) -> dict:
+    """Paired differences first - second of deletion, insertion and ins-del on the report's images.
+    Lower deletion is better, so a significant negative deletion difference favours `first`."""
+    methods = report["methods"]
+    for name in (first, second):
+        if name not in methods:
+            raise KeyError(f"--compare: '{name}' is not among the evaluated methods ({', '.join(methods)})")
+        if "per_image" not in methods[name]:
+            raise ValueError(f"the report has no per-image scores for '{name}' (written by an older version?)")
+    a, b = per_image_scores(methods[first]), per_image_scores(methods[second])
+    return {"a": first, "b": second, **{metric: paired_difference(a[metric], b[metric], **options) for metric in METRICS}}
+
+
+def format_interval(mean: float, interval, digits: int = 4) -> str:
+    """'0.1987 [0.1902, 0.2071]', or just the mean where there is no interval."""
+    if interval is None:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+def format_comparison(comparison: dict) -> str:
+    lines = [f"paired bootstrap, {comparison['a']} - {comparison['b']} "
+             f"(n = {comparison['deletion']['n']}, 95% percentile interval):"]
+    for metric, better in (("deletion", "lower"), ("insertion", "higher"), ("ins_minus_del", "higher")):
+        result = comparison[metric]
+        verdict = "excludes 0: significant" if result["significant"] else "includes 0: not significant"
+        if result["ci95"] is None:
+            verdict = "too few images for an interval"
+        lines.append(f"  {metric:<14}{format_interval(result['mean'], result['ci95']):>32}  {verdict} "
+                     f"({better} is better)")
+    return "\n".join(lines)
+
+
+def score_table(methods: dict, *, digits: int = 3, **options) -> list:
+    """Rows for a score table (the app's Review and batch views): per method each AUC as 'mean [low, high]'
+    and, for each metric, whether it differs significantly (paired interval excludes 0) from the best method
+    on that metric. `methods`: {name: {'deletion': [...], 'insertion': [...]}} per-image scores on the same
+    images (an evaluate report's `per_image` blocks). One image: means only, nothing marked."""
+    scores = {name: {"deletion": np.asarray(v["deletion"], dtype=np.float64),
+                     "insertion": np.asarray(v["insertion"], dtype=np.float64)} for name, v in methods.items()}
+    for value in scores.values():
+        value["ins_minus_del"] = value["insertion"] - value["deletion"]
+    best = {metric: (min if metric == "deletion" else max)(scores, key=lambda m: scores[m][metric].mean())
+            for metric in METRICS} if scores else {}
+    rows = []
+    for name, value in scores.items():
+        row = {"method": name}
+        for metric in METRICS:
+            mean = float(value[metric].mean())
+            row[metric] = format_interval(mean, bootstrap_ci(value[metric], **options), digits)
+            row[f"{metric}_best"] = best[metric] == name
+            row[f"{metric}_worse_than_best"] = (best[metric] != name and len(value[metric]) > 1 and
+                                                paired_difference(value[metric], scores[best[metric]][metric],
+                                                                  **options)["significant"])
+        rows.append(row)
+    return rows

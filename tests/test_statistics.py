@@ -1,0 +1,108 @@
+"""Bootstrap intervals: known answers, not re-implementations."""
+import numpy as np
+import pytest
+
+from explainers.statistics import (bootstrap_ci, bootstrap_means, compare_methods, excludes_zero, format_comparison,
+                                   format_interval, method_intervals, paired_difference, score_table)
+
+
+def test_constant_data_gives_a_zero_width_interval():
+    assert bootstrap_ci(np.full(50, 0.3)) == pytest.approx([0.3, 0.3])
+
+
+def test_two_values_known_distribution():
+    # resample means of [0, 1] (size 2) are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4: the 2.5% and 97.5%
+    # percentiles of that distribution are 0 and 1, the 25% and 75% ones 0.5 and 0.5
+    means = bootstrap_means([0.0, 1.0], n_resamples=20000, seed=3)
+    assert set(np.unique(means)) == {0.0, 0.5, 1.0}
+    assert np.mean(means == 0.5) == pytest.approx(0.5, abs=0.02)
+    assert bootstrap_ci([0.0, 1.0], n_resamples=20000) == [0.0, 1.0]
+    assert bootstrap_ci([0.0, 1.0], level=0.5, n_resamples=20000) == [0.5, 0.5]
+
+
+def test_interval_contains_the_mean_and_shrinks_with_n():
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(0.2, 0.1, 30), rng.normal(0.2, 0.1, 3000)
+    for values in (small, large):
+        low, high = bootstrap_ci(values)
+        assert low < values.mean() < high
+    width = lambda v: np.diff(bootstrap_ci(v))[0]  # noqa: E731
+    assert width(large) < width(small) / 5  # about sqrt(100) = 10 times narrower
+    # the standard error is 0.1 / sqrt(3000): the 95% interval is about +-1.96 of it
+    assert width(large) == pytest.approx(2 * 1.96 * 0.1 / np.sqrt(3000), rel=0.15)
+
+
+def test_seeded_and_chunking_does_not_change_the_answer(monkeypatch):
+    values = np.random.default_rng(1).random(40)
+    first = bootstrap_ci(values, seed=7)
+    assert bootstrap_ci(values, seed=7) == first and bootstrap_ci(values, seed=8) != first
+    import explainers.statistics as statistics
+
+    monkeypatch.setattr(statistics, "_CHUNK_ELEMENTS", 40 * 3)  # 3 resamples per chunk
+    assert bootstrap_ci(values, seed=7) == pytest.approx(first)
+
+
+def test_hand_computed_percentiles_with_a_fixed_seed():
+    values = np.array([0.1, 0.4, 0.2, 0.9, 0.5])
+    rng = np.random.default_rng(11)
+    draws = rng.integers(0, 5, size=(9, 5))
+    means = values[draws].mean(axis=1)
+    expected = np.percentile(means, [2.5, 97.5])
+    assert bootstrap_ci(values, n_resamples=9, seed=11) == pytest.approx(expected.tolist())
+
+
+def test_paired_difference_with_a_constant_offset_is_exact():
+    rng = np.random.default_rng(2)
+    b = rng.random(100)  # widely spread scores ...
+    a = b + 0.01  # ... but a is always 0.01 better: unpaired intervals overlap, the paired one does not
+    result = paired_difference(a, b)
+    assert result["mean"] == pytest.approx(0.01) and result["ci95"] == pytest.approx([0.01, 0.01])
+    assert result["significant"] and result["n"] == 100
+    ci_a, ci_b = bootstrap_ci(a), bootstrap_ci(b)
+    assert ci_a[0] < ci_b[1]  # the unpaired intervals overlap
+    noise = paired_difference(b + rng.normal(0, 0.05, 100), b)
+    assert noise["ci95"][0] < 0 < noise["ci95"][1] and not noise["significant"]
+    with pytest.raises(ValueError, match="same images"):
+        paired_difference(a, b[:50])
+
+
+def test_too_few_values_and_missing_values_have_no_interval():
+    assert bootstrap_ci([0.5]) is None and bootstrap_ci([0.5, np.nan]) is None
+    assert not excludes_zero(None) and excludes_zero([0.1, 0.2]) and excludes_zero([-0.2, -0.1])
+    assert not excludes_zero([-0.1, 0.1])
+    assert format_interval(0.5, None) == "0.5000"
+    assert format_interval(0.19871, [0.19, 0.2071]) == "0.1987 [0.1900, 0.2071]"
+
+
+def test_compare_methods_on_a_report():
+    deletion_a, deletion_b = [0.1, 0.2, 0.3, 0.2], [0.3, 0.4, 0.5, 0.4]
+    insertion = [0.6, 0.7, 0.8, 0.7]
+    report = {"methods": {"a": {"per_image": {"deletion": deletion_a, "insertion": insertion}},
+                          "b": {"per_image": {"deletion": deletion_b, "insertion": insertion}}}}
+    comparison = compare_methods(report, "a", "b")
+    assert comparison["deletion"]["mean"] == pytest.approx(-0.2)
+    assert comparison["deletion"]["ci95"] == pytest.approx([-0.2, -0.2]) and comparison["deletion"]["significant"]
+    assert comparison["insertion"]["ci95"] == pytest.approx([0.0, 0.0]) and not comparison["insertion"]["significant"]
+    assert comparison["ins_minus_del"]["mean"] == pytest.approx(0.2)
+    text = format_comparison(comparison)
+    assert "a - b" in text and "excludes 0: significant" in text and "includes 0" in text
+    with pytest.raises(KeyError, match="not among"):
+        compare_methods(report, "a", "c")
+    intervals = method_intervals(deletion_a, insertion)
+    assert set(intervals) == {"deletion_ci95", "insertion_ci95", "ins_minus_del_ci95"}
+    assert intervals["ins_minus_del_ci95"] == pytest.approx([0.5, 0.5])
+
+
+def test_score_table_marks_significant_differences_from_the_best():
+    rng = np.random.default_rng(5)
+    base = rng.random(60)
+    methods = {"good": {"deletion": base * 0.5, "insertion": base * 0.5 + 0.4},
+               "tied": {"deletion": base * 0.5 + 0.05 + rng.normal(0, 0.01, 60), "insertion": base * 0.5 + 0.4},
+               "bad": {"deletion": base * 0.5 + 0.2, "insertion": base * 0.5 + 0.1}}
+    rows = {row["method"]: row for row in score_table(methods)}
+    assert rows["good"]["ins_minus_del_best"] and not rows["good"]["ins_minus_del_worse_than_best"]
+    assert rows["bad"]["deletion_worse_than_best"] and rows["bad"]["ins_minus_del_worse_than_best"]
+    assert "[" in rows["bad"]["deletion"]
+    assert rows["tied"]["deletion_worse_than_best"] and not rows["tied"]["insertion_worse_than_best"]
+    single = score_table({"a": {"deletion": [0.2], "insertion": [0.6]}, "b": {"deletion": [0.3], "insertion": [0.5]}})
+    assert single[0]["deletion"] == "0.200" and not single[1]["deletion_worse_than_best"]
