@@ -39,6 +39,7 @@ DATA = {
 LIMITS = {"bloodmnist-vit": 500, "bloodmnist-cnn": 500, "efficientnet-lite0": 200}
 T3_LIMITS = {"bloodmnist-vit": 100, "bloodmnist-cnn": 100, "efficientnet-lite0": 8}
 RISE_LIMITS = {"bloodmnist-vit": 16, "bloodmnist-cnn": 16, "efficientnet-lite0": 4}
+PER_IMAGE_LIMITS = {"bloodmnist-vit": 64, "bloodmnist-cnn": 100, "efficientnet-lite0": 8}
 
 
 def applicable(bundle, name: str) -> bool:
@@ -103,10 +104,15 @@ def bench_model(name: str, args) -> dict:
     bundle = load_model(name)
     data = args.data or DATA[name]
     limits = {"all": args.limit or LIMITS[name], "t3": args.t3_limit or T3_LIMITS[name],
-              "rise": args.rise_limit or RISE_LIMITS[name]}
+              "rise": args.rise_limit or RISE_LIMITS[name],
+              "per_image": args.per_image_limit or PER_IMAGE_LIMITS[name]}
+    baselines = ["gradcam"] + [m for m in ("chefer", "gradskip", "rollout") if applicable(bundle, m)]
     tiers = {
-        "all": ["aha", "gradcam"] + [m for m in ("chefer", "gradskip", "rollout") if applicable(bundle, m)] + ["random"],
-        "t3": ["aha", "aha:refine_steps=3"],
+        "all": ["aha"] + baselines + ["random"],
+        # T=3 with T=0 and the baselines on the same images (the best baseline is read from "all")
+        "t3": ["aha", "aha:refine_steps=3"] + baselines,
+        # AHA as on a model with no trained explainer (the shipped one is not used), next to the baselines
+        "per_image": ["aha:mode=per-image", "aha"] + baselines,
         "rise": ["aha", "gradcam", "rise"],
     }
     result = {"model": name, "data": data, "limits": limits}
@@ -117,8 +123,10 @@ def bench_model(name: str, args) -> dict:
         result[tier] = evaluate_methods(bundle, data, methods, split="test", limit=limits[tier],
                                         batch_size=args.batch_size, progress=not args.quiet)
         result[f"{tier}_seconds"] = round(time.time() - started, 1)
-        # paired bootstrap intervals of AHA (T=0) minus each other method on the same images
-        result[f"{tier}_comparisons"] = [compare_methods(result[tier], "aha", other) for other in methods if other != "aha"]
+        # paired bootstrap intervals of each AHA variant minus each other method on the same images
+        variants = [m for m in result[tier]["methods"] if m.startswith("aha")]
+        result[f"{tier}_comparisons"] = [compare_methods(result[tier], variant, other) for variant in variants
+                                         for other in result[tier]["methods"] if other != variant]
         for comparison in result[f"{tier}_comparisons"]:
             print(format_comparison(comparison), file=sys.stderr, flush=True)
         print(f"{name} {tier}: {json.dumps({k: (round(v['deletion_auc'], 4), round(v['insertion_auc'], 4)) for k, v in result[tier]['methods'].items()})}",
@@ -134,7 +142,7 @@ def table(results: list) -> str:
     lines = ["| model | images | method | deletion AUC (lower better) | insertion AUC (higher better) | ins - del | ms/image |",
              "|---|---|---|---|---|---|---|"]
     for result in results:
-        for part in ("all", "t3", "rise"):
+        for part in ("all", "t3", "per_image", "rise"):
             report = result.get(part)
             if not report:
                 continue
@@ -164,7 +172,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rise-timing-images", type=int, default=2)
     parser.add_argument("--timing-threads", type=int, default=1, help="torch threads for the timing (0: leave)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--tiers", default="all,t3,rise,timing", type=lambda s: s.split(","),
+    parser.add_argument("--per-image-limit", type=int, default=None, help="images for AHA's per-image mode")
+    parser.add_argument("--tiers", default="all,t3,per_image,rise,timing", type=lambda s: s.split(","),
                         help="which parts to run (default all,t3,rise,timing)")
     parser.add_argument("--out", default=None, help="JSON results file")
     parser.add_argument("--quiet", action="store_true")
