@@ -161,7 +161,7 @@ def test_refine_steps_rerun_aha_only(running):
     explain(client, methods=("aha", "gradcam"))
     overlays, plot, table, status = client.predict(2, 0.5, "cividis", api_name="/refine")
     rows = {row[0]: row for row in table["data"]}
-    assert rows["AHA (amortized)"][1] == "refine_steps=2"
+    assert rows["AHA (amortized)"][1] == "refine_steps=2, mode=trained"  # the mode AHA ran in is shown
     assert rows["Grad-CAM"][1] == "-"
 
 
