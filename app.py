@@ -103,6 +103,7 @@ def checked_image(**kwargs) -> gr.Image:
     """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
     handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders).
     (Wrapped per instance: a gr.Image subclass would make Gradio write a .pyi stub next to this file.)"""
+    kwargs.setdefault("image_mode", None)  # the file as uploaded: Gradio's RGB conversion would whiten 16-bit data
     component = gr.Image(**kwargs)
     original = component.preprocess
 
@@ -353,7 +354,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             with gr.Tab("Explain", id="explain") as explain_tab:
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=4, min_width=320):
-                        image = checked_image(type="filepath", label="Image", sources=["upload", "clipboard"],
+                        image = checked_image(type="filepath", sources=["upload", "clipboard"],
+                                              label="Image (transparent parts are composed on white)",
                                          height=300, elem_id="input-image", buttons=["fullscreen"])
                         with gr.Accordion("Examples", open=True):
                             gr.Examples(cell_examples, inputs=image, label="Blood cells (BloodMNIST test split)",
@@ -446,14 +448,26 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **heavy).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
 
-        def new_image(image_path, model_name, chosen, _target, *rest):
-            """A new image: reset the target to the top-1 class and explain at once."""
-            if not image_path:
-                return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
-                    figures.empty_figure("Pick an image to see its curves."), [], "", None
-            return maps_fn(image_path, model_name, chosen, "auto", *rest)
+        def cleared(message):
+            return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
+                figures.empty_figure(message), [], "", None
 
-        image.change(new_image, explain_inputs, maps_outputs, api_name="explain_new_image", **heavy).success(
+        @friendly
+        def new_image(image_path, model_name, chosen, _target, *rest):
+            """A new image: reset the target to the top-1 class and explain at once. An upload that a browser
+            would not show as the model reads it (16-bit, CMYK, alpha, TIFF, EXIF rotation...) is first replaced
+            by the normalised picture (its change explains it): one image for preview, model and overlays."""
+            if not image_path:
+                return gr.skip(), *cleared("Pick an image to see its curves.")
+            shown, note = explain.shown_image(services, image_path)
+            if shown != str(image_path):
+                if note:
+                    gr.Info(note, duration=6)
+                return shown, *cleared("Explaining the normalised picture…")
+            return gr.skip(), *maps_fn(image_path, model_name, chosen, "auto", *rest)
+
+        image.change(new_image, explain_inputs, [image, *maps_outputs], api_name="explain_new_image",
+                     **heavy).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
 
         model.change(model_change_handler(services), [model, methods], [methods, *sliders, model_info],

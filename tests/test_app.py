@@ -493,3 +493,104 @@ def test_figures_are_valid_plotly():
         figure.to_plotly()  # raises on any invalid property
         json.loads(figure.to_json())
     assert len(figures[0].data) == 2 and "lower is better" in figures[0].data[0]["name"]
+
+
+# ------------------------------------------------------------------------------------------------ uploads
+def _png_header_only(width, height) -> bytes:
+    """A PNG whose header claims width x height (a decompression bomb: nothing behind it is ever decoded)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+            + chunk(b"IEND", b""))
+
+
+def _upload_kinds(folder: Path) -> dict:
+    """{kind: (path, expected)}: expected is a regex of the refusal, or None (accepted: load_image's picture)."""
+    rng = np.random.default_rng(0)
+    cell = Image.open(CELL).convert("RGB").resize((40, 48))
+    pixels = np.asarray(cell)
+    kinds = {}
+
+    def put(name, expected):
+        kinds[name.split(".")[0]] = (folder / name, expected)
+        return folder / name
+
+    jpeg = (folder / "ok.jpg")
+    cell.save(jpeg, quality=95)
+    data = jpeg.read_bytes()
+    put("corrupt-jpeg.jpg", r"not a readable image").write_bytes(data[:4] + rng.bytes(len(data) - 4))
+    png = folder / "ok.png"
+    cell.save(png)
+    put("truncated-png.png", r"not a readable image").write_bytes(png.read_bytes()[: len(png.read_bytes()) // 2])
+    put("text.png", r"not a readable image: its content is not an image format").write_text("hello, not a PNG\n")
+    Image.new("RGB", (1, 1), (200, 10, 10)).save(put("one-pixel.png", r"too small"))
+    put("bomb.png", r"too large \(400 MP\): the limit is 40 MP").write_bytes(_png_header_only(20000, 20000))
+    Image.fromarray((pixels[..., 1].astype(np.uint16) * 257 + 100), "I;16").save(put("gray16.tif", None))
+    cell.convert("CMYK").save(put("cmyk.jpg", None), quality=95)
+    rgba = np.dstack([pixels, np.where(np.arange(40)[None, :] < 20, 0, 255).repeat(48, 0).astype(np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(put("rgba.png", None))
+    cell.convert("L").save(put("gray.png", None))
+    frames = [cell, Image.fromarray(255 - pixels)]
+    frames[0].save(put("animated.gif", None), save_all=True, append_images=frames[1:], duration=100, loop=0)
+    exif = Image.Exif()
+    exif[274] = 6
+    cell.save(put("exif6.jpg", None), exif=exif, quality=95)
+    put("drawing.svg", r"SVG drawing").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40">'
+                                                  '<circle cx="20" cy="20" r="10"/></svg>')
+    return kinds
+
+
+KINDS = ["corrupt-jpeg", "truncated-png", "text", "one-pixel", "bomb", "gray16", "cmyk", "rgba", "gray", "animated",
+         "exif6", "drawing"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_reads_it(running, tmp_path, kind):
+    """Through the real endpoints (the Explain tab's upload event and the API's explain): a clear refusal in our
+    words (no Python internals, our 40 MP limit), or the prediction of load_image + the model, with the preview
+    showing exactly the picture the model gets."""
+    demo, client, _ = running
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    from explainers import engine
+    from explainers.images import load_image
+
+    path, expected = _upload_kinds(tmp_path)[kind]
+    if expected is not None:
+        for api in ("/explain", "/explain_new_image"):
+            with pytest.raises(AppError) as caught:
+                client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+                               api_name=api)
+            message = str(caught.value)
+            assert __import__("re").search(expected, message), message
+            assert " at 0x" not in message and "178" not in message and "Traceback" not in message
+        return
+    bundle = demo.services.bundle("tiny-cnn")
+    picture = load_image(path)
+    wanted = engine.predict_top(bundle, engine.prepare_input(picture, bundle), 5)
+    label = explain(client, methods=("gradcam",), image=str(path))[0]
+    got = [(c["label"], c["confidence"]) for c in label["confidences"]]
+    assert [name for name, _ in got] == [name for _, name, _ in wanted]
+    assert np.allclose([p for _, p in got], [p for _, _, p in wanted], atol=1e-5)
+    # the UI's upload event: the preview is the picture the model gets (a normalised copy when a browser would
+    # show the file differently), then that picture is explained with the same prediction
+    out = client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+                         api_name="/explain_new_image")
+    shown = out[0]
+    if shown is None:  # shown as is: a plain RGB PNG/JPEG, explained at once
+        assert kind not in ("gray16", "cmyk", "rgba", "gray", "animated", "exif6")
+        assert [c["label"] for c in out[1]["confidences"]] == [name for _, name, _ in wanted]
+        return
+    shown_path = shown if isinstance(shown, str) else shown["path"]
+    with Image.open(shown_path) as preview:
+        assert preview.format == "PNG" and preview.mode == "RGB"
+        assert np.array_equal(np.asarray(preview), np.asarray(picture))
+    label = client.predict(handle_file(shown_path), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+                           api_name="/explain_new_image")[1]
+    assert [c["label"] for c in label["confidences"]] == [name for _, name, _ in wanted]
