@@ -63,7 +63,13 @@ if os.environ.get("MPLBACKEND", "").lower() == "agg":
     _gradio_utils.MatplotlibBackendMananger = _AggAlready
 
 ROOT = Path(__file__).resolve().parent
-STATE_DIR = Path(os.environ.get("SALIENCY_LAB_STATE_DIR", ROOT / "runs" / "app"))
+def default_state_dir() -> Path:
+    """SQLite files (verdicts, mask sets, jobs): SALIENCY_LAB_STATE_DIR, else the user's data folder
+    (`explainers.paths.data_dir()`: SALIENCY_DATA_DIR, the Space's /data, or ~/.local/share), never the code."""
+    from explainers.paths import data_dir
+
+    configured = os.environ.get("SALIENCY_LAB_STATE_DIR")
+    return Path(configured) if configured else data_dir() / "app"
 log = logging.getLogger("saliency_lab")
 
 
@@ -326,7 +332,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
     if heavy_concurrency is None:  # one explanation per core (each torch op single-threaded, see configure_torch)
         heavy_concurrency = 2 if DEVICE == "cuda" else max(1, min(4, os.cpu_count() or 1))
     services = Services(loader or default_loader, model_names if model_names is not None else list_models,
-                        state_dir or STATE_DIR, jobs_root, sam_variant, weights_dir=weights_dir,
+                        state_dir or default_state_dir(), jobs_root, sam_variant, weights_dir=weights_dir,
                         parallel=heavy_concurrency, decoy_roots=decoy_roots)
     configure_torch(heavy_concurrency)
     names = services.names()
@@ -515,7 +521,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         def refresh_models():
             """Fine-tuned models appear in every model picker (the current choices are kept)."""
             choices = menus.model_choices(services.names())
-            return [gr.update(choices=choices) for _ in model_dropdowns] + [masks_parts["data_choices"]()]
+            return [gr.update(choices=finetune.finetune_models(services) if dropdown is masks_parts["base_model"]
+                              else choices) for dropdown in model_dropdowns] + [masks_parts["data_choices"]()]
 
         for tab in (explain_tab, masks_tab, review_tab, learn_tab):
             tab.select(refresh_models, None, [*model_dropdowns, masks_parts["train_data"]], api_visibility="private",
@@ -577,8 +584,10 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                 "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside)).",
                 elem_classes="help")
     with gr.Row():
-        base_model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
-                                 label="Model to fine-tune", scale=2)
+        tunable = finetune.finetune_models(services)
+        base_model = gr.Dropdown(tunable, value=first_model if first_model in [n for _, n in tunable] else
+                                 (tunable[0][1] if tunable else None), allow_custom_value=True,
+                                 label="Model to fine-tune", info="Only models a fine-tune job can load.", scale=2)
         train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data", allow_custom_value=True,
                                  info="Your mask sets, the decoy BloodMNIST set, or BCCD boxes when present.")
         refresh_data = gr.Button("↻", size="sm", scale=0, min_width=40)
@@ -716,7 +725,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         report = finetune.job_report(services, current)
         if not report.finished:
             return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        models = gr.update(choices=menus.model_choices(services.names())) if report.new_model else gr.skip()
+        models = gr.update(choices=finetune.finetune_models(services)) if report.new_model else gr.skip()
         return report.text, report.percent, report.figure, gr.update(active=False), report.gallery, report.table, \
             models
 

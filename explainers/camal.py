@@ -584,12 +584,13 @@ def run_camal(*, model: str, data: str, out: str, masks: str | None = None, epoc
     if world > 1:
         import torch.distributed as dist
         dist.barrier()
-    from .models import WEIGHTS_DIR
+    from .models import model_dirs
 
-    listed = out_dir.resolve() == Path(WEIGHTS_DIR).resolve()
+    listed = any(out_dir.resolve() == Path(folder).resolve() for folder in model_dirs())
     if not listed:
-        print(f"CAMAL: {name} written to {out_dir}; the model zoo lists models in {WEIGHTS_DIR} only (load this "
-              f"one with --model {out_dir / (name + '.json')})", file=sys.stderr)
+        print(f"CAMAL: {name} written to {out_dir}; the model zoo lists models in "
+              f"{' and '.join(str(f) for f in model_dirs())} only (load this one with "
+              f"--model {out_dir / (name + '.json')})", file=sys.stderr)
     summary.update({"before": before, "after": after, "card": str(out_dir / f"{name}.json"),
                     "weights": str(out_dir / card["weights_file"]), "figures": figures, "listed_in_zoo": listed})
     return summary

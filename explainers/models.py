@@ -218,8 +218,21 @@ def _bundle_from_network(name, network, *, class_names, reference_color, card, d
     )
 
 
+def model_dirs() -> list:
+    """Where model cards live: the shipped models (weights/), then the user's imported and fine-tuned ones
+    (`explainers.paths.user_models_dir()`, outside the code)."""
+    from .paths import user_models_dir
+
+    return [WEIGHTS_DIR, user_models_dir()]
+
+
 def card_path(name: str) -> Path:
-    return WEIGHTS_DIR / f"{safe_name(name)}.json"
+    """The card of a model: in weights/ or in the user's models folder (weights/ when neither has it)."""
+    file_name = f"{safe_name(name)}.json"
+    for folder in model_dirs():
+        if (folder / file_name).exists():
+            return folder / file_name
+    return WEIGHTS_DIR / file_name
 
 
 def safe_name(name: str) -> str:
@@ -237,8 +250,9 @@ def build_from_card(card: dict) -> nn.Module:
 def _load_bundled(name: str) -> ModelBundle:
     from safetensors.torch import load_file
 
-    card = json.loads(card_path(name).read_text())
-    weights = WEIGHTS_DIR / card.get("weights_file", f"{name}.safetensors")
+    card_file = card_path(name)
+    card = json.loads(card_file.read_text())
+    weights = card_file.parent / card.get("weights_file", f"{name}.safetensors")
     if not weights.exists():
         raise ModelUnavailableError(
             f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository "
@@ -317,12 +331,13 @@ def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> Mode
 
 
 def list_models() -> list:
-    """Bundled models first, then fine-tuned checkpoints found in weights/, then the default hub names."""
+    """Bundled models first, then fine-tuned checkpoints found in weights/ and in the user's models folder
+    (`model_dirs()`), then the default hub names."""
     local = []
-    if WEIGHTS_DIR.exists():
-        for card_file in sorted(WEIGHTS_DIR.glob("*.json")):
+    for folder in model_dirs():
+        for card_file in sorted(folder.glob("*.json")) if folder.exists() else []:
             name = card_file.stem
-            if name in BUNDLED_MODELS or name.startswith("aha-"):
+            if name in BUNDLED_MODELS or name.startswith("aha-") or name in local:
                 continue
             try:
                 card = json.loads(card_file.read_text())

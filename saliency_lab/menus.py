@@ -50,7 +50,7 @@ def model_available(name: str) -> bool:
         try:
             card_file = models_module.card_path(name)
             card = json.loads(card_file.read_text())
-            return (models_module.WEIGHTS_DIR / card.get("weights_file", f"{name}.safetensors")).exists()
+            return (card_file.parent / card.get("weights_file", f"{name}.safetensors")).exists()
         except (OSError, ValueError):
             return False
     cache = models_module.HUB_CACHE_DIR

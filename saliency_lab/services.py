@@ -75,16 +75,16 @@ class Services:
 
     `loader` (name -> ModelBundle), `model_names` (list or callable), `state_dir` (SQLite files, exported mask
     sets), `jobs_root` (fine-tune jobs; default state_dir/jobs), `sam_variant` ("auto", "vit_b", "mobile_sam"),
-    `weights_dir` (where fine-tuned models are written; default the model zoo's), `parallel` (explanations
+    `weights_dir` (where fine-tuned models are written; default the user's models folder, outside the code), `parallel` (explanations
     run side by side), `decoy_roots` (folders that may hold decoy BloodMNIST and its models; default
     `browse.decoy_locations()`)."""
 
     def __init__(self, loader, model_names, state_dir, jobs_root=None, sam_variant="auto", hf_token=None,
                  weights_dir=None, parallel=1, decoy_roots=None):
-        from explainers.models import WEIGHTS_DIR
+        from explainers.paths import user_models_dir
 
         self.loader = loader
-        self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
+        self.weights_dir = Path(weights_dir or user_models_dir())  # fine-tuned models: never the tracked weights/
         self.model_names = model_names
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)

