@@ -53,6 +53,16 @@ DEFAULTS = {"epochs": 3, "lam": 1.0, "lr": 1e-4, "weight_decay": 0.05, "batch_si
             "cam_mode": "differentiable", "freeze_early": 0.0, "augment": True, "seed": 0}
 
 
+class Cancelled(Exception):
+    """The run was cancelled: raised between batches of the evaluation (`run_camal` returns a cancelled
+    summary); the training loop checks after every step and stops."""
+
+
+def _check_cancelled(cancelled) -> None:
+    if cancelled is not None and cancelled():
+        raise Cancelled()
+
+
 # ------------------------------------------------------------------------------------------ the loss
 def camal_regulariser(cams: torch.Tensor, masks: torch.Tensor) -> tuple:
     """(beta - alpha per sample, alpha, beta): means of the B x H x W maps inside / outside the masks."""
@@ -265,12 +275,15 @@ def resolve_labels(bundle, data: MaskSet) -> MaskSet:
     return data
 
 
-def cam_maps(bundle, data: MaskSet, *, batch_size: int = 64, layer: str | None = None, limit: int | None = None):
-    """Grad-CAM maps (target = label) and predictions for a mask set, eval mode, batch-level."""
+def cam_maps(bundle, data: MaskSet, *, batch_size: int = 64, layer: str | None = None, limit: int | None = None,
+             cancelled=None):
+    """Grad-CAM maps (target = label) and predictions for a mask set, eval mode, batch-level; `cancelled()` is
+    checked before every batch (raises Cancelled)."""
     bundle.network.eval()
     count = min(len(data), limit) if limit else len(data)
     maps, predictions = [], []
     for start in range(0, count, batch_size):
+        _check_cancelled(cancelled)
         stop = min(start + batch_size, count)
         x = data.float_images(slice(start, stop)).to(bundle.device)
         y = data.labels[start:stop].to(bundle.device)
@@ -281,12 +294,15 @@ def cam_maps(bundle, data: MaskSet, *, batch_size: int = 64, layer: str | None =
 
 
 def evaluate(bundle, data: MaskSet, *, batch_size: int = 64, curve_limit: int = 128, steps: int = 20,
-             reference: str = "mean", layer: str | None = None, return_maps: bool = False):
+             reference: str = "mean", layer: str | None = None, return_maps: bool = False, cancelled=None,
+             curve_batch: int = 16):
     """Accuracy, CAM-vs-mask IoU (top pixels), pointing game, mean CAM inside/outside the mask, and
-    deletion/insertion AUCs (on the first `curve_limit` images; lower deletion / higher insertion is better)."""
+    deletion/insertion AUCs (on the first `curve_limit` images; lower deletion / higher insertion is better).
+    `cancelled()` is checked between batches (CAMs: `batch_size` images, curves: `curve_batch` images; each
+    image's curve is independent of the others, so the means over chunks are the means over all)."""
     from .metrics import deletion_insertion, pointing_game, top_pixel_iou
 
-    maps, predictions = cam_maps(bundle, data, batch_size=batch_size, layer=layer)
+    maps, predictions = cam_maps(bundle, data, batch_size=batch_size, layer=layer, cancelled=cancelled)
     masks = data.masks.bool()
     _, alpha, beta = camal_regulariser(maps, masks)
     energy_inside = (maps * masks).sum(dim=(1, 2)) / maps.sum(dim=(1, 2)).clamp_min(1e-12)
@@ -303,10 +319,16 @@ def evaluate(bundle, data: MaskSet, *, batch_size: int = 64, curve_limit: int = 
         result["pseudo_labels"] = int(data.pseudo_labels)
     if curve_limit:
         n = min(curve_limit, len(data))
-        curves = deletion_insertion(bundle, data.float_images(slice(0, n)).to(bundle.device),
-                                    maps[:n].to(bundle.device), data.labels[:n].to(bundle.device), steps=steps,
-                                    reference=reference, batch_size=256)
-        result.update({k: v for k, v in curves.summary().items()})
+        sums = {}
+        for start in range(0, n, curve_batch):
+            _check_cancelled(cancelled)
+            stop = min(n, start + curve_batch)
+            curves = deletion_insertion(bundle, data.float_images(slice(start, stop)).to(bundle.device),
+                                        maps[start:stop].to(bundle.device), data.labels[start:stop].to(bundle.device),
+                                        steps=steps, reference=reference, batch_size=256)
+            for key, value in curves.summary().items():
+                sums[key] = sums.get(key, 0.0) + value * (stop - start)
+        result.update({key: value / n for key, value in sums.items()})
         result["curve_count"] = n
     return (result, maps) if return_maps else result
 
@@ -509,6 +531,20 @@ def run_camal(*, model: str, data: str, out: str, masks: str | None = None, epoc
     `data`: the training images (folder); `masks`: the mask set (masks.csv or its folder; default `data`);
     `eval_data`: mask set(s) evaluated before and after (default: the sibling 'val' mask set, else the training
     set); `out`: weights/NAME (the zoo lists models in its weights folder)."""
+    try:
+        return _run_camal(model=model, data=data, out=out, masks=masks, epochs=epochs, lam=lam, lr=lr,
+                          weight_decay=weight_decay, batch_size=batch_size, cam_mode=cam_mode,
+                          freeze_early=freeze_early, augment=augment, limit=limit, eval_data=eval_data,
+                          eval_limit=eval_limit, curve_limit=curve_limit, device=device, seed=seed, bf16=bf16,
+                          layer=layer, bn_train=bn_train, progress=progress, cancelled=cancelled,
+                          checkpoint=checkpoint, figure=figure)
+    except Cancelled:
+        return {"name": _out_name(out)[1], "cancelled": True, "history": [], "steps": 0}
+
+
+def _run_camal(*, model, data, out, masks, epochs, lam, lr, weight_decay, batch_size, cam_mode, freeze_early,
+               augment, limit, eval_data, eval_limit, curve_limit, device, seed, bf16, layer, bn_train, progress,
+               cancelled, checkpoint, figure) -> dict:
     from .training import export_classifier
 
     world, rank, device = init_distributed(device)
@@ -528,7 +564,8 @@ def run_camal(*, model: str, data: str, out: str, masks: str | None = None, epoc
                 path, image_hw=bundle.input_size, limit=eval_limit))))
     before, before_maps = {}, None
     for set_name, _, eval_set in evaluations:
-        before[set_name], maps = evaluate(bundle, eval_set, curve_limit=curve_limit, layer=layer, return_maps=True)
+        before[set_name], maps = evaluate(bundle, eval_set, curve_limit=curve_limit, layer=layer, return_maps=True,
+                                          cancelled=cancelled)
         before_maps = maps[:8] if before_maps is None else before_maps
         print(f"CAMAL before [{set_name}]: {json.dumps(before[set_name])}", file=sys.stderr)
     if progress is not None and rank == 0:
@@ -547,7 +584,8 @@ def run_camal(*, model: str, data: str, out: str, masks: str | None = None, epoc
         return summary
     after, after_maps = {}, None
     for set_name, _, eval_set in evaluations:
-        after[set_name], maps = evaluate(bundle, eval_set, curve_limit=curve_limit, layer=layer, return_maps=True)
+        after[set_name], maps = evaluate(bundle, eval_set, curve_limit=curve_limit, layer=layer, return_maps=True,
+                                         cancelled=cancelled)
         after_maps = maps[:8] if after_maps is None else after_maps
         print(f"CAMAL after  [{set_name}]: {json.dumps(after[set_name])}", file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)

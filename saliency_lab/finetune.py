@@ -210,11 +210,18 @@ def job_report(services, job_id) -> JobReport:
 
 
 def cancel_finetune(services, job_id) -> str:
-    """Ask the runner to cancel a job; a Markdown line."""
+    """Ask the runner to cancel a job; a Markdown line. A finished job keeps its state and its reason."""
     if not job_id:
         raise ValueError("No fine-tune is running.")
-    job = services.runner().cancel(job_id)
-    return f"Job **{job_id}**: {job['status']} (cancel requested)."
+    runner = services.runner()
+    job = runner.get(job_id)
+    if job["status"] in FINISHED:
+        reason = f" — {job['error'][:300]}" if job.get("error") else ""
+        return f"Job **{job_id}** has already finished: {job['status']}{reason}. Nothing to cancel."
+    job = runner.cancel(job_id)
+    if job["status"] == "cancelled":
+        return f"Job **{job_id}**: cancelled."
+    return f"Job **{job_id}**: stopping (cancel requested; it stops after the current batch)."
 
 
 CAMAL_ROWS = {"accuracy": "accuracy", "iou": "IoU of CAM with mask", "pointing_game": "pointing game",
