@@ -335,6 +335,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                         state_dir or default_state_dir(), jobs_root, sam_variant, weights_dir=weights_dir,
                         parallel=heavy_concurrency, decoy_roots=decoy_roots)
     configure_torch(heavy_concurrency)
+    if (services.jobs_root / "jobs.sqlite").exists():  # reconcile the job records with their processes now (a dead
+        services.runner()                              # process: interrupted), not when the next job starts
     names = services.names()
     first_model = default_model or menus.default_model(names)
     data_dir = data_dir or browse_module.default_data_dir()
@@ -515,6 +517,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         demo.load(masks_parts["labels_for"], masks_parts["base_model"], masks_parts["mask_label"],
                   api_visibility="private", **light)
         demo.load(masks_parts["data_choices"], None, masks_parts["train_data"], api_visibility="private", queue=False)
+        demo.load(masks_parts["list_jobs"], None, masks_parts["jobs_outputs"], api_visibility="private", **light)
 
         model_dropdowns = [model, masks_parts["base_model"], review_model, sanity_model]
 
@@ -606,6 +609,15 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
     before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=4, format="png", height=240)
     compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False)
     timer = gr.Timer(1.0, active=False)
+    with gr.Accordion("Jobs on this server (also those from before a restart)", open=False):
+        jobs_table = gr.Dataframe(headers=finetune.JOB_HEADERS, interactive=False, elem_id="jobs-table",
+                                  wrap=True)
+        with gr.Row():
+            job_pick = gr.Dropdown([], label="Job", scale=3, elem_id="job-pick")
+            refresh_jobs = gr.Button("Refresh the list", size="sm", scale=1)
+            resume_button = gr.Button("Resume (interrupted, failed, cancelled)", size="sm", scale=1,
+                                      elem_id="resume-job")
+            open_result = gr.Button("Open (progress or result)", size="sm", scale=1, elem_id="open-job")
 
     # ---- the image: from the Explain tab or uploaded into the editor (the SAM view shows an enlarged copy)
     def load_from_explain(path):
@@ -733,8 +745,30 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                api_name="finetune_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
     cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), job_id, job_status,
                  api_name="cancel_finetune", queue=False)
+
+    # ---- the job list: state, progress, model, times, error; resume interrupted jobs, open finished ones
+    @friendly
+    def list_jobs():
+        return finetune.job_rows(services), gr.update(choices=finetune.job_choices(services))
+
+    refresh_jobs.click(list_jobs, None, [jobs_table, job_pick], api_name="jobs_list", **light)
+
+    @friendly
+    def follow(chosen):
+        """Follow a job in the panel above: the timer polls it (progress, then its before/after result)."""
+        return chosen, finetune.open_job(services, chosen), gr.update(active=True)
+
+    @friendly
+    def resume(chosen):
+        message = finetune.resume_job(services, chosen)
+        return chosen, message, gr.update(active=True)
+
+    open_result.click(follow, job_pick, [job_id, job_status, timer], api_name="open_job", **light)
+    resume_button.click(resume, job_pick, [job_id, job_status, timer], api_name="resume_job", **light).then(
+        list_jobs, None, [jobs_table, job_pick], api_visibility="private", **light)
     return {"data_choices": data_choices, "train_data": train_data, "base_model": base_model,
-            "labels_for": labels_for, "mask_label": mask_label}
+            "labels_for": labels_for, "mask_label": mask_label, "list_jobs": list_jobs,
+            "jobs_outputs": [jobs_table, job_pick]}
 
 
 # ------------------------------------------------------------------------------------------------ Review tab

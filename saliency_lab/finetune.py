@@ -224,6 +224,52 @@ def cancel_finetune(services, job_id) -> str:
     return f"Job **{job_id}**: stopping (cancel requested; it stops after the current batch)."
 
 
+JOB_HEADERS = ["job", "state", "progress", "model", "started", "finished", "error"]
+RESUMABLE = ("failed", "cancelled", "interrupted")
+
+
+def _when(seconds) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
+
+
+def job_rows(services, limit: int = 30) -> list:
+    """[job, state, progress, model, started, finished, error] of the most recent jobs (newest first). The
+    runner reconciled every record with its process when it started (a dead process: interrupted)."""
+    rows = []
+    for job in services.runner().list(limit):
+        progress = job["progress"]
+        done = f"{progress['step'] or 0}/{progress['total']}" if progress.get("total") else ""
+        model = Path(str((job.get("params") or {}).get("model", ""))).name.removesuffix(".json")
+        rows.append([job["id"], job["status"], done, model, _when(job["started"]), _when(job["finished"]),
+                     (job.get("error") or "")[:200]])
+    return rows
+
+
+def job_choices(services, limit: int = 30) -> list:
+    """[(label, id)] of the recent jobs for a picker."""
+    return [(f"{row[0]} · {row[1]} · {row[3]}", row[0]) for row in job_rows(services, limit)]
+
+
+def resume_job(services, job_id) -> str:
+    """Queue an interrupted, failed or cancelled job again (it resumes from its last epoch's checkpoint)."""
+    if not job_id:
+        raise ValueError("Pick a job in the list first.")
+    job = services.runner().get(job_id)
+    if job["status"] not in RESUMABLE:
+        raise ValueError(f"Job {job_id} is {job['status']}: only interrupted, failed or cancelled jobs can be "
+                         "resumed.")
+    services.runner().resume(job_id)
+    return f"Job **{job_id}** queued again: it resumes from its last checkpoint."
+
+
+def open_job(services, job_id) -> str:
+    """The job to follow in the panel (its progress, or its finished result); ValueError for an unknown id."""
+    if not job_id:
+        raise ValueError("Pick a job in the list first.")
+    job = services.runner().get(job_id)
+    return f"Job **{job_id}**: {job['status']}."
+
+
 CAMAL_ROWS = {"accuracy": "accuracy", "iou": "IoU of CAM with mask", "pointing_game": "pointing game",
               "cam_inside": "mean CAM inside mask", "cam_outside": "mean CAM outside mask",
               "deletion_auc": "deletion AUC (lower is better)", "insertion_auc": "insertion AUC (higher is better)"}

@@ -594,3 +594,48 @@ def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_read
     label = client.predict(handle_file(shown_path), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
                            api_name="/explain_new_image")[1]
     assert [c["label"] for c in label["confidences"]] == [name for _, name, _ in wanted]
+
+
+def test_jobs_are_reconciled_at_start_up_listed_resumed_and_opened(tmp_path):
+    """A job left 'running' by a killed server and a dead job process is 'interrupted' as soon as the app starts;
+    the job list shows state, progress, model, times and error; resume requeues it, open follows a job."""
+    import sqlite3
+
+    from gradio_client import Client
+
+    import app
+    from saliency_lab.jobs import JobRunner
+
+    state = tmp_path / "state"
+    old = JobRunner(state / "jobs", poll_s=0.05)
+    old.shutdown()  # no scheduler: the records are only what a crashed server left behind
+    lost = old.submit("sleep-steps", {"steps": 2, "dt": 0.01, "model": "tiny-cnn"})
+    finished = old.submit("sleep-steps", {"steps": 1})
+    with sqlite3.connect(state / "jobs" / "jobs.sqlite") as con:
+        con.execute("UPDATE jobs SET status='running', pid=999999, started=? WHERE id=?", (time.time() - 60, lost))
+        con.execute("UPDATE jobs SET status='done', started=?, finished=?, step=1, total=1, result='{}' WHERE id=?",
+                    (time.time() - 50, time.time() - 40, finished))
+    demo = app.build_app(model_names=["tiny-cnn"], default_model="tiny-cnn", data_dir=str(CELLS), state_dir=state,
+                         weights_dir=state / "weights", sam_variant="vit_b", decoy_roots=[])
+    try:
+        assert demo.services.runner().get(lost)["status"] == "interrupted"  # at start-up, before any new job
+        _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, ssr_mode=False)
+        client = Client(url, verbose=False)
+        table, picker = client.predict(api_name="/jobs_list")
+        rows = {row[0]: row for row in table["data"]}
+        assert table["headers"] == ["job", "state", "progress", "model", "started", "finished", "error"]
+        assert rows[lost][1] == "interrupted" and "gone" in rows[lost][6] and rows[lost][4]
+        assert rows[finished][1] == "done" and rows[finished][2] == "1/1" and rows[finished][5]
+        status = client.predict(finished, api_name="/open_job")
+        assert "done" in str(status)
+        text = client.predict(api_name="/finetune_status")[0]
+        assert "done" in text
+        from gradio_client.exceptions import AppError
+
+        with pytest.raises(AppError, match="only interrupted, failed or cancelled"):
+            client.predict(finished, api_name="/resume_job")
+        assert "queued again" in str(client.predict(lost, api_name="/resume_job"))
+        assert demo.services.runner().wait(lost, timeout=60)["status"] == "done"
+    finally:
+        demo.services.runner().shutdown()
+        demo.close()
