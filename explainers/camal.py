@@ -355,6 +355,8 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = 1.0, lr: f
     network, device = bundle.network, bundle.device
     use_bf16 = bool(bf16) and device.type == "cuda"
     torch.manual_seed(seed)
+    flags = [(p, p.requires_grad) for p in network.parameters()]  # restored as they were, whatever they were
+    was_training = network.training
     frozen = freeze_early_layers(network, freeze_early)
     parameters = [p for p in network.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
@@ -446,9 +448,9 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = 1.0, lr: f
                              "settings": json.dumps(settings)}, checkpoint)
     finally:
         restore_fused_attention(changed)
-        for p in network.parameters():
-            p.requires_grad_(True)
-        network.eval()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        network.train(was_training)
     return {"history": history, "cancelled": was_cancelled, "steps": step_count,
             "seconds": round(time.time() - started, 2), "frozen": frozen}
 

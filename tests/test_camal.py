@@ -324,3 +324,20 @@ def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_
         assert "already finished: failed" in text and "failing at step 1" in text
     finally:
         runner.shutdown()
+
+
+def test_finetune_restores_the_models_flags_as_they_were(tmp_path):
+    """CAMAL changes requires_grad (frozen units) and the train/eval mode while it trains: afterwards every flag is
+    what it was before, including parameters the caller had switched off."""
+    data = load_mask_set(make_mask_set(tmp_path / "d", count=8))
+    torch.manual_seed(0)
+    bundle = models.bundle_from_timm("t", timm.create_model(CNN[0], pretrained=False, **CNN[1]), input_size=(32, 32))
+    network = bundle.network
+    network.fc.bias.requires_grad_(False)
+    network.layer4.requires_grad_(False)
+    network.eval()
+    before = {name: p.requires_grad for name, p in network.named_parameters()}
+    C.finetune(bundle, data, epochs=1, batch_size=4, freeze_early=0.5)
+    assert {name: p.requires_grad for name, p in network.named_parameters()} == before
+    assert not network.training and not any(m.training for m in network.modules())
+    assert not before["fc.bias"] and before["fc.weight"] and not before["layer4.0.conv1.weight"]
