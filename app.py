@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - not on a Space
 import functools
 import inspect
 import logging
+import time
 import traceback
 from pathlib import Path
 
@@ -83,9 +84,10 @@ def friendly(fn):
             return gr.Error(user_message(error))
         if isinstance(error, torch.cuda.OutOfMemoryError if hasattr(torch.cuda, "OutOfMemoryError") else MemoryError):
             return gr.Error("Out of memory: try a smaller image, fewer methods or a smaller model.")
-        log.error("unexpected error in %s:\n%s", fn.__name__, traceback.format_exc())
-        return gr.Error(f"Something went wrong ({type(error).__name__}: {str(error)[:200]}). "
-                        "The details are in the server log.")
+        reference = f"{int(time.time()) % 1_000_000:06d}"
+        log.error("unexpected error %s in %s:\n%s", reference, fn.__name__, traceback.format_exc())
+        return gr.Error(f"Something went wrong on our side: this is a bug, not your input. The details are in "
+                        f"the server log (reference {reference}).")
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
@@ -105,24 +107,44 @@ def friendly(fn):
     return wrapper
 
 
-def checked_image(**kwargs) -> gr.Image:
-    """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
-    handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders).
-    (Wrapped per instance: a gr.Image subclass would make Gradio write a .pyi stub next to this file.)"""
-    kwargs.setdefault("image_mode", None)  # the file as uploaded: Gradio's RGB conversion would whiten 16-bit data
-    component = gr.Image(**kwargs)
-    original = component.preprocess
+CHECKED = "checked-upload"  # the class that marks a gr.Image whose uploads load_image checks first
 
-    def preprocess(payload):
-        if payload is not None and getattr(payload, "path", None):
+
+_REFUSED: dict = {}  # upload path -> when it was last refused (one toast per refused upload)
+
+
+def _checked_preprocess(plain):
+    def preprocess(self, payload):
+        if CHECKED in (self.elem_classes or []) and payload is not None and getattr(payload, "path", None):
             try:
                 load_image(payload.path)
             except ImageError as error:
-                raise gr.Error(user_message(error)) from error
-        return original(payload)
+                # the browser sends a replaced image's change twice: the second refusal fails silently
+                now, path = time.monotonic(), str(payload.path)
+                repeated = now - _REFUSED.get(path, -1e9) < 5.0
+                _REFUSED.clear() if len(_REFUSED) > 256 else None
+                _REFUSED[path] = now
+                raise gr.Error(user_message(error), visible=not repeated) from error
+        return plain(self, payload)
 
-    component.preprocess = preprocess
-    return component
+    preprocess.checked = True
+    return preprocess
+
+
+if not getattr(gr.Image.preprocess, "checked", False):
+    # At the class, not per instance: an update of the component (gr.update, gr.skip as an output) makes Gradio
+    # rebuild it from its constructor arguments, which would drop a per-instance wrapper; the marker class
+    # survives. (A gr.Image subclass would make Gradio write a .pyi stub next to this file.)
+    gr.Image.preprocess = _checked_preprocess(gr.Image.preprocess)
+
+
+def checked_image(**kwargs) -> gr.Image:
+    """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
+    handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders), and hands
+    the handler the file as uploaded (image_mode=None: Gradio's RGB conversion would whiten 16-bit data)."""
+    kwargs.setdefault("image_mode", None)
+    kwargs["elem_classes"] = [*(kwargs.get("elem_classes") or []), CHECKED]
+    return gr.Image(**kwargs)
 
 
 def or_skip(value):
@@ -451,9 +473,12 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         explain_all = gr.Button(visible=False)
         explain_all.click(explain_handler(services), explain_inputs, maps_outputs + [heads], api_name="explain",
                           **heavy)
-        explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **heavy).success(
+        # one place shows progress and errors (the heatmaps, then the curves), not a red pill on every panel
+        curves_group["show_progress_on"] = [curves]
+        on_maps = dict(heavy, show_progress_on=[overlays])
+        explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_name="explain_curves", **curves_group)
-        target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **heavy).success(
+        target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
 
         def cleared(message):
@@ -475,7 +500,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             return gr.skip(), *maps_fn(image_path, model_name, chosen, "auto", *rest)
 
         image.change(new_image, explain_inputs, [image, *maps_outputs], api_name="explain_new_image",
-                     **heavy).success(
+                     **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
 
         model.change(model_change_handler(services), [model, methods], [methods, *sliders, model_info],

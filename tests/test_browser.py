@@ -191,3 +191,54 @@ def test_learn_tab(page, shots):
     time.sleep(0.5)
     page.screenshot(path=str(shots / "learn.png"), full_page=True)
     assert not page.errors, page.errors
+
+
+def test_uploads_refused_with_one_message_and_alpha_shown_on_white(page, tmp_path):
+    """A refused upload: one toast in our words (no Python object, our 40 MP limit) and at most one error
+    display, not a red pill on every panel. An RGBA upload: the preview is composed on white, as the model
+    sees it."""
+    import numpy as np
+    from PIL import Image
+
+    from test_app import _png_header_only
+
+    page.get_by_role("tab", name="Explain").click()
+    text = tmp_path / "notes.png"
+    text.write_text("hello, not a picture")
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(_png_header_only(20000, 20000))
+    page.evaluate("""() => { window.seenToasts = [];
+        new MutationObserver(records => records.forEach(r => r.addedNodes.forEach(n => {
+            if (n.nodeType === 1) (n.matches('.toast-body') ? [n] : [...n.querySelectorAll('.toast-body')])
+                .forEach(t => window.seenToasts.push(t.innerText)); })))
+            .observe(document.body, {childList: true, subtree: true}); }""")
+    for path, words in ((text, "notes.png is not a readable image"), (bomb, "the limit is 40 MP")):
+        page.evaluate("document.querySelectorAll('.toast-close').forEach(b => b.click())")  # else Gradio groups
+        wait_js(page, "document.querySelectorAll('.toast-body').length === 0", timeout=20_000)  # errors: "(2)"
+        page.evaluate("window.seenToasts = []")
+        page.locator("#input-image input[type=file]").set_input_files(str(path))
+        wait_js(page, "window.seenToasts.length >= 1", timeout=60_000)
+        time.sleep(2.0)  # a second toast, if any, would be here by now
+        toasts = page.evaluate("window.seenToasts")
+        assert len(toasts) == 1 and words in toasts[0] and "(2)" not in toasts[0], toasts
+        assert " at 0x" not in toasts[0] and "178" not in toasts[0]
+        pills = page.evaluate("[...document.querySelectorAll('.error')].filter(e => e.offsetParent !== null"
+                              " && !e.closest('.toast-body')).length")
+        assert pills <= 1, pills
+        clear = page.locator("#input-image button[aria-label='Clear'], #input-image button[title='Clear']")
+        if clear.count():
+            clear.first.click()
+    rgba = np.zeros((48, 48, 4), np.uint8)
+    rgba[..., 0] = 200
+    rgba[:, 24:, 3] = 255  # left half transparent
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "half.png")
+    page.locator("#input-image input[type=file]").set_input_files(str(tmp_path / "half.png"))
+    wait_js(page, "window.seenToasts.some(t => t.includes('composed on white'))", timeout=60_000)
+    wait_js(page, "document.querySelectorAll('#overlays img').length >= 1", timeout=120_000)
+    pixel = page.evaluate("""async () => {
+        const img = document.querySelector('#input-image img'); await img.decode();
+        const c = document.createElement('canvas'); c.width = img.naturalWidth; c.height = img.naturalHeight;
+        const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+        return [...g.getImageData(2, 24, 1, 1).data, ...g.getImageData(40, 24, 1, 1).data]; }""")
+    assert pixel[:4] == [255, 255, 255, 255] and pixel[4] == 200 and pixel[7] == 255, pixel
+    assert not page.errors, page.errors

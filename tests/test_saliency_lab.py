@@ -512,3 +512,28 @@ def test_decoy_view_uses_a_built_test_split_when_there_is_one(tmp_path):
     assert captions[1][2:].startswith("before: c") and captions[2][2:].startswith("after CAMAL: c")
     assert text.startswith(f"Decoy test split ({root / 'decoy-bloodmnist' / 'test'})")
     assert "Before (decoy test acc. 12%): **decoy-tiny**" in text and "accuracy 12.5% → 50.0%" in text
+
+
+def test_messages_keep_file_names_and_hide_python_internals():
+    from explainers.images import ImageError, load_image
+
+    assert user_message(ValueError("cell.png is too small")) == "cell.png is too small"
+    assert user_message(ValueError("pick a model")) == "Pick a model"
+    with pytest.raises(ImageError) as caught:
+        load_image(b"plain text, not an image")
+    assert "0x" not in str(caught.value) and "BytesIO" not in str(caught.value)
+
+
+def test_an_unexpected_error_is_one_message_without_internals():
+    import gradio as gr
+
+    import app
+
+    @app.friendly
+    def broken():
+        return {}["x"] if False else 1 / 0
+
+    with pytest.raises(gr.Error) as caught:
+        broken()
+    text = str(caught.value)
+    assert "ZeroDivisionError" not in text and "division" not in text and "server log" in text
