@@ -422,6 +422,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                                  info=o.info or None, elem_id=o.elem_id or None,
                                                  visible=m in first_methods) for m, o in SLIDERS]
                         explain_button = gr.Button("Explain", variant="primary", size="lg", elem_id="explain-button")
+                        expected = gr.Markdown(elem_classes="help", elem_id="expected-time")
                         top5 = gr.Label(num_top_classes=5, label="Prediction (top 5)", elem_id="top5")
                         target = gr.Radio([("Predicted class (top-1)", "auto")], value="auto",
                                           label="Explain which class? (why this class and not that one)",
@@ -474,8 +475,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         explain_all.click(explain_handler(services), explain_inputs, maps_outputs + [heads], api_name="explain",
                           **heavy)
         # one place shows progress and errors (the heatmaps, then the curves), not a red pill on every panel
-        curves_group["show_progress_on"] = [curves]
-        on_maps = dict(heavy, show_progress_on=[overlays])
+        # elapsed time only: Gradio's ETA is the average of earlier runs of any model and method ("1.2/0.2s");
+        # the expected time of each method on this model is shown before it runs (#expected-time)
+        curves_group.update(show_progress_on=[curves], show_progress="minimal")
+        on_maps = dict(heavy, show_progress_on=[overlays], show_progress="minimal")
         explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_name="explain_curves", **curves_group)
         target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **on_maps).success(
@@ -507,6 +510,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                      api_name="select_model", **heavy)
         methods.change(methods_change, methods, [*sliders, heads_box], api_visibility="private",
                        show_progress="hidden", queue=False)
+        methods.change(friendly(lambda m, chosen: explain.expected_text(services, m, chosen)), [model, methods],
+                       expected, api_name="expected_time", **light)
         for slider, (_, option) in zip(sliders, SLIDERS):
             if option.live:  # recombined while it moves (no model pass); the curves when it is released
                 slider.change(live_change_handler(services, option), [slider, explain_state, opacity, colormap],

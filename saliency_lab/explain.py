@@ -147,6 +147,8 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
                 warn(f"{engine.method_label(method)} skipped: {user_message(error)}")
             continue
         state["results"].append(record)
+        if hasattr(services, "record_seconds"):
+            services.record_seconds(model_name, method, record["seconds"])
     return state, image
 
 
@@ -234,12 +236,72 @@ def write_downloads(services, state, opacity, colormap) -> list:
                               prediction=state["prediction"], image_name=state["image_name"])
 
 
+SLOW_SECONDS = 5.0  # a map expected to take longer than this is "slow": unticked when the model changes
+CURVE_PASSES = 2 * 21  # deletion + insertion, 21 steps each
+
+
+def method_passes(bundle, method: str) -> int:
+    """Forward passes (backward counted as two) one map of this method costs on this model: RISE its masks,
+    gradient methods about three, the rest one; AHA a few refinement steps at most."""
+    cls = METHODS.get(method)
+    if cls is None:
+        return 3
+    options = cls.interactive_options(bundle)
+    if "n_masks" in options:
+        return int(options["n_masks"])
+    return 1 if cls.baseline else 3
+
+
+def expected_seconds(services, bundle, method: str) -> float:
+    """Expected seconds of one map (without the curves): the last measured time for this model and method,
+    else forward passes × the measured time of one image's pass."""
+    measured = services.measured_seconds(bundle.name, method)
+    if measured is not None:
+        return measured
+    return method_passes(bundle, method) * services.image_seconds(bundle)
+
+
+def _seconds(value: float) -> str:
+    if value < 1:
+        return "under 1 s"
+    if value < 90:
+        return f"about {value:.0f} s"
+    return f"about {value / 60:.0f} min"
+
+
+def expected_text(services, model_name, methods) -> str:
+    """A Markdown line: the expected time of each ticked method on this model (slow ones in bold), before it
+    runs, and of the curves."""
+    methods = [m for m in menus.method_order(list(methods or [])) if m in METHODS]
+    if not model_name or not methods:
+        return ""
+    bundle = services.bundle(model_name)
+    parts, total = [], 0.0
+    for method in methods:
+        seconds = expected_seconds(services, bundle, method)
+        total += seconds
+        text = f"{engine.method_label(method)} {_seconds(seconds)}"
+        parts.append(f"**{text}**" if seconds > SLOW_SECONDS else text)
+    curves = CURVE_PASSES * len(methods) * services.image_seconds(bundle)
+    return (f"Expected on this machine: {', '.join(parts)}; then the curves {_seconds(curves)}"
+            + (" (slow methods in bold)." if total > SLOW_SECONDS else "."))
+
+
 def model_menu(services, model_name, methods) -> tuple:
-    """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model."""
+    """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model.
+    Slow methods on this model (RISE on a large input on a CPU: expected over SLOW_SECONDS) are unticked, and
+    the line says so with their expected time."""
     bundle = services.bundle(model_name)
     choices = menus.method_choices(bundle)
     names = [value for _, value in choices]
-    kept = [m for m in (methods or []) if m in names] or menus.default_methods(bundle)
+    kept = [m for m in (methods or []) if m in names]
+    slow = [m for m in kept if METHODS[m].slow and not METHODS[m].quick_on(bundle)
+            and expected_seconds(services, bundle, m) > SLOW_SECONDS]
+    kept = [m for m in kept if m not in slow] or menus.default_methods(bundle)
     info = (f"**{bundle.name}**: {bundle.family}, {bundle.num_classes} classes, input "
             f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({menus.model_kind(model_name)}).")
+    if slow:
+        info += " Unticked as slow on this model: " + ", ".join(
+            f"{engine.method_label(m)} ({_seconds(expected_seconds(services, bundle, m))} a map)" for m in slow
+        ) + "; tick it to run it anyway."
     return choices, kept, info

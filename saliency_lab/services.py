@@ -148,6 +148,33 @@ class Services:
                 self._objects[key] = build()
             return self._objects[key]
 
+    def image_seconds(self, bundle) -> float:
+        """Seconds one forward pass of one image takes on this model, here (measured once per model: two batches
+        of 8 at the model's input size, the faster one), for expected times."""
+        key = ("image_seconds", bundle.name, str(bundle.device))
+        with self._lock:
+            if key in self._objects:
+                return self._objects[key]
+        batch = torch.rand(8, 3, *bundle.input_size, device=bundle.device)
+        times = []
+        with bundle.lock, torch.no_grad():
+            for _ in range(2):
+                started = time.perf_counter()
+                bundle(batch)
+                times.append((time.perf_counter() - started) / 8)
+        with self._lock:
+            self._objects[key] = min(times)
+        return self._objects[key]
+
+    def record_seconds(self, model: str, method: str, seconds: float) -> None:
+        """Remember how long a map took (the next expected time for this model and method)."""
+        with self._lock:
+            self._objects[("map_seconds", model, method)] = float(seconds)
+
+    def measured_seconds(self, model: str, method: str):
+        with self._lock:
+            return self._objects.get(("map_seconds", model, method))
+
     def names(self) -> list:
         return list(self.model_names()) if callable(self.model_names) else list(self.model_names)
 

@@ -537,3 +537,29 @@ def test_an_unexpected_error_is_one_message_without_internals():
         broken()
     text = str(caught.value)
     assert "ZeroDivisionError" not in text and "division" not in text and "server log" in text
+
+
+def test_slow_methods_are_unticked_on_slow_models_with_their_expected_time(tmp_path):
+    """RISE on a large input (efficientnet-lite0's 224 px on a CPU) is unticked when the model is picked, and
+    the expected time of every ticked method is shown before it runs."""
+    from conftest import tiny_cnn
+    from saliency_lab.services import Services
+
+    small, large = tiny_cnn("tiny-small", size=32), tiny_cnn("tiny-large", size=224)
+    bundles = {b.name: b for b in (small, large)}
+    services = Services(bundles.__getitem__, list(bundles), tmp_path)
+    per_image = services.image_seconds(large)
+    assert per_image > 0 and services.image_seconds(large) == per_image  # measured once
+    choices, kept, info = explain.model_menu(services, "tiny-large", ["gradcam", "rise"])
+    rise = explain.expected_seconds(services, large, "rise")
+    assert rise == explain.method_passes(large, "rise") * per_image
+    if rise > explain.SLOW_SECONDS:
+        assert kept == ["gradcam"] and "Unticked as slow on this model: RISE" in info
+    else:  # a machine fast enough that 300 passes take under 5 s: kept
+        assert "rise" in kept
+    assert explain.model_menu(services, "tiny-small", ["gradcam", "rise"])[1] == ["gradcam", "rise"]  # quick here
+    services.record_seconds("tiny-large", "rise", 36.7)
+    text = explain.expected_text(services, "tiny-large", ["rise", "gradcam"])
+    assert text.startswith("Expected on this machine: Grad-CAM") and "**RISE about 37 s**" in text
+    assert "then the curves" in text and "slow methods in bold" in text
+    assert explain.model_menu(services, "tiny-large", ["gradcam", "rise"])[1] == ["gradcam"]
