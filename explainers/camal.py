@@ -2,7 +2,11 @@
 
 Fine-tune a classifier so that its class activation map lies inside a trusted mask:
 
-    L = CE(logits, y) + lambda * sum_b (beta_b - alpha_b)
+    L = mean_b CE(logits_b, y_b) + lambda * mean_b (beta_b - alpha_b)
+
+The paper writes lambda * sum_b (beta_b - alpha_b) next to a batch-mean cross-entropy, which makes the weight of
+the mask term lambda x B (32x at batch 32) and dependent on the batch size; here both terms are batch means, so
+lambda weighs one image's regulariser against one image's cross-entropy (lambda_here = B x lambda_paper).
 
 alpha_b / beta_b = mean of the Grad-CAM map H_b (target = the label y_b, normalised by its maximum, upsampled to
 the mask) inside / outside the mask M_b. The CAM is batch-level (`methods.gradcam.gradcam_maps`: ONE backward for
@@ -82,9 +86,10 @@ def camal_regulariser(cams: torch.Tensor, masks: torch.Tensor) -> tuple:
 
 def camal_loss(bundle, images: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor, *, lam: float = 1.0,
                cam_mode: str = "differentiable", layer: str | None = None, reduction_size: int | None = None):
-    """CE + lambda * sum_b (beta_b - alpha_b) from one forward pass (the CAM's logits are the CE's logits).
+    """mean CE + lambda * mean_b (beta_b - alpha_b) from one forward pass (the CAM's logits are the CE's logits).
 
-    `reduction_size`: divide the summed CE by this (the global batch size under data parallelism; default B).
+    `reduction_size`: divide the summed CE and the summed regulariser by this (the global batch size under data
+    parallelism, where the ranks' gradients are summed; default B).
     Returns (loss, stats) with stats sums over the batch: ce, reg, alpha, beta, correct, count."""
     if cam_mode not in CAM_MODES:
         raise ValueError(f"cam_mode must be one of {', '.join(CAM_MODES)}, got {cam_mode!r}")
@@ -99,7 +104,7 @@ def camal_loss(bundle, images: torch.Tensor, labels: torch.Tensor, masks: torch.
         logits = bundle(images)
         reg_sum = alpha = beta = torch.zeros((), device=images.device)
     ce_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
-    loss = ce_sum / (reduction_size or count) + lam * reg_sum
+    loss = (ce_sum + lam * reg_sum) / (reduction_size or count)
     stats = {"ce": ce_sum.detach(), "reg": reg_sum.detach(), "alpha": alpha.detach().sum(),
              "beta": beta.detach().sum(), "correct": (logits.argmax(1) == labels).sum().detach(),
              "count": torch.tensor(count, device=images.device)}
@@ -339,7 +344,7 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = 1.0, lr: f
              freeze_early: float = 0.0, augment: bool = True, seed: int = 0, bf16: bool = True,
              layer: str | None = None, grad_clip: float = 1.0, bn_train: bool = False, progress=None,
              cancelled=None, checkpoint=None, log_every: int = 10) -> dict:
-    """Fine-tune `bundle.network` in place with CE + lambda * sum_b (beta_b - alpha_b).
+    """Fine-tune `bundle.network` in place with mean CE + lambda * mean_b (beta_b - alpha_b).
 
     Resumes from `checkpoint` (written atomically after every epoch) if it exists and was made with the same
     settings. `progress(step, total, **metrics)` and `cancelled()` are the job runner's hooks. Returns
@@ -424,8 +429,9 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = 1.0, lr: f
                 global_step = epoch * steps_per_epoch + step + 1
                 if progress is not None and rank == 0 and (step % log_every == 0 or step == steps_per_epoch - 1):
                     count = max(float(stats["count"]), 1.0)
-                    progress(global_step, total_steps, epoch=epoch + 1, loss=float(stats["ce"]) / count
-                             + lam * float(stats["reg"]), ce=float(stats["ce"]) / count,
+                    progress(global_step, total_steps, epoch=epoch + 1,
+                             loss=(float(stats["ce"]) + lam * float(stats["reg"])) / count,
+                             ce=float(stats["ce"]) / count,
                              reg=float(stats["reg"]) / count, alpha=float(stats["alpha"]) / count,
                              beta=float(stats["beta"]) / count, lr=schedule.get_last_lr()[0])
                 if cancelled is not None and cancelled():
@@ -606,7 +612,8 @@ def _run_camal(*, model, data, out, masks, epochs, lam, lr, weight_decay, batch_
         "device": str(device), "bf16": bool(bf16) and str(device).startswith("cuda"), "train_count": len(train),
         "eval_data": {set_name: path for set_name, path, _ in evaluations}, "before": before, "after": after,
         "figures": figures, "frozen_units": trained["frozen"], "train_seconds": trained["seconds"],
-        "method": "CAMAL (Grad-CAM, batch-level; L = CE + lambda * sum_b (beta_b - alpha_b)); not verified "
+        "method": "CAMAL (Grad-CAM, batch-level; L = mean CE + lambda * mean_b (beta_b - alpha_b), lambda per "
+                  "image); not verified "
                   "against author code",
     }
     bundle.network.to("cpu")

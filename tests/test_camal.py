@@ -107,13 +107,18 @@ def test_loss_gradients_differentiable_vs_detached_and_lambda_zero(tmp_path):
     full, full_grads, stats = grads(lam=1.0)
     detached, detached_grads, _ = grads(lam=1.0, cam_mode="detach-weights")
     assert torch.allclose(full, detached)  # same value, different gradients
-    assert torch.allclose(full, plain + (stats["beta"] - stats["alpha"]))
+    # the regulariser is a batch mean, like the cross-entropy: lambda is per image, whatever the batch size
+    assert torch.allclose(full, plain + (stats["beta"] - stats["alpha"]) / len(x))
+    half, _, half_stats = grads(lam=1.0, cam_mode="detach-weights")
+    assert torch.allclose(half, plain + half_stats["reg"] / len(x))
     # the regulariser reaches the head's weights only through the CAM's channel weights (second order)
     assert not torch.allclose(full_grads["fc.weight"], detached_grads["fc.weight"])
     assert torch.allclose(detached_grads["fc.weight"], plain_grads["fc.weight"], atol=1e-6)
     assert not torch.allclose(full_grads["conv1.weight"], plain_grads["conv1.weight"])
     with pytest.raises(ValueError, match="cam_mode"):
         C.camal_loss(bundle, x, y, m, cam_mode="nope")
+    doubled, _ = C.camal_loss(bundle, torch.cat([x, x]), torch.cat([y, y]), torch.cat([m, m]), lam=1.0)
+    assert torch.allclose(doubled, full, atol=1e-6)  # the same images twice: the same loss (not twice the term)
 
 
 # ------------------------------------------------------------------ fine-tuning
