@@ -38,7 +38,7 @@ from explainers.engine import CURVE_NOTE
 from explainers.images import COLORMAPS, ImageError, load_image
 from explainers.methods import METHODS
 from saliency_lab import browse as browse_module
-from saliency_lab import explain, figures, finetune, learn, masks, menus, review
+from saliency_lab import explain, figures, finetune, learn, masks, menus, pictures, review
 from saliency_lab.errors import is_user_error, user_message
 from saliency_lab.services import DEVICE, Services, configure_torch, default_loader
 
@@ -168,6 +168,26 @@ CSS = """
 footer { display: none !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
+/* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
+#overlays .grid-wrap { max-height: none !important; height: auto !important; overflow: visible !important; }
+#overlays .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#overlays .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
+#overlays .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+                           overflow: visible !important; text-overflow: clip !important; font-size: 12px;
+                           line-height: 1.3; border: none !important; opacity: 1 !important; }
+@media (max-width: 640px) { #overlays .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
+#aucs table { table-layout: auto; }
+#aucs td, #aucs th { white-space: normal !important; font-size: 13px; }
+@media (max-width: 640px) {  /* a phone: the options are in the captions; the scores keep their columns */
+  #aucs th:nth-child(2), #aucs td:nth-child(2), #aucs th:nth-child(6), #aucs td:nth-child(6) { display: none; }
+  #aucs td, #aucs th { font-size: 12px; padding: 4px !important; min-width: 0 !important; width: auto !important; }
+  #aucs table { width: 100% !important; min-width: 0 !important; }
+}
+.section-title p { margin: 0; font-size: 1.05em; }
+.colour-bar { margin: 2px 0 6px; }
+.colour-bar-strip { height: 12px; border-radius: 4px; border: 1px solid var(--border-color-primary); }
+.colour-bar-labels { display: flex; justify-content: space-between; font-size: 12px;
+                     color: var(--body-text-color-subdued); }
 """
 
 INTRO = """# Saliency Lab
@@ -429,7 +449,9 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                           elem_id="target")
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=5, min_width=340):
-                        overlays = gr.Gallery(label="Heatmaps (bright = important)", columns=2, height="auto",
+                        gr.Markdown("**Heatmaps** (bright = important)", elem_classes="section-title")
+                        colour_bar = gr.HTML(pictures.colour_bar_html("cividis"), elem_id="colour-bar")
+                        overlays = gr.Gallery(show_label=False, label="Heatmaps", columns=3, height="auto",
                                               format="png", object_fit="contain", elem_id="overlays",
                                               buttons=["download", "fullscreen"])
                         with gr.Row():
@@ -442,7 +464,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                         gr.Markdown("**How to read the curves:** " + CURVE_NOTE, elem_classes="note")
                         curves = gr.Plot(label="Deletion and insertion curves", elem_id="curves")
                         aucs = gr.Dataframe(headers=figures.AUC_HEADERS, label="Scores", interactive=False,
-                                            elem_id="aucs")
+                                            elem_id="aucs", wrap=True)
                 with gr.Accordion(DETAILS, open=False, visible=False) as heads_box:
                     heads = gr.Plot(label="Head weights")
                 with gr.Row():
@@ -521,6 +543,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                            trigger_mode="always_last", **heavy)
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
+        colormap.change(pictures.colour_bar_html, colormap, colour_bar, api_visibility="private", queue=False)
         download_button.click(downloads_handler(services), [explain_state, opacity, colormap], files,
                               api_name="downloads", **light)
 

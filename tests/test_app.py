@@ -97,7 +97,10 @@ def test_explain_two_methods_side_by_side(running):
     traces = plot_traces(plot)
     assert len(traces) == 4  # deletion + insertion per method, one set of axes
     assert all("AUC" in t["name"] for t in traces)
-    assert any("lower is better" in t["name"] for t in traces) and any("higher is better" in t["name"] for t in traces)
+    shown = [t for t in traces if t.get("showlegend", True)]  # one legend entry per method, with both AUCs
+    assert len(shown) == 2 and all("deletion AUC" in t["name"] and "↓" in t["name"] and "↑" in t["name"]
+                                   for t in shown)
+    assert any("higher is better" in t["name"] for t in traces)
     assert [row[0] for row in table["data"]] == ["AHA (amortized)", "Grad-CAM"]
     assert "tiny-cnn" in status
 
@@ -492,7 +495,8 @@ def test_figures_are_valid_plotly():
     for figure in figures:
         figure.to_plotly()  # raises on any invalid property
         json.loads(figure.to_json())
-    assert len(figures[0].data) == 2 and "lower is better" in figures[0].data[0]["name"]
+    assert len(figures[0].data) == 2 and "deletion AUC 0.350 ↓" in figures[0].data[0]["name"]
+    assert "higher is better" in figures[0].data[1]["name"] and figures[0].data[1]["showlegend"] is False
 
 
 # ------------------------------------------------------------------------------------------------ uploads

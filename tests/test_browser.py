@@ -242,3 +242,41 @@ def test_uploads_refused_with_one_message_and_alpha_shown_on_white(page, tmp_pat
         return [...g.getImageData(2, 24, 1, 1).data, ...g.getImageData(40, 24, 1, 1).data]; }""")
     assert pixel[:4] == [255, 255, 255, 255] and pixel[4] == 200 and pixel[7] == 255, pixel
     assert not page.errors, page.errors
+
+
+def test_six_methods_fit_with_every_number_readable(page):
+    """Explain with every method the tiny ViT offers (6) at 1280 x 800 and at a phone's width: all maps in view
+    of the page (no inner scroll area), captions not cut, one legend entry per method with the plot at full
+    height, the score table not cut off, a colour bar."""
+    page.set_viewport_size({"width": 1280, "height": 800})
+    try:
+        page.get_by_role("tab", name="Explain").click()
+        for box in page.locator("#methods input[type=checkbox]").all():
+            if not box.is_checked():
+                box.check()
+        count = page.locator("#methods input[type=checkbox]:checked").count()
+        assert count == 6
+        page.locator("#cell-examples button.gallery-item").nth(1).click()
+        wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')].filter(e => e.innerText.includes("
+                      "'ins')).length === 6", timeout=300_000)
+        time.sleep(1.0)
+        for width in (1280, 390):
+            page.set_viewport_size({"width": width, "height": 800})
+            time.sleep(1.0)
+            facts = page.evaluate("""() => {
+                const wrap = document.querySelector('#overlays .grid-wrap');
+                const table = document.querySelector('#aucs table'), box = document.querySelector('#aucs');
+                const plot = document.querySelector('#curves .nsewdrag');
+                return {scroll: wrap.scrollHeight - wrap.clientHeight,
+                        cut: [...document.querySelectorAll('#overlays .caption-label')]
+                             .filter(e => e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1).length,
+                        legend: document.querySelectorAll('#curves .legend .traces').length,
+                        plot: plot ? plot.getBoundingClientRect().height : 0,
+                        table: table.getBoundingClientRect().right - box.getBoundingClientRect().right,
+                        bar: !!document.querySelector('#colour-bar .colour-bar-strip')}; }""")
+            assert facts["scroll"] <= 1 and facts["cut"] == 0, (width, facts)
+            assert facts["legend"] == 6 and facts["plot"] >= 250, (width, facts)
+            assert facts["table"] <= 1 and facts["bar"], (width, facts)
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1000})
+    assert not page.errors, page.errors
