@@ -169,7 +169,7 @@ footer { display: none !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
 /* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
-#overlays .grid-wrap { max-height: none !important; height: auto !important; overflow: visible !important; }
+#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap { max-height: none !important; height: auto !important; overflow: visible !important; }
 #overlays .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
 #overlays .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
 #overlays .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
@@ -385,6 +385,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
     heavy = dict(concurrency_id="heavy", concurrency_limit=heavy_concurrency)
     light = dict(concurrency_id="light", concurrency_limit=16, show_progress="hidden")
     cell_examples, photo_examples = browse_module.examples_list()
+    cell_labels, photo_labels = browse_module.example_labels(cell_examples, photo_examples)
     all_methods = [(menus.method_label(n), n) for n in menus.method_order(list(METHODS)) if not METHODS[n].baseline]
     first_methods = ["aha", "gradcam"]
     try:  # the first model's defaults (its load is shared with every session: load_model caches); the menu
@@ -409,8 +410,9 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                          height=300, elem_id="input-image", buttons=["fullscreen"])
                         with gr.Accordion("Examples", open=True):
                             gr.Examples(cell_examples, inputs=image, label="Blood cells (BloodMNIST test split)",
-                                        examples_per_page=8, cache_examples=False, elem_id="cell-examples")
-                            gr.Examples(photo_examples, inputs=image,
+                                        examples_per_page=8, cache_examples=False, elem_id="cell-examples",
+                                        example_labels=cell_labels)
+                            gr.Examples(photo_examples, inputs=image, example_labels=photo_labels,
                                         label="Photos (for the ImageNet model efficientnet-lite0)",
                                         examples_per_page=4, cache_examples=False, elem_id="photo-examples")
                         with gr.Accordion("BloodMNIST browser", open=False):
@@ -646,7 +648,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                                  label="Model to fine-tune", info="Only models a fine-tune job can load.", scale=2)
         train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data", allow_custom_value=True,
                                  info="Your mask sets, the decoy BloodMNIST set, or BCCD boxes when present.")
-        refresh_data = gr.Button("↻", size="sm", scale=0, min_width=40)
+        refresh_data = gr.Button("↻ Refresh the list", size="sm", scale=0, min_width=120, elem_id="refresh-data")
     with gr.Row():
         epochs = gr.Slider(1, 30, value=3, step=1, label="Epochs")
         lam = gr.Slider(0, 10, value=1.0, step=0.1, label="λ (weight of the mask loss)")
@@ -657,9 +659,10 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         cancel = gr.Button("Cancel", variant="stop", elem_id="cancel-finetune")
     job_id = gr.State(None)
     job_status = gr.Markdown(elem_id="job-status")
-    job_progress = gr.Slider(0, 100, value=0, label="Progress (%)", interactive=False)
+    job_progress = gr.Number(0, label="Progress (%)", precision=0, interactive=False, elem_id="job-progress")
     job_plot = gr.Plot(label="Loss and IoU")
-    before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=4, format="png", height=240)
+    before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=1, format="png", height="auto",
+                              object_fit="contain", elem_id="before-after")
     compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False)
     timer = gr.Timer(1.0, active=False)
     with gr.Accordion("Jobs on this server (also those from before a restart)", open=False):
@@ -756,7 +759,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         return set_view(name)
 
     add_button.click(add_to_set, [set_name, mask_label, current_mask], [set_gallery, set_info], api_name="add_mask",
-                     **light)
+                     **light).success(lambda: data_choices(), None, train_data, api_visibility="private", queue=False)
     set_name.submit(friendly(set_view), set_name, [set_gallery, set_info], api_visibility="private", **light)
 
     @friendly
@@ -958,7 +961,7 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
         stages = gr.Slider(1, 6, value=4, step=1, label="Stages", scale=1)
         sanity_button = gr.Button("Run sanity check", variant="primary", scale=1, elem_id="sanity-button")
     sanity_gallery = gr.Gallery(label="Maps as the model is randomised (left: trained model)", columns=5,
-                                format="png", height=300, elem_id="sanity-gallery")
+                                format="png", height="auto", elem_id="sanity-gallery")
     sanity_plot = gr.Plot(label="Rank correlation with the original map")
 
     @friendly

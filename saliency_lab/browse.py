@@ -148,6 +148,22 @@ def examples_list() -> tuple:
     return cells, photos
 
 
+def example_labels(cells, photos) -> tuple:
+    """(the class name of each cell example, from assets/bloodmnist's labels.csv and classes.txt; each photo's
+    name) for the example galleries' captions."""
+    folder = ASSETS / "bloodmnist"
+    names = class_names_for(folder) if (folder / "labels.csv").exists() else []
+    index = {}
+    if (folder / "labels.csv").exists():
+        with (folder / "labels.csv").open(newline="") as handle:
+            index = {row["file"]: int(row["class_index"]) for row in csv.DictReader(handle)}
+    cell_labels = []
+    for path in cells:
+        k = index.get(Path(path).name)
+        cell_labels.append(names[k] if k is not None and k < len(names) else Path(path).stem)
+    return cell_labels, [Path(p).stem.replace("-", " ") for p in photos]
+
+
 def default_data_dir() -> str:
     """BloodMNIST's test split in ../shared when it exists, else the 24 cells shipped in assets/."""
     if (SHARED_BLOODMNIST / "labels.csv").exists():

@@ -83,8 +83,12 @@ def prepared(services, model_name, image_path) -> tuple:
 
 
 def target_choices(prediction) -> list:
-    """[(label, value)] for the target menu: the top-1 class ("auto"), then each top-5 class with its probability."""
-    return [("Predicted class (top-1)", AUTO)] + [(f"{name} · {p:.1%}", str(i)) for i, name, p in prediction]
+    """[(label, value)] for the target menu: the top-1 class ("auto", named with its probability), then the other
+    top-5 classes with theirs (the top-1 class is not listed twice)."""
+    if not prediction:
+        return [("Predicted class (top-1)", AUTO)]
+    (_, first, p_first), rest = prediction[0], prediction[1:]
+    return [(f"Predicted: {first} · {p_first:.1%}", AUTO)] + [(f"{name} · {p:.1%}", str(i)) for i, name, p in rest]
 
 
 def label_value(prediction) -> dict:

@@ -150,7 +150,7 @@ def sanity_figure(stages: list, title: str = "Sanity check") -> FigureSpec:
                      "line": {"color": colours[index % len(colours)], "width": 2.5},
                      "hovertemplate": "%{text}: rho=%{y:.3f}<extra></extra>"})
     layout = _layout(title, 340, xaxis=_axis(title={"text": "randomisation stage (0 = trained model)"}, dtick=1),
-                     yaxis=_axis(title={"text": "rank correlation with the original map"}, range=[-0.2, 1.05]),
+                     yaxis=_axis(title={"text": "rank correlation with the original map"}, range=[-1.05, 1.05]),
                      legend={"orientation": "h", "y": -0.25},
                      shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
                               "line": {"color": "#999", "dash": "dot"}}])

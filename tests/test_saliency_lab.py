@@ -101,6 +101,15 @@ def test_class_names_fall_back_to_indices(roots):
     assert browse.class_filter_choices(["a", "b"]) == [("All classes", "all"), ("0: a", "0"), ("1: b", "1")]
 
 
+def test_example_cells_are_labelled_with_their_class():
+    cells, photos = browse.examples_list()
+    cell_labels, photo_labels = browse.example_labels(cells, photos)
+    names = (CELLS / "classes.txt").read_text().split("\n")
+    assert len(cell_labels) == len(cells) and set(cell_labels) <= {n.strip() for n in names if n.strip()}
+    assert len(set(cell_labels)) == len(cells)  # one per class
+    assert photo_labels == [Path(p).stem.replace("-", " ") for p in photos]
+
+
 def test_examples_list_has_one_cell_per_class():
     cells, photos = browse.examples_list()
     assert len(cells) == 8 and all(Path(p).exists() for p in cells + photos)
@@ -220,7 +229,9 @@ def test_drawn_mask_and_editor_picture():
 # ------------------------------------------------------------------ Explain helpers
 def test_explanation_helpers():
     prediction = [(3, "cat", 0.5), (1, "dog", 0.3), (7, "cat", 0.2)]
-    assert explain.target_choices(prediction)[1] == ("cat · 50.0%", "3")
+    # the top-1 class once (as "auto", with its name), then the other top-5 classes
+    assert explain.target_choices(prediction) == [("Predicted: cat · 50.0%", "auto"), ("dog · 30.0%", "1"),
+                                                  ("cat · 20.0%", "7")]
     assert explain.label_value(prediction) == {"cat": 0.5, "dog": 0.3, "cat (7)": 0.2}
     assert explain.target_choice("7", prediction) == "7" and explain.target_choice("9", prediction) == "auto"
     assert explain.target_choice(None, prediction) == "auto"
@@ -563,3 +574,12 @@ def test_slow_methods_are_unticked_on_slow_models_with_their_expected_time(tmp_p
     assert text.startswith("Expected on this machine: Grad-CAM") and "**RISE about 37 s**" in text
     assert "then the curves" in text and "slow methods in bold" in text
     assert explain.model_menu(services, "tiny-large", ["gradcam", "rise"])[1] == ["gradcam"]
+
+
+def test_sanity_plot_shows_negative_correlations():
+    from saliency_lab import figures
+
+    figure = figures.sanity_figure([("Grad-CAM", [("trained", 1.0), ("head", -0.26)]),
+                                    ("Random", [("trained", 1.0), ("head", -0.49)])])
+    low, high = figure.layout["yaxis"]["range"]
+    assert low <= -1.0 and high >= 1.0 and len(figure.data) == 2
