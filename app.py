@@ -639,7 +639,8 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                              allow_preview=False, object_fit="contain", fit_columns=False)
 
     gr.Markdown("### 2 · Fine-tune with CAMAL\nCAMAL fine-tunes the classifier so its class activation map stays "
-                "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside)).",
+                "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside), both averaged "
+                "over the batch: λ is per image).",
                 elem_classes="help")
     with gr.Row():
         tunable = finetune.finetune_models(services)
@@ -651,7 +652,8 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         refresh_data = gr.Button("↻ Refresh the list", size="sm", scale=0, min_width=120, elem_id="refresh-data")
     with gr.Row():
         epochs = gr.Slider(1, 30, value=3, step=1, label="Epochs")
-        lam = gr.Slider(0, 10, value=1.0, step=0.1, label="λ (weight of the mask loss)")
+        lam = gr.Slider(0, 64, value=16.0, step=0.5, label="λ (weight of the mask loss, per image)",
+                        info="16: tuned on decoy BloodMNIST val; 0 = plain fine-tuning.")
         backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs (needs HF_TOKEN)", "hf-jobs")],
                            value="local", label="Run on")
     with gr.Row():

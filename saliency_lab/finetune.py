@@ -137,7 +137,7 @@ def model_spec(services, model_name) -> str:
     return str(card) if card is not None else model_name
 
 
-def start_finetune(services, model_name, data_choice, epochs=3, lam=1.0, backend="local", on_build=None) -> tuple:
+def start_finetune(services, model_name, data_choice, epochs=3, lam=16.0, backend="local", on_build=None) -> tuple:
     """Queue a CAMAL fine-tune of `model_name` on `data_choice` (see `data_choices`) on "local" or "hf-jobs";
     returns (job id, a Markdown line)."""
     if not data_choice:
