@@ -184,6 +184,8 @@ footer { display: none !important; }
   #aucs table { width: 100% !important; min-width: 0 !important; }
 }
 .section-title p { margin: 0; font-size: 1.05em; }
+.example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
+.example-gallery .grid-wrap { max-height: none !important; height: auto !important; overflow: visible !important; }
 .colour-bar { margin: 2px 0 6px; }
 .colour-bar-strip { height: 12px; border-radius: 4px; border: 1px solid var(--border-color-primary); }
 .colour-bar-labels { display: flex; justify-content: space-between; font-size: 12px;
@@ -409,12 +411,18 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                               label="Image (transparent parts are composed on white)",
                                          height=300, elem_id="input-image", buttons=["fullscreen"])
                         with gr.Accordion("Examples", open=True):
-                            gr.Examples(cell_examples, inputs=image, label="Blood cells (BloodMNIST test split)",
-                                        examples_per_page=8, cache_examples=False, elem_id="cell-examples",
-                                        example_labels=cell_labels)
-                            gr.Examples(photo_examples, inputs=image, example_labels=photo_labels,
-                                        label="Photos (for the ImageNet model efficientnet-lite0)",
-                                        examples_per_page=4, cache_examples=False, elem_id="photo-examples")
+                            # galleries, not gr.Examples: a thumbnail *and* its class under it (example_labels
+                            # would replace the thumbnails by the text)
+                            example_galleries = []
+                            for paths, labels, title, element in (
+                                    (cell_examples, cell_labels, "Blood cells (BloodMNIST test split): click one",
+                                     "cell-examples"),
+                                    (photo_examples, photo_labels,
+                                     "Photos (for the ImageNet model efficientnet-lite0): click one", "photo-examples")):
+                                example_galleries.append((paths, gr.Gallery(
+                                    list(zip(paths, labels)), label=title, columns=8, height="auto",
+                                    allow_preview=False, object_fit="cover", elem_id=element,
+                                    elem_classes="example-gallery", buttons=[])))
                         with gr.Accordion("BloodMNIST browser", open=False):
                             browse_folder = gr.Textbox(data_dir, label="Labelled folder (labels.csv) or .npz",
                                                        elem_id="browse-folder")
@@ -526,6 +534,13 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                 return shown, *cleared("Explaining the normalised picture…")
             return gr.skip(), *maps_fn(image_path, model_name, chosen, "auto", *rest)
 
+        def example_picker(paths):
+            def pick_example(evt: gr.SelectData):
+                return paths[evt.index]
+            return pick_example
+
+        for paths, gallery in example_galleries:
+            gallery.select(example_picker(paths), None, image, api_visibility="private", queue=False)
         image.change(new_image, explain_inputs, [image, *maps_outputs], api_name="explain_new_image",
                      **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)

@@ -100,7 +100,7 @@ def test_explain_tab(page, shots):
     external = bool(os.environ.get("SALIENCY_LAB_URL"))
     examples = os.environ.get("SALIENCY_LAB_EXAMPLES", "cell-examples")  # or photo-examples (ImageNet models)
     index = int(os.environ.get("SALIENCY_LAB_EXAMPLE_INDEX", "0"))
-    page.locator(f"#{examples} button.gallery-item").nth(index).click()  # picking an example explains at once
+    page.locator(f"#{examples} button.thumbnail-item").nth(index).click()  # picking an example explains at once
     wait_js(page, "document.querySelectorAll('#overlays img').length >= 2")
     wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')].filter(e => e.innerText.includes('ins'))"
                   ".length >= 2")  # the curves are in: each caption carries its AUCs
@@ -256,7 +256,8 @@ def test_six_methods_fit_with_every_number_readable(page):
                 box.check()
         count = page.locator("#methods input[type=checkbox]:checked").count()
         assert count == 6
-        page.locator("#cell-examples button.gallery-item").nth(1).click()
+        assert page.locator("#cell-examples .caption-label").count() == 8  # each example cell names its class
+        page.locator("#cell-examples button.thumbnail-item").nth(1).click()
         wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')].filter(e => e.innerText.includes("
                       "'ins')).length === 6", timeout=300_000)
         time.sleep(1.0)
