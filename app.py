@@ -169,7 +169,8 @@ footer { display: none !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
 /* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
-#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap { max-height: none !important; height: auto !important; overflow: visible !important; }
+#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap {
+  max-height: none !important; min-height: 0 !important; height: auto !important; overflow: visible !important; }
 #overlays .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
 #overlays .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
 #overlays .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
@@ -185,7 +186,8 @@ footer { display: none !important; }
 }
 .section-title p { margin: 0; font-size: 1.05em; }
 .example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
-.example-gallery .grid-wrap { max-height: none !important; height: auto !important; overflow: visible !important; }
+.example-gallery .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
+                              overflow: visible !important; }
 .colour-bar { margin: 2px 0 6px; }
 .colour-bar-strip { height: 12px; border-radius: 4px; border: 1px solid var(--border-color-primary); }
 .colour-bar-labels { display: flex; justify-content: space-between; font-size: 12px;
@@ -420,7 +422,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                     (photo_examples, photo_labels,
                                      "Photos (for the ImageNet model efficientnet-lite0): click one", "photo-examples")):
                                 example_galleries.append((paths, gr.Gallery(
-                                    list(zip(paths, labels)), label=title, columns=8, height="auto",
+                                    list(zip(paths, labels)), label=title, columns=4, height="auto",
                                     allow_preview=False, object_fit="cover", elem_id=element,
                                     elem_classes="example-gallery", buttons=[])))
                         with gr.Accordion("BloodMNIST browser", open=False):
