@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - not on a Space
 import functools
 import inspect
 import logging
+import time
 import traceback
 from pathlib import Path
 
@@ -37,7 +38,8 @@ from explainers.engine import CURVE_NOTE
 from explainers.images import COLORMAPS, ImageError, load_image
 from explainers.methods import METHODS
 from saliency_lab import browse as browse_module
-from saliency_lab import explain, figures, finetune, learn, masks, menus, models_tab, review, review_data, studies
+from saliency_lab import (explain, figures, finetune, learn, masks, menus, models_tab, pictures, review,
+                          review_data, studies)
 from explainers.review_report import SLOTS
 from saliency_lab.errors import is_user_error, user_message
 from saliency_lab.services import DEVICE, Services, configure_torch, default_loader
@@ -64,7 +66,13 @@ if os.environ.get("MPLBACKEND", "").lower() == "agg":
     _gradio_utils.MatplotlibBackendMananger = _AggAlready
 
 ROOT = Path(__file__).resolve().parent
-STATE_DIR = Path(os.environ.get("SALIENCY_LAB_STATE_DIR", ROOT / "runs" / "app"))
+def default_state_dir() -> Path:
+    """SQLite files (verdicts, mask sets, jobs): SALIENCY_LAB_STATE_DIR, else the user's data folder
+    (`explainers.paths.data_dir()`: SALIENCY_DATA_DIR, the Space's /data, or ~/.local/share), never the code."""
+    from explainers.paths import data_dir
+
+    configured = os.environ.get("SALIENCY_LAB_STATE_DIR")
+    return Path(configured) if configured else data_dir() / "app"
 log = logging.getLogger("saliency_lab")
 
 
@@ -78,9 +86,10 @@ def friendly(fn):
             return gr.Error(user_message(error))
         if isinstance(error, torch.cuda.OutOfMemoryError if hasattr(torch.cuda, "OutOfMemoryError") else MemoryError):
             return gr.Error("Out of memory: try a smaller image, fewer methods or a smaller model.")
-        log.error("unexpected error in %s:\n%s", fn.__name__, traceback.format_exc())
-        return gr.Error(f"Something went wrong ({type(error).__name__}: {str(error)[:200]}). "
-                        "The details are in the server log.")
+        reference = f"{int(time.time()) % 1_000_000:06d}"
+        log.error("unexpected error %s in %s:\n%s", reference, fn.__name__, traceback.format_exc())
+        return gr.Error(f"Something went wrong on our side: this is a bug, not your input. The details are in "
+                        f"the server log (reference {reference}).")
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
@@ -100,23 +109,44 @@ def friendly(fn):
     return wrapper
 
 
-def checked_image(**kwargs) -> gr.Image:
-    """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
-    handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders).
-    (Wrapped per instance: a gr.Image subclass would make Gradio write a .pyi stub next to this file.)"""
-    component = gr.Image(**kwargs)
-    original = component.preprocess
+CHECKED = "checked-upload"  # the class that marks a gr.Image whose uploads load_image checks first
 
-    def preprocess(payload):
-        if payload is not None and getattr(payload, "path", None):
+
+_REFUSED: dict = {}  # upload path -> when it was last refused (one toast per refused upload)
+
+
+def _checked_preprocess(plain):
+    def preprocess(self, payload):
+        if CHECKED in (self.elem_classes or []) and payload is not None and getattr(payload, "path", None):
             try:
                 load_image(payload.path)
             except ImageError as error:
-                raise gr.Error(user_message(error)) from error
-        return original(payload)
+                # the browser sends a replaced image's change twice: the second refusal fails silently
+                now, path = time.monotonic(), str(payload.path)
+                repeated = now - _REFUSED.get(path, -1e9) < 5.0
+                _REFUSED.clear() if len(_REFUSED) > 256 else None
+                _REFUSED[path] = now
+                raise gr.Error(user_message(error), visible=not repeated) from error
+        return plain(self, payload)
 
-    component.preprocess = preprocess
-    return component
+    preprocess.checked = True
+    return preprocess
+
+
+if not getattr(gr.Image.preprocess, "checked", False):
+    # At the class, not per instance: an update of the component (gr.update, gr.skip as an output) makes Gradio
+    # rebuild it from its constructor arguments, which would drop a per-instance wrapper; the marker class
+    # survives. (A gr.Image subclass would make Gradio write a .pyi stub next to this file.)
+    gr.Image.preprocess = _checked_preprocess(gr.Image.preprocess)
+
+
+def checked_image(**kwargs) -> gr.Image:
+    """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
+    handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders), and hands
+    the handler the file as uploaded (image_mode=None: Gradio's RGB conversion would whiten 16-bit data)."""
+    kwargs.setdefault("image_mode", None)
+    kwargs["elem_classes"] = [*(kwargs.get("elem_classes") or []), CHECKED]
+    return gr.Image(**kwargs)
 
 
 def or_skip(value):
@@ -140,6 +170,30 @@ CSS = """
 footer { display: none !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
+/* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
+#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap {
+  max-height: none !important; min-height: 0 !important; height: auto !important; overflow: visible !important; }
+#overlays .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#overlays .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
+#overlays .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+                           overflow: visible !important; text-overflow: clip !important; font-size: 12px;
+                           line-height: 1.3; border: none !important; opacity: 1 !important; }
+@media (max-width: 640px) { #overlays .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
+#aucs table { table-layout: auto; }
+#aucs td, #aucs th { white-space: normal !important; font-size: 13px; }
+@media (max-width: 640px) {  /* a phone: the options are in the captions; the scores keep their columns */
+  #aucs th:nth-child(2), #aucs td:nth-child(2), #aucs th:nth-child(6), #aucs td:nth-child(6) { display: none; }
+  #aucs td, #aucs th { font-size: 12px; padding: 4px !important; min-width: 0 !important; width: auto !important; }
+  #aucs table { width: 100% !important; min-width: 0 !important; }
+}
+.section-title p { margin: 0; font-size: 1.05em; }
+.example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
+.example-gallery .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
+                              overflow: visible !important; }
+.colour-bar { margin: 2px 0 6px; }
+.colour-bar-strip { height: 12px; border-radius: 4px; border: 1px solid var(--border-color-primary); }
+.colour-bar-labels { display: flex; justify-content: space-between; font-size: 12px;
+                     color: var(--body-text-color-subdued); }
 """
 
 INTRO = """# Saliency Lab
@@ -326,15 +380,18 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
     if heavy_concurrency is None:  # one explanation per core (each torch op single-threaded, see configure_torch)
         heavy_concurrency = 2 if DEVICE == "cuda" else max(1, min(4, os.cpu_count() or 1))
     services = Services(loader or default_loader, model_names if model_names is not None else list_models,
-                        state_dir or STATE_DIR, jobs_root, sam_variant, weights_dir=weights_dir,
+                        state_dir or default_state_dir(), jobs_root, sam_variant, weights_dir=weights_dir,
                         parallel=heavy_concurrency, decoy_roots=decoy_roots)
     configure_torch(heavy_concurrency)
+    if (services.jobs_root / "jobs.sqlite").exists():  # reconcile the job records with their processes now (a dead
+        services.runner()                              # process: interrupted), not when the next job starts
     names = services.names()
     first_model = default_model or menus.default_model(names)
     data_dir = data_dir or browse_module.default_data_dir()
     heavy = dict(concurrency_id="heavy", concurrency_limit=heavy_concurrency)
     light = dict(concurrency_id="light", concurrency_limit=16, show_progress="hidden")
     cell_examples, photo_examples = browse_module.examples_list()
+    cell_labels, photo_labels = browse_module.example_labels(cell_examples, photo_examples)
     all_methods = [(menus.method_label(n), n) for n in menus.method_order(list(METHODS)) if not METHODS[n].baseline]
     first_methods = ["aha", "gradcam"]
     try:  # the first model's defaults (its load is shared with every session: load_model caches); the menu
@@ -354,14 +411,22 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             with gr.Tab("Explain", id="explain") as explain_tab:
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=4, min_width=320):
-                        image = checked_image(type="filepath", label="Image", sources=["upload", "clipboard"],
+                        image = checked_image(type="filepath", sources=["upload", "clipboard"],
+                                              label="Image (transparent parts are composed on white)",
                                          height=300, elem_id="input-image", buttons=["fullscreen"])
                         with gr.Accordion("Examples", open=True):
-                            gr.Examples(cell_examples, inputs=image, label="Blood cells (BloodMNIST test split)",
-                                        examples_per_page=8, cache_examples=False, elem_id="cell-examples")
-                            gr.Examples(photo_examples, inputs=image,
-                                        label="Photos (for the ImageNet model efficientnet-lite0)",
-                                        examples_per_page=4, cache_examples=False, elem_id="photo-examples")
+                            # galleries, not gr.Examples: a thumbnail *and* its class under it (example_labels
+                            # would replace the thumbnails by the text)
+                            example_galleries = []
+                            for paths, labels, title, element in (
+                                    (cell_examples, cell_labels, "Blood cells (BloodMNIST test split): click one",
+                                     "cell-examples"),
+                                    (photo_examples, photo_labels,
+                                     "Photos (for the ImageNet model efficientnet-lite0): click one", "photo-examples")):
+                                example_galleries.append((paths, gr.Gallery(
+                                    list(zip(paths, labels)), label=title, columns=4, height="auto",
+                                    allow_preview=False, object_fit="cover", elem_id=element,
+                                    elem_classes="example-gallery", buttons=[])))
                         with gr.Accordion("BloodMNIST browser", open=False):
                             browse_folder = gr.Textbox(data_dir, label="Labelled folder (labels.csv) or .npz",
                                                        elem_id="browse-folder")
@@ -391,13 +456,16 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                                  info=o.info or None, elem_id=o.elem_id or None,
                                                  visible=m in first_methods) for m, o in SLIDERS]
                         explain_button = gr.Button("Explain", variant="primary", size="lg", elem_id="explain-button")
+                        expected = gr.Markdown(elem_classes="help", elem_id="expected-time")
                         top5 = gr.Label(num_top_classes=5, label="Prediction (top 5)", elem_id="top5")
                         target = gr.Radio([("Predicted class (top-1)", "auto")], value="auto",
                                           label="Explain which class? (why this class and not that one)",
                                           elem_id="target")
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=5, min_width=340):
-                        overlays = gr.Gallery(label="Heatmaps (bright = important)", columns=2, height="auto",
+                        gr.Markdown("**Heatmaps** (bright = important)", elem_classes="section-title")
+                        colour_bar = gr.HTML(pictures.colour_bar_html("cividis"), elem_id="colour-bar")
+                        overlays = gr.Gallery(show_label=False, label="Heatmaps", columns=3, height="auto",
                                               format="png", object_fit="contain", elem_id="overlays",
                                               buttons=["download", "fullscreen"])
                         with gr.Row():
@@ -410,7 +478,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                         gr.Markdown("**How to read the curves:** " + CURVE_NOTE, elem_classes="note")
                         curves = gr.Plot(label="Deletion and insertion curves", elem_id="curves")
                         aucs = gr.Dataframe(headers=figures.AUC_HEADERS, label="Scores", interactive=False,
-                                            elem_id="aucs")
+                                            elem_id="aucs", wrap=True)
                 with gr.Accordion(DETAILS, open=False, visible=False) as heads_box:
                     heads = gr.Plot(label="Head weights")
                 with gr.Row():
@@ -447,25 +515,51 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         explain_all = gr.Button(visible=False)
         explain_all.click(explain_handler(services), explain_inputs, maps_outputs + [heads], api_name="explain",
                           **heavy)
-        explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **heavy).success(
+        # one place shows progress and errors (the heatmaps, then the curves), not a red pill on every panel
+        # elapsed time only: Gradio's ETA is the average of earlier runs of any model and method ("1.2/0.2s");
+        # the expected time of each method on this model is shown before it runs (#expected-time)
+        curves_group.update(show_progress_on=[curves], show_progress="minimal")
+        on_maps = dict(heavy, show_progress_on=[overlays], show_progress="minimal")
+        explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_name="explain_curves", **curves_group)
-        target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **heavy).success(
+        target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
 
-        def new_image(image_path, model_name, chosen, _target, *rest):
-            """A new image: reset the target to the top-1 class and explain at once."""
-            if not image_path:
-                return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
-                    figures.empty_figure("Pick an image to see its curves."), [], "", None
-            return maps_fn(image_path, model_name, chosen, "auto", *rest)
+        def cleared(message):
+            return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
+                figures.empty_figure(message), [], "", None
 
-        image.change(new_image, explain_inputs, maps_outputs, api_name="explain_new_image", **heavy).success(
+        @friendly
+        def new_image(image_path, model_name, chosen, _target, *rest):
+            """A new image: reset the target to the top-1 class and explain at once. An upload that a browser
+            would not show as the model reads it (16-bit, CMYK, alpha, TIFF, EXIF rotation...) is first replaced
+            by the normalised picture (its change explains it): one image for preview, model and overlays."""
+            if not image_path:
+                return gr.skip(), *cleared("Pick an image to see its curves.")
+            shown, note = explain.shown_image(services, image_path)
+            if shown != str(image_path):
+                if note:
+                    gr.Info(note, duration=6)
+                return shown, *cleared("Explaining the normalised picture…")
+            return gr.skip(), *maps_fn(image_path, model_name, chosen, "auto", *rest)
+
+        def example_picker(paths):
+            def pick_example(evt: gr.SelectData):
+                return paths[evt.index]
+            return pick_example
+
+        for paths, gallery in example_galleries:
+            gallery.select(example_picker(paths), None, image, api_visibility="private", queue=False)
+        image.change(new_image, explain_inputs, [image, *maps_outputs], api_name="explain_new_image",
+                     **on_maps).success(
             curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
 
         model.change(model_change_handler(services), [model, methods], [methods, *sliders, model_info],
                      api_name="select_model", **heavy)
         methods.change(methods_change, methods, [*sliders, heads_box], api_visibility="private",
                        show_progress="hidden", queue=False)
+        methods.change(friendly(lambda m, chosen: explain.expected_text(services, m, chosen)), [model, methods],
+                       expected, api_name="expected_time", **light)
         for slider, (_, option) in zip(sliders, SLIDERS):
             if option.live:  # recombined while it moves (no model pass); the curves when it is released
                 slider.change(live_change_handler(services, option), [slider, explain_state, opacity, colormap],
@@ -475,6 +569,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                            trigger_mode="always_last", **heavy)
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
+        colormap.change(pictures.colour_bar_html, colormap, colour_bar, api_visibility="private", queue=False)
         download_button.click(downloads_handler(services), [explain_state, opacity, colormap], files,
                               api_name="downloads", **light)
 
@@ -507,13 +602,15 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         demo.load(masks_parts["labels_for"], masks_parts["base_model"], masks_parts["mask_label"],
                   api_visibility="private", **light)
         demo.load(masks_parts["data_choices"], None, masks_parts["train_data"], api_visibility="private", queue=False)
+        demo.load(masks_parts["list_jobs"], None, masks_parts["jobs_outputs"], api_visibility="private", **light)
 
         model_dropdowns = [model, masks_parts["base_model"], review_model, sanity_model]
 
         def refresh_models():
             """Fine-tuned models appear in every model picker (the current choices are kept)."""
             choices = menus.model_choices(services.names())
-            return [gr.update(choices=choices) for _ in model_dropdowns] + [masks_parts["data_choices"]()]
+            return [gr.update(choices=finetune.finetune_models(services) if dropdown is masks_parts["base_model"]
+                              else choices) for dropdown in model_dropdowns] + [masks_parts["data_choices"]()]
 
         for tab in (explain_tab, masks_tab, review_tab, learn_tab):
             tab.select(refresh_models, None, [*model_dropdowns, masks_parts["train_data"]], api_visibility="private",
@@ -577,17 +674,21 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                              allow_preview=False, object_fit="contain", fit_columns=False)
 
     gr.Markdown("### 2 · Fine-tune with CAMAL\nCAMAL fine-tunes the classifier so its class activation map stays "
-                "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside)).",
+                "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside), both averaged "
+                "over the batch: λ is per image).",
                 elem_classes="help")
     with gr.Row():
-        base_model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
-                                 label="Model to fine-tune", scale=2)
+        tunable = finetune.finetune_models(services)
+        base_model = gr.Dropdown(tunable, value=first_model if first_model in [n for _, n in tunable] else
+                                 (tunable[0][1] if tunable else None), allow_custom_value=True,
+                                 label="Model to fine-tune", info="Only models a fine-tune job can load.", scale=2)
         train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data", allow_custom_value=True,
                                  info="Your mask sets, the decoy BloodMNIST set, or BCCD boxes when present.")
-        refresh_data = gr.Button("↻", size="sm", scale=0, min_width=40)
+        refresh_data = gr.Button("↻ Refresh the list", size="sm", scale=0, min_width=120, elem_id="refresh-data")
     with gr.Row():
         epochs = gr.Slider(1, 30, value=3, step=1, label="Epochs")
-        lam = gr.Slider(0, 10, value=1.0, step=0.1, label="λ (weight of the mask loss)")
+        lam = gr.Slider(0, 64, value=16.0, step=0.5, label="λ (weight of the mask loss, per image)",
+                        info="16: tuned on decoy BloodMNIST val; 0 = plain fine-tuning.")
         backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs (needs HF_TOKEN)", "hf-jobs")],
                            value="local", label="Run on")
     with gr.Row():
@@ -595,11 +696,21 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         cancel = gr.Button("Cancel", variant="stop", elem_id="cancel-finetune")
     job_id = gr.State(None)
     job_status = gr.Markdown(elem_id="job-status")
-    job_progress = gr.Slider(0, 100, value=0, label="Progress (%)", interactive=False)
+    job_progress = gr.Number(0, label="Progress (%)", precision=0, interactive=False, elem_id="job-progress")
     job_plot = gr.Plot(label="Loss and IoU")
-    before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=4, format="png", height=240)
+    before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=1, format="png", height="auto",
+                              object_fit="contain", elem_id="before-after")
     compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False)
     timer = gr.Timer(1.0, active=False)
+    with gr.Accordion("Jobs on this server (also those from before a restart)", open=False):
+        jobs_table = gr.Dataframe(headers=finetune.JOB_HEADERS, interactive=False, elem_id="jobs-table",
+                                  wrap=True)
+        with gr.Row():
+            job_pick = gr.Dropdown([], label="Job", scale=3, elem_id="job-pick")
+            refresh_jobs = gr.Button("Refresh the list", size="sm", scale=1)
+            resume_button = gr.Button("Resume (interrupted, failed, cancelled)", size="sm", scale=1,
+                                      elem_id="resume-job")
+            open_result = gr.Button("Open (progress or result)", size="sm", scale=1, elem_id="open-job")
 
     # ---- the image: from the Explain tab or uploaded into the editor (the SAM view shows an enlarged copy)
     def load_from_explain(path):
@@ -685,7 +796,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         return set_view(name)
 
     add_button.click(add_to_set, [set_name, mask_label, current_mask], [set_gallery, set_info], api_name="add_mask",
-                     **light)
+                     **light).success(lambda: data_choices(), None, train_data, api_visibility="private", queue=False)
     set_name.submit(friendly(set_view), set_name, [set_gallery, set_info], api_visibility="private", **light)
 
     @friendly
@@ -719,7 +830,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         report = finetune.job_report(services, current)
         if not report.finished:
             return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        models = gr.update(choices=menus.model_choices(services.names())) if report.new_model else gr.skip()
+        models = gr.update(choices=finetune.finetune_models(services)) if report.new_model else gr.skip()
         return report.text, report.percent, report.figure, gr.update(active=False), report.gallery, report.table, \
             models
 
@@ -727,8 +838,30 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                api_name="finetune_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
     cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), job_id, job_status,
                  api_name="cancel_finetune", queue=False)
+
+    # ---- the job list: state, progress, model, times, error; resume interrupted jobs, open finished ones
+    @friendly
+    def list_jobs():
+        return finetune.job_rows(services), gr.update(choices=finetune.job_choices(services))
+
+    refresh_jobs.click(list_jobs, None, [jobs_table, job_pick], api_name="jobs_list", **light)
+
+    @friendly
+    def follow(chosen):
+        """Follow a job in the panel above: the timer polls it (progress, then its before/after result)."""
+        return chosen, finetune.open_job(services, chosen), gr.update(active=True)
+
+    @friendly
+    def resume(chosen):
+        message = finetune.resume_job(services, chosen)
+        return chosen, message, gr.update(active=True)
+
+    open_result.click(follow, job_pick, [job_id, job_status, timer], api_name="open_job", **light)
+    resume_button.click(resume, job_pick, [job_id, job_status, timer], api_name="resume_job", **light).then(
+        list_jobs, None, [jobs_table, job_pick], api_visibility="private", **light)
     return {"data_choices": data_choices, "train_data": train_data, "base_model": base_model,
-            "labels_for": labels_for, "mask_label": mask_label}
+            "labels_for": labels_for, "mask_label": mask_label, "list_jobs": list_jobs,
+            "jobs_outputs": [jobs_table, job_pick]}
 
 
 # ------------------------------------------------------------------------------------------------ Review tab
@@ -1137,7 +1270,7 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
         stages = gr.Slider(1, 6, value=4, step=1, label="Stages", scale=1)
         sanity_button = gr.Button("Run sanity check", variant="primary", scale=1, elem_id="sanity-button")
     sanity_gallery = gr.Gallery(label="Maps as the model is randomised (left: trained model)", columns=5,
-                                format="png", height=300, elem_id="sanity-gallery")
+                                format="png", height="auto", elem_id="sanity-gallery")
     sanity_plot = gr.Plot(label="Rank correlation with the original map")
 
     @friendly

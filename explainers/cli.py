@@ -298,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     camal.add_argument("--push-to", default=None, metavar="REPO",
                        help="upload the fine-tuned model to this HF model repo when done (HF Jobs runs; needs HF_TOKEN)")
     camal.add_argument("--epochs", type=int, default=3)
-    camal.add_argument("--lambda", dest="lam", type=float, default=1.0,
-                       help="weight of sum_b (beta_b - alpha_b); 0 = plain fine-tuning")
+    camal.add_argument("--lambda", dest="lam", type=float, default=16.0,
+                       help="weight of mean_b (beta_b - alpha_b), per image (the paper's sum_b is this / batch size); "
+                            "0 = plain fine-tuning")
     camal.add_argument("--lr", type=float, default=1e-4)
     camal.add_argument("--weight-decay", type=float, default=0.05)
     camal.add_argument("--batch-size", type=int, default=32, help="global batch size (all ranks together)")

@@ -19,6 +19,7 @@ import hashlib
 import io
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -157,12 +158,15 @@ def _read_encoded(source, max_bytes: int) -> tuple[bytes, str]:
 
 def _decode(data: bytes, name: str, max_pixels: int) -> Image.Image:
     """Decode encoded bytes with PIL, checking the header size before decoding any pixel."""
+    head = data[:512].lstrip().lower()
+    if head.startswith(b"<svg") or (head.startswith(b"<?xml") and b"<svg" in data[:4096].lower()):
+        raise ImageError(f"{name} is an SVG drawing: upload a picture (PNG, JPEG, TIFF, WebP...) instead.")
     Image.init()
     formats = [f for f in _ALLOWED_FORMATS if f in Image.OPEN]
     try:
         image = Image.open(io.BytesIO(data), formats=formats)  # lazy: reads the header only
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise ImageError(f"{name} is too large to decode safely: {error}") from error
+        raise ImageError(_too_large(name, error, max_pixels)) from error
     except Exception as error:  # noqa: BLE001 - PIL raises many types for bad input
         raise ImageError(f"{name} is not a readable image: {_reason(error)}") from error
 
@@ -171,7 +175,7 @@ def _decode(data: bytes, name: str, max_pixels: int) -> Image.Image:
         try:
             image.load()  # first frame of animated / multi-page files
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-            raise ImageError(f"{name} is too large to decode safely: {error}") from error
+            raise ImageError(_too_large(name, error, max_pixels)) from error
         except Exception as error:  # noqa: BLE001 - truncated / corrupt data: OSError, ValueError, ...
             raise ImageError(f"{name} is not a readable image: {_reason(error)}") from error
         return _to_rgb(_exif_transpose(image), name)
@@ -298,16 +302,34 @@ def _check_size(size: tuple, name: str, max_pixels: int) -> None:
     width, height = int(size[0]), int(size[1])
     if width * height > max_pixels:
         raise ImageError(
-            f"{name} is too large: {width} x {height} = {width * height:,} pixels "
-            f"(the limit is {max_pixels:,}).")
+            f"{name} is too large: {width} × {height} = {_megapixels(width * height)} "
+            f"(the limit is {_megapixels(max_pixels)}).")
     if width < MIN_SIDE or height < MIN_SIDE:
         raise ImageError(
             f"{name} is too small: {width} x {height} pixels (at least {MIN_SIDE} x {MIN_SIDE} is needed).")
 
 
+def _megapixels(count: int) -> str:
+    return f"{count / 1e6:,.1f} MP".replace(".0 MP", " MP")
+
+
+def _too_large(name: str, error: Exception, max_pixels: int) -> str:
+    """Pillow's own bomb guard fired (far above our limit): say so in our words, with our limit."""
+    found = re.search(r"\((\d+) pixels\)", str(error))
+    size = f" ({_megapixels(int(found.group(1)))})" if found else ""
+    return f"{name} is too large{size}: the limit is {_megapixels(max_pixels)}."
+
+
 def _reason(error: Exception) -> str:
-    text = str(error).strip()
-    return text or type(error).__name__
+    """Why PIL could not read a file, in our words (never a Python object's repr such as <_io.BytesIO ...>)."""
+    if isinstance(error, Image.UnidentifiedImageError):
+        return "its content is not an image format we read (PNG, JPEG, TIFF, GIF, WebP, BMP, PPM, TGA, ICO)."
+    text = re.sub(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>", "", str(error)).strip()
+    if isinstance(error, (OSError, SyntaxError, EOFError)) and "truncated" in text.lower():
+        return "the file is cut short (truncated)."
+    if not text:
+        return type(error).__name__
+    return text[:1].lower() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 def _fmt_bytes(count: int) -> str:

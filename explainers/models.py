@@ -218,6 +218,14 @@ def _bundle_from_network(name, network, *, class_names, reference_color, card, d
     )
 
 
+def model_dirs() -> list:
+    """Where model cards live: the shipped models (weights/), then the user's imported and fine-tuned ones
+    (`explainers.paths.user_models_dir()`, outside the code)."""
+    from .paths import user_models_dir
+
+    return [WEIGHTS_DIR, user_models_dir()]
+
+
 def card_path(name: str) -> Path:
     """The model's card: in the code's `weights/` (shipped models) or, for models a user imported, in the data
     folder (`explainers.paths.user_models_dir()`); a shipped card wins. For an unknown name, the weights/ path."""
@@ -334,13 +342,13 @@ def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> Mode
 
 
 def list_models() -> list:
-    """Bundled models first, then fine-tuned checkpoints found in weights/ and models imported into the data
-    folder, then the default hub names."""
+    """Bundled models first, then fine-tuned checkpoints found in weights/ and in the user's models folder
+    (`model_dirs()`), then the default hub names."""
     local = []
-    if WEIGHTS_DIR.exists():
-        for card_file in sorted(WEIGHTS_DIR.glob("*.json")):
+    for folder in model_dirs():
+        for card_file in sorted(folder.glob("*.json")) if folder.exists() else []:
             name = card_file.stem
-            if name in BUNDLED_MODELS or name.startswith("aha-"):
+            if name in BUNDLED_MODELS or name.startswith("aha-") or name in local:
                 continue
             try:
                 card = json.loads(card_file.read_text())

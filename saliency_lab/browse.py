@@ -31,7 +31,7 @@ def data_roots() -> list:
     SALIENCY_LAB_DATA_ROOTS (os.pathsep-separated), else assets/, data/ and ../shared/data; plus
     SALIENCY_LAB_DECOY_DIR. Resolved absolute paths."""
     configured = [Path(p) for p in os.environ.get("SALIENCY_LAB_DATA_ROOTS", "").split(os.pathsep) if p]
-    roots = configured or [ASSETS, ROOT / "data", SHARED_DATA]
+    roots = configured or [ASSETS, ROOT / "data", SHARED_DATA, user_datasets()]
     roots += [Path(p) for p in os.environ.get("SALIENCY_LAB_DECOY_DIR", "").split(os.pathsep) if p]
     return [root.expanduser().resolve() for root in roots]
 
@@ -40,7 +40,14 @@ def decoy_locations() -> list:
     """Folders that may hold decoy BloodMNIST (`decoy-bloodmnist/`) and its models (`weights/`):
     SALIENCY_LAB_DECOY_DIR (os.pathsep-separated) first, then data/, ../shared/data and the project root."""
     roots = [Path(p) for p in os.environ.get("SALIENCY_LAB_DECOY_DIR", "").split(os.pathsep) if p]
-    return roots + [ROOT / "data", SHARED_DATA, ROOT]
+    return roots + [user_datasets(), ROOT / "data", SHARED_DATA, ROOT]
+
+
+def user_datasets() -> Path:
+    """Data sets the app builds (decoy BloodMNIST, BCCD masks): the user's data folder, outside the code."""
+    from explainers.paths import user_dir
+
+    return user_dir("datasets")
 
 
 def inside(path, roots) -> bool:
@@ -139,6 +146,22 @@ def examples_list() -> tuple:
                     cells.append(str(ASSETS / "bloodmnist" / row["file"]))
     photos = sorted(str(p) for p in (ASSETS / "photos").glob("*.jpg"))
     return cells, photos
+
+
+def example_labels(cells, photos) -> tuple:
+    """(the class name of each cell example, from assets/bloodmnist's labels.csv and classes.txt; each photo's
+    name) for the example galleries' captions."""
+    folder = ASSETS / "bloodmnist"
+    names = class_names_for(folder) if (folder / "labels.csv").exists() else []
+    index = {}
+    if (folder / "labels.csv").exists():
+        with (folder / "labels.csv").open(newline="") as handle:
+            index = {row["file"]: int(row["class_index"]) for row in csv.DictReader(handle)}
+    cell_labels = []
+    for path in cells:
+        k = index.get(Path(path).name)
+        cell_labels.append(names[k] if k is not None and k < len(names) else Path(path).stem)
+    return cell_labels, [Path(p).stem.replace("-", " ") for p in photos]
 
 
 def default_data_dir() -> str:

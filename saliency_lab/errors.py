@@ -12,6 +12,8 @@ The app turns these into gr.Error.
 """
 from __future__ import annotations
 
+import re
+
 from explainers.images import ImageError
 from explainers.methods import MethodNotApplicable
 from explainers.models import ModelUnavailableError
@@ -27,8 +29,12 @@ SKIPPABLE = ("ExplainerUnavailable", "ModelUnavailableError")
 
 
 def user_message(error: BaseException) -> str:
-    """The error's text without quotes (KeyError adds them), first letter capitalised, or its class name."""
+    """The error's text without quotes (KeyError adds them), first letter capitalised unless the text starts
+    with a file or model name (`cell.png is not...` stays as is), or its class name."""
     text = str(error).strip().strip("'\"") or type(error).__name__
+    first = text.split(" ", 1)[0]
+    if re.search(r"[./\\_\d-]", first):
+        return text
     return text[:1].upper() + text[1:]
 
 

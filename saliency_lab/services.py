@@ -74,16 +74,16 @@ class Services:
 
     `loader` (name -> ModelBundle), `model_names` (list or callable), `state_dir` (SQLite files, exported mask
     sets), `jobs_root` (fine-tune jobs; default state_dir/jobs), `sam_variant` ("auto", "vit_b", "mobile_sam"),
-    `weights_dir` (where fine-tuned models are written; default the model zoo's), `parallel` (explanations
+    `weights_dir` (where fine-tuned models are written; default the user's models folder, outside the code), `parallel` (explanations
     run side by side), `decoy_roots` (folders that may hold decoy BloodMNIST and its models; default
     `browse.decoy_locations()`)."""
 
     def __init__(self, loader, model_names, state_dir, jobs_root=None, sam_variant="auto", hf_token=None,
                  weights_dir=None, parallel=1, decoy_roots=None):
-        from explainers.models import WEIGHTS_DIR
+        from explainers.paths import user_models_dir
 
         self.loader = loader
-        self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
+        self.weights_dir = Path(weights_dir or user_models_dir())  # fine-tuned models: never the tracked weights/
         self.model_names = model_names
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -146,6 +146,33 @@ class Services:
             if key not in self._objects:
                 self._objects[key] = build()
             return self._objects[key]
+
+    def image_seconds(self, bundle) -> float:
+        """Seconds one forward pass of one image takes on this model, here (measured once per model: two batches
+        of 8 at the model's input size, the faster one), for expected times."""
+        key = ("image_seconds", bundle.name, str(bundle.device))
+        with self._lock:
+            if key in self._objects:
+                return self._objects[key]
+        batch = torch.rand(8, 3, *bundle.input_size, device=bundle.device)
+        times = []
+        with bundle.lock, torch.no_grad():
+            for _ in range(2):
+                started = time.perf_counter()
+                bundle(batch)
+                times.append((time.perf_counter() - started) / 8)
+        with self._lock:
+            self._objects[key] = min(times)
+        return self._objects[key]
+
+    def record_seconds(self, model: str, method: str, seconds: float) -> None:
+        """Remember how long a map took (the next expected time for this model and method)."""
+        with self._lock:
+            self._objects[("map_seconds", model, method)] = float(seconds)
+
+    def measured_seconds(self, model: str, method: str):
+        with self._lock:
+            return self._objects.get(("map_seconds", model, method))
 
     def names(self) -> list:
         return list(self.model_names()) if callable(self.model_names) else list(self.model_names)

@@ -3,6 +3,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+if "SALIENCY_DATA_DIR" not in os.environ:  # user data (models, mask sets, databases) never in the real home
+    import tempfile
+
+    os.environ["SALIENCY_DATA_DIR"] = tempfile.mkdtemp(prefix="saliency-data-")
 
 import pytest  # noqa: E402
 import timm  # noqa: E402

@@ -97,7 +97,10 @@ def test_explain_two_methods_side_by_side(running):
     traces = plot_traces(plot)
     assert len(traces) == 4  # deletion + insertion per method, one set of axes
     assert all("AUC" in t["name"] for t in traces)
-    assert any("lower is better" in t["name"] for t in traces) and any("higher is better" in t["name"] for t in traces)
+    shown = [t for t in traces if t.get("showlegend", True)]  # one legend entry per method, with both AUCs
+    assert len(shown) == 2 and all("deletion AUC" in t["name"] and "↓" in t["name"] and "↑" in t["name"]
+                                   for t in shown)
+    assert any("higher is better" in t["name"] for t in traces)
     assert [row[0] for row in table["data"]] == ["AHA (amortized)", "Grad-CAM"]
     assert "tiny-cnn" in status
 
@@ -492,4 +495,151 @@ def test_figures_are_valid_plotly():
     for figure in figures:
         figure.to_plotly()  # raises on any invalid property
         json.loads(figure.to_json())
-    assert len(figures[0].data) == 2 and "lower is better" in figures[0].data[0]["name"]
+    assert len(figures[0].data) == 2 and "deletion AUC 0.350 ↓" in figures[0].data[0]["name"]
+    assert "higher is better" in figures[0].data[1]["name"] and figures[0].data[1]["showlegend"] is False
+
+
+# ------------------------------------------------------------------------------------------------ uploads
+def _png_header_only(width, height) -> bytes:
+    """A PNG whose header claims width x height (a decompression bomb: nothing behind it is ever decoded)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+            + chunk(b"IEND", b""))
+
+
+def _upload_kinds(folder: Path) -> dict:
+    """{kind: (path, expected)}: expected is a regex of the refusal, or None (accepted: load_image's picture)."""
+    rng = np.random.default_rng(0)
+    cell = Image.open(CELL).convert("RGB").resize((40, 48))
+    pixels = np.asarray(cell)
+    kinds = {}
+
+    def put(name, expected):
+        kinds[name.split(".")[0]] = (folder / name, expected)
+        return folder / name
+
+    jpeg = (folder / "ok.jpg")
+    cell.save(jpeg, quality=95)
+    data = jpeg.read_bytes()
+    put("corrupt-jpeg.jpg", r"not a readable image").write_bytes(data[:4] + rng.bytes(len(data) - 4))
+    png = folder / "ok.png"
+    cell.save(png)
+    put("truncated-png.png", r"not a readable image").write_bytes(png.read_bytes()[: len(png.read_bytes()) // 2])
+    put("text.png", r"not a readable image: its content is not an image format").write_text("hello, not a PNG\n")
+    Image.new("RGB", (1, 1), (200, 10, 10)).save(put("one-pixel.png", r"too small"))
+    put("bomb.png", r"too large \(400 MP\): the limit is 40 MP").write_bytes(_png_header_only(20000, 20000))
+    Image.fromarray((pixels[..., 1].astype(np.uint16) * 257 + 100), "I;16").save(put("gray16.tif", None))
+    cell.convert("CMYK").save(put("cmyk.jpg", None), quality=95)
+    rgba = np.dstack([pixels, np.where(np.arange(40)[None, :] < 20, 0, 255).repeat(48, 0).astype(np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(put("rgba.png", None))
+    cell.convert("L").save(put("gray.png", None))
+    frames = [cell, Image.fromarray(255 - pixels)]
+    frames[0].save(put("animated.gif", None), save_all=True, append_images=frames[1:], duration=100, loop=0)
+    exif = Image.Exif()
+    exif[274] = 6
+    cell.save(put("exif6.jpg", None), exif=exif, quality=95)
+    put("drawing.svg", r"SVG drawing").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40">'
+                                                  '<circle cx="20" cy="20" r="10"/></svg>')
+    return kinds
+
+
+KINDS = ["corrupt-jpeg", "truncated-png", "text", "one-pixel", "bomb", "gray16", "cmyk", "rgba", "gray", "animated",
+         "exif6", "drawing"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_reads_it(running, tmp_path, kind):
+    """Through the real endpoints (the Explain tab's upload event and the API's explain): a clear refusal in our
+    words (no Python internals, our 40 MP limit), or the prediction of load_image + the model, with the preview
+    showing exactly the picture the model gets."""
+    demo, client, _ = running
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    from explainers import engine
+    from explainers.images import load_image
+
+    path, expected = _upload_kinds(tmp_path)[kind]
+    if expected is not None:
+        for api in ("/explain", "/explain_new_image"):
+            with pytest.raises(AppError) as caught:
+                client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+                               api_name=api)
+            message = str(caught.value)
+            assert __import__("re").search(expected, message), message
+            assert " at 0x" not in message and "178" not in message and "Traceback" not in message
+        return
+    bundle = demo.services.bundle("tiny-cnn")
+    picture = load_image(path)
+    wanted = engine.predict_top(bundle, engine.prepare_input(picture, bundle), 5)
+    label = explain(client, methods=("gradcam",), image=str(path))[0]
+    got = [(c["label"], c["confidence"]) for c in label["confidences"]]
+    assert [name for name, _ in got] == [name for _, name, _ in wanted]
+    assert np.allclose([p for _, p in got], [p for _, _, p in wanted], atol=1e-5)
+    # the UI's upload event: the preview is the picture the model gets (a normalised copy when a browser would
+    # show the file differently), then that picture is explained with the same prediction
+    out = client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+                         api_name="/explain_new_image")
+    shown = out[0]
+    if shown is None:  # shown as is: a plain RGB PNG/JPEG, explained at once
+        assert kind not in ("gray16", "cmyk", "rgba", "gray", "animated", "exif6")
+        assert [c["label"] for c in out[1]["confidences"]] == [name for _, name, _ in wanted]
+        return
+    shown_path = shown if isinstance(shown, str) else shown["path"]
+    with Image.open(shown_path) as preview:
+        assert preview.format == "PNG" and preview.mode == "RGB"
+        assert np.array_equal(np.asarray(preview), np.asarray(picture))
+    label = client.predict(handle_file(shown_path), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+                           api_name="/explain_new_image")[1]
+    assert [c["label"] for c in label["confidences"]] == [name for _, name, _ in wanted]
+
+
+def test_jobs_are_reconciled_at_start_up_listed_resumed_and_opened(tmp_path):
+    """A job left 'running' by a killed server and a dead job process is 'interrupted' as soon as the app starts;
+    the job list shows state, progress, model, times and error; resume requeues it, open follows a job."""
+    import sqlite3
+
+    from gradio_client import Client
+
+    import app
+    from saliency_lab.jobs import JobRunner
+
+    state = tmp_path / "state"
+    old = JobRunner(state / "jobs", poll_s=0.05)
+    old.shutdown()  # no scheduler: the records are only what a crashed server left behind
+    lost = old.submit("sleep-steps", {"steps": 2, "dt": 0.01, "model": "tiny-cnn"})
+    finished = old.submit("sleep-steps", {"steps": 1})
+    with sqlite3.connect(state / "jobs" / "jobs.sqlite") as con:
+        con.execute("UPDATE jobs SET status='running', pid=999999, started=? WHERE id=?", (time.time() - 60, lost))
+        con.execute("UPDATE jobs SET status='done', started=?, finished=?, step=1, total=1, result='{}' WHERE id=?",
+                    (time.time() - 50, time.time() - 40, finished))
+    demo = app.build_app(model_names=["tiny-cnn"], default_model="tiny-cnn", data_dir=str(CELLS), state_dir=state,
+                         weights_dir=state / "weights", sam_variant="vit_b", decoy_roots=[])
+    try:
+        assert demo.services.runner().get(lost)["status"] == "interrupted"  # at start-up, before any new job
+        _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, ssr_mode=False)
+        client = Client(url, verbose=False)
+        table, picker = client.predict(api_name="/jobs_list")
+        rows = {row[0]: row for row in table["data"]}
+        assert table["headers"] == ["job", "state", "progress", "model", "started", "finished", "error"]
+        assert rows[lost][1] == "interrupted" and "gone" in rows[lost][6] and rows[lost][4]
+        assert rows[finished][1] == "done" and rows[finished][2] == "1/1" and rows[finished][5]
+        status = client.predict(finished, api_name="/open_job")
+        assert "done" in str(status)
+        text = client.predict(api_name="/finetune_status")[0]
+        assert "done" in text
+        from gradio_client.exceptions import AppError
+
+        with pytest.raises(AppError, match="only interrupted, failed or cancelled"):
+            client.predict(finished, api_name="/resume_job")
+        assert "queued again" in str(client.predict(lost, api_name="/resume_job"))
+        assert demo.services.runner().wait(lost, timeout=60)["status"] == "done"
+    finally:
+        demo.services.runner().shutdown()
+        demo.close()

@@ -111,7 +111,7 @@ def test_explain_tab(page, shots):
     external = bool(os.environ.get("SALIENCY_LAB_URL"))
     examples = os.environ.get("SALIENCY_LAB_EXAMPLES", "cell-examples")  # or photo-examples (ImageNet models)
     index = int(os.environ.get("SALIENCY_LAB_EXAMPLE_INDEX", "0"))
-    page.locator(f"#{examples} button.gallery-item").nth(index).click()  # picking an example explains at once
+    page.locator(f"#{examples} button.thumbnail-item").nth(index).click()  # picking an example explains at once
     wait_js(page, "document.querySelectorAll('#overlays img').length >= 2")
     wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')].filter(e => e.innerText.includes('ins'))"
                   ".length >= 2")  # the curves are in: each caption carries its AUCs
@@ -289,4 +289,93 @@ def test_models_tab_import_then_explain(page, shots, tmp_path):
     wait_js(page, "document.querySelectorAll('#overlays img').length >= 1")
     assert any(name in page.locator("#top5").inner_text() for name in ("healthy cell", "atypical cell", "artefact"))
     page.screenshot(path=str(shots / "models-explain.png"), full_page=True)
+
+
+def test_uploads_refused_with_one_message_and_alpha_shown_on_white(page, tmp_path):
+    """A refused upload: one toast in our words (no Python object, our 40 MP limit) and at most one error
+    display, not a red pill on every panel. An RGBA upload: the preview is composed on white, as the model
+    sees it."""
+    import numpy as np
+    from PIL import Image
+
+    from test_app import _png_header_only
+
+    page.get_by_role("tab", name="Explain").click()
+    text = tmp_path / "notes.png"
+    text.write_text("hello, not a picture")
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(_png_header_only(20000, 20000))
+    page.evaluate("""() => { window.seenToasts = [];
+        new MutationObserver(records => records.forEach(r => r.addedNodes.forEach(n => {
+            if (n.nodeType === 1) (n.matches('.toast-body') ? [n] : [...n.querySelectorAll('.toast-body')])
+                .forEach(t => window.seenToasts.push(t.innerText)); })))
+            .observe(document.body, {childList: true, subtree: true}); }""")
+    for path, words in ((text, "notes.png is not a readable image"), (bomb, "the limit is 40 MP")):
+        page.evaluate("document.querySelectorAll('.toast-close').forEach(b => b.click())")  # else Gradio groups
+        wait_js(page, "document.querySelectorAll('.toast-body').length === 0", timeout=20_000)  # errors: "(2)"
+        page.evaluate("window.seenToasts = []")
+        page.locator("#input-image input[type=file]").set_input_files(str(path))
+        wait_js(page, "window.seenToasts.length >= 1", timeout=60_000)
+        time.sleep(2.0)  # a second toast, if any, would be here by now
+        toasts = page.evaluate("window.seenToasts")
+        assert len(toasts) == 1 and words in toasts[0] and "(2)" not in toasts[0], toasts
+        assert " at 0x" not in toasts[0] and "178" not in toasts[0]
+        pills = page.evaluate("[...document.querySelectorAll('.error')].filter(e => e.offsetParent !== null"
+                              " && !e.closest('.toast-body')).length")
+        assert pills <= 1, pills
+        clear = page.locator("#input-image button[aria-label='Clear'], #input-image button[title='Clear']")
+        if clear.count():
+            clear.first.click()
+    rgba = np.zeros((48, 48, 4), np.uint8)
+    rgba[..., 0] = 200
+    rgba[:, 24:, 3] = 255  # left half transparent
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "half.png")
+    page.locator("#input-image input[type=file]").set_input_files(str(tmp_path / "half.png"))
+    wait_js(page, "window.seenToasts.some(t => t.includes('composed on white'))", timeout=60_000)
+    wait_js(page, "document.querySelectorAll('#overlays img').length >= 1", timeout=120_000)
+    pixel = page.evaluate("""async () => {
+        const img = document.querySelector('#input-image img'); await img.decode();
+        const c = document.createElement('canvas'); c.width = img.naturalWidth; c.height = img.naturalHeight;
+        const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+        return [...g.getImageData(2, 24, 1, 1).data, ...g.getImageData(40, 24, 1, 1).data]; }""")
+    assert pixel[:4] == [255, 255, 255, 255] and pixel[4] == 200 and pixel[7] == 255, pixel
+    assert not page.errors, page.errors
+
+
+def test_six_methods_fit_with_every_number_readable(page):
+    """Explain with every method the tiny ViT offers (6) at 1280 x 800 and at a phone's width: all maps in view
+    of the page (no inner scroll area), captions not cut, one legend entry per method with the plot at full
+    height, the score table not cut off, a colour bar."""
+    page.set_viewport_size({"width": 1280, "height": 800})
+    try:
+        page.get_by_role("tab", name="Explain").click()
+        for box in page.locator("#methods input[type=checkbox]").all():
+            if not box.is_checked():
+                box.check()
+        count = page.locator("#methods input[type=checkbox]:checked").count()
+        assert count == 6
+        assert page.locator("#cell-examples .caption-label").count() == 8  # each example cell names its class
+        page.locator("#cell-examples button.thumbnail-item").nth(1).click()
+        wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')].filter(e => e.innerText.includes("
+                      "'ins')).length === 6", timeout=300_000)
+        time.sleep(1.0)
+        for width in (1280, 390):
+            page.set_viewport_size({"width": width, "height": 800})
+            time.sleep(1.0)
+            facts = page.evaluate("""() => {
+                const wrap = document.querySelector('#overlays .grid-wrap');
+                const table = document.querySelector('#aucs table'), box = document.querySelector('#aucs');
+                const plot = document.querySelector('#curves .nsewdrag');
+                return {scroll: wrap.scrollHeight - wrap.clientHeight,
+                        cut: [...document.querySelectorAll('#overlays .caption-label')]
+                             .filter(e => e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1).length,
+                        legend: document.querySelectorAll('#curves .legend .traces').length,
+                        plot: plot ? plot.getBoundingClientRect().height : 0,
+                        table: table.getBoundingClientRect().right - box.getBoundingClientRect().right,
+                        bar: !!document.querySelector('#colour-bar .colour-bar-strip')}; }""")
+            assert facts["scroll"] <= 1 and facts["cut"] == 0, (width, facts)
+            assert facts["legend"] == 6 and facts["plot"] >= 250, (width, facts)
+            assert facts["table"] <= 1 and facts["bar"], (width, facts)
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1000})
     assert not page.errors, page.errors

