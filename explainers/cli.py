@@ -91,11 +91,15 @@ def cmd_evaluate(args) -> int:
             comparison = compare_methods(report, first, second, seed=args.seed)
             report["comparisons"].append(comparison)
             print(format_comparison(comparison))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out}")
+    _write_report(report, args.out)
     return 0
+
+
+def _write_report(report: dict, out) -> None:
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {out}")
 
 
 def cmd_gridpg(args) -> int:
@@ -113,10 +117,7 @@ def cmd_gridpg(args) -> int:
                         seed=args.seed, batch_size=args.batch_size, method_options=_method_options(args),
                         split=args.split)
     print(format_gridpg(report))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out}")
+    _write_report(report, args.out)
     return 0
 
 

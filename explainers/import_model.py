@@ -450,14 +450,10 @@ def safe_name_part(part: str) -> bool:
 # --------------------------------------------------------------------------------------------- list / remove
 def imported_models() -> list:
     """Cards of the imported models in the data folder, by name."""
+    from .models import model_cards
+
     cards = []
-    for card_file in sorted(_user_dir().glob("*.json")):
-        if card_file.name.startswith("aha-"):
-            continue
-        try:
-            card = json.loads(card_file.read_text())
-        except (OSError, ValueError):
-            continue
+    for _, card in model_cards(_user_dir()):
         if card.get("source") == "import" and card.get("kind") == "classifier":
             cards.append(card)
     return cards

@@ -345,30 +345,27 @@ def list_models() -> list:
     """Bundled models first, then fine-tuned checkpoints found in weights/ and in the user's models folder
     (`model_dirs()`), then the default hub names."""
     local = []
-    for folder in model_dirs():
-        for card_file in sorted(folder.glob("*.json")) if folder.exists() else []:
-            name = card_file.stem
-            if name in BUNDLED_MODELS or name.startswith("aha-") or name in local:
-                continue
-            try:
-                card = json.loads(card_file.read_text())
-            except (OSError, ValueError):
-                continue
-            if card.get("kind") == "classifier":
+    for folder in model_dirs():  # weights/, then the user's models (fine-tuned and imported)
+        for name, card in model_cards(folder):
+            if name not in BUNDLED_MODELS and name not in local and card.get("kind") == "classifier":
                 local.append(name)
-    from .paths import user_models_dir
+    return list(BUNDLED_MODELS) + local + list(HUB_MODELS)
 
-    for card_file in sorted(user_models_dir().glob("*.json")):  # imported models (explainers.import_model)
-        name = card_file.stem
-        if name in BUNDLED_MODELS or name in local or name.startswith("aha-"):
+
+def model_cards(folder, pattern: str = "*.json"):
+    """(name, card dict) of the readable model cards in a folder, sorted; explainer cards (aha-*) are skipped."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for card_file in sorted(folder.glob(pattern)):
+        if card_file.name.startswith("aha-"):
             continue
         try:
             card = json.loads(card_file.read_text())
         except (OSError, ValueError):
             continue
-        if card.get("kind") == "classifier":
-            local.append(name)
-    return list(BUNDLED_MODELS) + local + list(HUB_MODELS)
+        if isinstance(card, dict):
+            yield card_file.stem, card
 
 
 def is_bundled(name: str) -> bool:

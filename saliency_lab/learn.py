@@ -299,19 +299,13 @@ def decoy_model_cards(folders) -> tuple:
     trained on decoy BloodMNIST and a CAMAL fine-tune (a card with a 'camal' record); None where missing.
     A fine-tune whose `camal.base_model` (a name or a card path) is one of the decoy classifiers is paired
     with it (e.g. decoy-bloodmnist-cnn and decoy-bloodmnist-cnn-camal)."""
+    from explainers.models import model_cards
+
     befores, afters = [], []
     for folder in folders:
-        folder = Path(folder)
-        if not folder.is_dir():
-            continue
-        for card_file in sorted(folder.glob("*decoy*.json")):
-            if card_file.name.startswith("aha-"):
-                continue
-            try:
-                card = json.loads(card_file.read_text())
-            except (OSError, ValueError):
-                continue
-            if not isinstance(card, dict) or card.get("kind") not in (None, "classifier"):
+        for name, card in model_cards(folder, "*decoy*.json"):
+            card_file = Path(folder) / f"{name}.json"
+            if card.get("kind") not in (None, "classifier"):
                 continue
             if card.get("camal"):
                 afters.append((card_file, card))
