@@ -248,49 +248,6 @@ def test_review_study_two_reviewers_in_two_contexts(app_url, page, shots):
     assert report["counts"]["per_reviewer"]["dr-a"]["done"] == 1 and report["counts"]["per_reviewer"]["dr-b"]["done"] == 1
 
 
-def test_models_tab_import_then_explain(page, shots, tmp_path):
-    """Import a tiny timm resnet18 (3 classes) through the page, then explain an example with it."""
-    if os.environ.get("SALIENCY_LAB_URL"):
-        pytest.skip("imports into the running server's data folder: only against the in-process test app")
-    import json
-
-    import timm
-    import torch
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    args = {"channels": [8, 16, 16, 16]}
-    network = timm.create_model("resnet18", pretrained=False, num_classes=3, **args)
-    weights, classes = tmp_path / "my-cells.safetensors", tmp_path / "classes.txt"
-    save_file(network.state_dict(), str(weights))
-    classes.write_text("healthy cell\natypical cell\nartefact\n")
-    page.get_by_role("tab", name="Models").click()
-    page.locator("#import-weights input[type=file]").set_input_files(str(weights))
-    page.locator("#import-classes input[type=file]").set_input_files(str(classes))
-    arch = page.locator("#import-arch input")
-    arch.fill("resnet18")
-    arch.press("Enter")
-    page.locator("#import-name textarea, #import-name input").first.fill("page-resnet")
-    page.get_by_text("Preprocessing and architecture options").click()
-    page.locator("#import-size textarea, #import-size input").first.fill("32 32")
-    page.locator("#import-args textarea, #import-args input").first.fill(json.dumps(args))
-    page.locator("#import-button").click()
-    wait_js(page, "document.querySelector('#import-status').innerText.includes('Imported')")
-    assert "page-resnet" in page.locator("#imported-table").inner_text()
-    page.screenshot(path=str(shots / "models.png"), full_page=True)
-    page.get_by_role("tab", name="Explain").click()
-    model = page.locator("#model input")
-    model.click()
-    page.locator("ul[role=listbox] li", has_text="page-resnet").first.click()
-    wait_js(page, "document.querySelector('#model input').value.includes('page-resnet')")
-    wait_js(page, "document.body.innerText.includes('page-resnet: resnet, 3 classes')")  # the method menu follows
-    page.locator("#cell-examples button.gallery-item").nth(1).click()
-    wait_js(page, "document.querySelector('#explain-status').innerText.includes('page-resnet')")
-    wait_js(page, "document.querySelectorAll('#overlays img').length >= 1")
-    assert any(name in page.locator("#top5").inner_text() for name in ("healthy cell", "atypical cell", "artefact"))
-    page.screenshot(path=str(shots / "models-explain.png"), full_page=True)
-
-
 def test_uploads_refused_with_one_message_and_alpha_shown_on_white(page, tmp_path):
     """A refused upload: one toast in our words (no Python object, our 40 MP limit) and at most one error
     display, not a red pill on every panel. An RGBA upload: the preview is composed on white, as the model
@@ -379,3 +336,46 @@ def test_six_methods_fit_with_every_number_readable(page):
     finally:
         page.set_viewport_size({"width": 1440, "height": 1000})
     assert not page.errors, page.errors
+
+
+def test_models_tab_import_then_explain(page, shots, tmp_path):
+    """(Last: it leaves the imported model picked.) Import a tiny timm resnet18 (3 classes) through the page, then explain an example with it."""
+    if os.environ.get("SALIENCY_LAB_URL"):
+        pytest.skip("imports into the running server's data folder: only against the in-process test app")
+    import json
+
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    args = {"channels": [8, 16, 16, 16]}
+    network = timm.create_model("resnet18", pretrained=False, num_classes=3, **args)
+    weights, classes = tmp_path / "my-cells.safetensors", tmp_path / "classes.txt"
+    save_file(network.state_dict(), str(weights))
+    classes.write_text("healthy cell\natypical cell\nartefact\n")
+    page.get_by_role("tab", name="Models").click()
+    page.locator("#import-weights input[type=file]").set_input_files(str(weights))
+    page.locator("#import-classes input[type=file]").set_input_files(str(classes))
+    arch = page.locator("#import-arch input")
+    arch.fill("resnet18")
+    arch.press("Enter")
+    page.locator("#import-name textarea, #import-name input").first.fill("page-resnet")
+    page.get_by_text("Preprocessing and architecture options").click()
+    page.locator("#import-size textarea, #import-size input").first.fill("32 32")
+    page.locator("#import-args textarea, #import-args input").first.fill(json.dumps(args))
+    page.locator("#import-button").click()
+    wait_js(page, "document.querySelector('#import-status').innerText.includes('Imported')")
+    assert "page-resnet" in page.locator("#imported-table").inner_text()
+    page.screenshot(path=str(shots / "models.png"), full_page=True)
+    page.get_by_role("tab", name="Explain").click()
+    model = page.locator("#model input")
+    model.click()
+    page.locator("ul[role=listbox] li", has_text="page-resnet").first.click()
+    wait_js(page, "document.querySelector('#model input').value.includes('page-resnet')")
+    wait_js(page, "document.body.innerText.includes('page-resnet: resnet, 3 classes')")  # the method menu follows
+    page.locator("#cell-examples button.thumbnail-item").nth(1).click()
+    wait_js(page, "document.querySelector('#explain-status').innerText.includes('page-resnet')")
+    wait_js(page, "document.querySelectorAll('#overlays img').length >= 1")
+    assert any(name in page.locator("#top5").inner_text() for name in ("healthy cell", "atypical cell", "artefact"))
+    page.screenshot(path=str(shots / "models-explain.png"), full_page=True)
