@@ -592,8 +592,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
 
         demo.load(model_change_handler(services), [model, methods], [methods, *sliders, model_info],
                   api_visibility="private")
-        demo.load(lambda saved: saved or "", reviewer_saved, reviewer, api_visibility="private", queue=False)
-        demo.load(lambda saved: saved or "", study_parts["saved"], study_parts["reviewer"], api_visibility="private",
+        demo.load(lambda saved: saved or gr.skip(), reviewer_saved, reviewer, api_visibility="private", queue=False)
+        demo.load(lambda saved: saved or gr.skip(), study_parts["saved"], study_parts["reviewer"], api_visibility="private",
                   queue=False)
         demo.load(study_parts["methods_for"], study_parts["model"], study_parts["methods"], api_visibility="private",
                   **light)
