@@ -946,10 +946,10 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
 
     gallery.select(on_select, [review_state, reviewer], open_outputs, api_visibility="private", **heavy)
     open_button.click(open_item, [review_state, position, reviewer], open_outputs, api_name="review_open", **heavy)
-    previous.click(lambda s, n: open_item(s, max(0, (s or {}).get("current") or 0) - 1, n), [review_state, reviewer],
-                   open_outputs, api_visibility="private", **heavy)
-    following.click(lambda s, n: open_item(s, ((s or {}).get("current") or 0) + 1, n), [review_state, reviewer],
-                    open_outputs, api_visibility="private", **heavy)
+    previous.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, -1), n)), [review_state, reviewer],
+                   open_outputs, api_name="review_previous", **heavy)
+    following.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, 1), n)), [review_state, reviewer],
+                    open_outputs, api_name="review_next", **heavy)
 
     def verdict_fn(verdict):
         @friendly

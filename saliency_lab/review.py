@@ -76,7 +76,13 @@ def filter_page(services, state, class_value="all", correctness="all", page=1, r
         raise ValueError("Load a data set first.")
     class_index = None if class_value in (None, "", "all") else int(class_value)
     filtered = browse.filter_rows(state["rows"], class_index, correctness or "all")
-    state = {**state, "filtered": filtered}
+    # the opened image keeps its place in the new list (or none is open): an index into the old list would
+    # point at another image, or past the end
+    opened = None
+    if state.get("current") is not None and state["current"] < len(state.get("filtered") or []):
+        opened = state["filtered"][state["current"]]["item"]
+    current = next((i for i, row in enumerate(filtered) if row["item"] == opened), None)
+    state = {**state, "filtered": filtered, "current": current}
     pages = max(1, (len(filtered) + PAGE - 1) // PAGE)
     page = min(max(1, int(page or 1)), pages)
     dataset = open_dataset(state["folder"])
@@ -152,6 +158,16 @@ def open_item(services, state, index, reviewer) -> ReviewItem:
                       {**state, "current": index, "current_methods": used}, index)
 
 
+def neighbour_index(state, step: int) -> int:
+    """The index Previous (-1) / Next (+1) opens in the filtered list: from the opened image, or the first image
+    when none is open (e.g. after a filter left it out), kept inside the list."""
+    if not state or not state.get("filtered"):
+        raise ValueError("No images in the current list: change the filters or load a data set.")
+    current = state.get("current")
+    index = 0 if current is None else current + step
+    return max(0, min(len(state["filtered"]) - 1, index))
+
+
 def current_row(state) -> dict:
     if not state or state.get("current") is None:
         raise ValueError("Open an image first (click it in the gallery).")
@@ -175,8 +191,11 @@ def save_note(services, state, reviewer, note) -> str | None:
     if not state or state.get("current") is None:
         return None
     row = state["filtered"][state["current"]]
-    services.store.set_note(state["key"], row["item"], note or "", reviewer=reviewer_name(reviewer))
-    return f"Note saved ({time.strftime('%H:%M:%S')})."
+    who = reviewer_name(reviewer)
+    services.store.set_note(state["key"], row["item"], note or "", reviewer=who)
+    verdict = (services.store.get(state["key"], row["item"], who) or {}).get("verdict")
+    saved = f"Saved verdict: **{verdict}** · " if verdict else ""  # the verdict line stays visible
+    return f"{saved}Note saved ({time.strftime('%H:%M:%S')})."
 
 
 def export_verdicts(services, state) -> str:

@@ -252,7 +252,8 @@ def test_review_flow_saves_at_once_and_exports(running):
     assert "confidence" in info
     saved, progress = client.predict("dr-test", "", api_name="/verdict_implausible")
     assert "implausible" in saved and "Reviewed 1 of 24" in progress
-    assert client.predict("dr-test", "nucleus ignored", api_name="/review_note").startswith("Note saved")
+    note_line = client.predict("dr-test", "nucleus ignored", api_name="/review_note")
+    assert "Note saved" in note_line and "implausible" in note_line  # the verdict stays in view
     store = demo.services.store
     rows = store.verdicts(reviewer="dr-test")
     assert len(rows) == 1 and rows[0]["verdict"] == "implausible" and rows[0]["note"] == "nucleus ignored"
@@ -268,6 +269,23 @@ def test_review_flow_saves_at_once_and_exports(running):
     # the filters
     gallery, *_ = client.predict("3", "all", 1, "dr-test", api_name="/review_page")
     assert 0 < len(gallery) <= 24
+
+
+def test_review_next_after_a_filter_change_stays_in_the_new_list(running):
+    """Issue 11.9: an image open, the filter narrowed: Next opens an image of the new list (no 'No image 5 in the
+    current list'), and a note keeps the saved verdict in view."""
+    _, client, _ = running
+    client.predict(str(CELLS), "tiny-cnn", 24, "all", "all", "dr-next", api_name="/review_load")
+    client.predict(20, "dr-next", api_name="/review_open")  # far down the full list
+    gallery, *_ = client.predict("3", "all", 1, "dr-next", api_name="/review_page")  # one class only
+    shown = len(gallery)
+    assert 0 < shown < 20
+    for endpoint in ("/review_next", "/review_next", "/review_previous"):
+        maps, info, note, saved, position = client.predict("dr-next", api_name=endpoint)
+        assert 0 <= int(position) < shown and len(maps) >= 2
+    client.predict("dr-next", "", api_name="/verdict_plausible")
+    line = client.predict("dr-next", "looks right", api_name="/review_note")
+    assert "Saved verdict: **plausible**" in line and "Note saved" in line
 
 
 def test_masks_sam_clicks_and_mask_set(running):
