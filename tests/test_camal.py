@@ -314,13 +314,18 @@ def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_
         while not (runner.get(job_id)["progress"]["step"] or 0) and clock.monotonic() < deadline:
             clock.sleep(0.05)  # training has started
         asked = clock.monotonic()
+        step_at_cancel = runner.get(job_id)["progress"]["step"]
         assert "stopping" in finetune.cancel_finetune(services, job_id)
         while runner.get(job_id)["status"] == "running" and clock.monotonic() < asked + 30:
             clock.sleep(0.02)
         took = clock.monotonic() - asked  # until the job process records it (its exit follows)
         job = runner.wait(job_id, timeout=30)
         assert job["status"] == "cancelled" and not job["error"], job  # stopped by itself, not killed
-        assert took < 1.0, took
+        # checked inside the batch loop: it stops at the next step or two (of 240 planned), not at an epoch's
+        # end. Counted in steps, not seconds, so a loaded machine cannot fail it (a step is ~0.05 s here; 1 s
+        # was seen as 1.37 s with two benchmarks running beside the test); the grace period bounds the time.
+        assert job["progress"]["step"] <= step_at_cancel + 3, (step_at_cancel, job["progress"])
+        assert took < 5.0, took
         failed = runner.submit("sleep-steps", {"steps": 3, "dt": 0.01, "fail_at": 1})
         before = runner.wait(failed, timeout=30)
         text = finetune.cancel_finetune(services, failed)
