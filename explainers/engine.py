@@ -402,11 +402,11 @@ def versions() -> dict:
 
     result = {"python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
               "numpy": np.__version__}
-    try:
-        import gradio
+    from importlib import metadata
 
-        result["gradio"] = gradio.__version__
-    except ImportError:
+    try:  # the installed version, read from package metadata: the library never imports the UI stack
+        result["gradio"] = metadata.version("gradio")
+    except metadata.PackageNotFoundError:
         pass
     return result
 

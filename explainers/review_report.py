@@ -367,12 +367,7 @@ def _is_done(study, position, reviewer) -> bool:
 def study_report(db, name: str, *, n_boot: int = 1000, seed: int = 0) -> dict:
     """The results of one study (method names revealed), JSON-ready: the study, counts per reviewer and
     overall, agreement with intervals, per method (blinded), per class, plausibility vs faithfulness."""
-    con = _connect(db)
-    try:
-        study = _Study(con, name)
-    finally:
-        if not isinstance(db, sqlite3.Connection):
-            con.close()
+    study = _read_study(db, name)
     meta = study.meta
     report = {"study": {"name": name, "protocol": study.protocol, "dataset": meta["dataset"],
                         "model": meta["model"], "methods": study.methods, "reviewers": study.reviewers,
@@ -386,6 +381,16 @@ def study_report(db, name: str, *, n_boot: int = 1000, seed: int = 0) -> dict:
     else:
         report["methods"] = [{"method": m, **_auc_means(study, m)} for m in study.methods]
     return report
+
+
+def _read_study(db, name: str) -> "_Study":
+    """The study's rows, read at once (the connection is closed unless the caller passed one)."""
+    con = _connect(db)
+    try:
+        return _Study(con, name)
+    finally:
+        if not isinstance(db, sqlite3.Connection):
+            con.close()
 
 
 def _auc_means(study, method) -> dict:
@@ -404,12 +409,7 @@ EXPORT_COLUMNS = ("study", "protocol", "position", "item", "true_class", "predic
 def study_rows(db, name: str) -> list:
     """The study's responses as flat rows (EXPORT_COLUMNS): one per verdict (open) or per rated map (blinded),
     method names revealed."""
-    con = _connect(db)
-    try:
-        study = _Study(con, name)
-    finally:
-        if not isinstance(db, sqlite3.Connection):
-            con.close()
+    study = _read_study(db, name)
     stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
     responses = {(r["position"], r["reviewer"]): r for r in study.responses}
     rows = []
