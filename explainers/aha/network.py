@@ -278,7 +278,9 @@ class AHAExplainer(nn.Module):
             weight = self.bundle.network.get_classifier().weight.detach()
             cam = torch.einsum("bchw,bc->bhw", encoded.final_grid.float(), weight[targets].float())
         flat = cam.flatten(1)
-        cam = (cam - flat.mean(1).view(-1, 1, 1)) / flat.std(1).clamp_min(1e-6).view(-1, 1, 1)
+        # (unbiased std, as the shipped explainers were trained with; a 1-cell map has none: scale 1)
+        spread = flat.std(1) if flat.shape[1] > 1 else torch.ones_like(flat[:, 0])
+        cam = (cam - flat.mean(1).view(-1, 1, 1)) / spread.clamp_min(1e-6).view(-1, 1, 1)
         return cam
 
     def trunk(self, encoded: Encoded, targets: torch.Tensor):
