@@ -212,7 +212,8 @@ def test_review_study_two_reviewers_in_two_contexts(app_url, page, shots):
 
     name = f"browser-{int(time.time())}"
     created, _ = Client(app_url, verbose=False).predict(
-        name, "bloodmnist-cells", "tiny-vit", ["gradcam", "rollout"], "dr-a, dr-b", "blinded", 3,
+        name, "bloodmnist-cells", "bloodmnist-vit" if os.environ.get("SALIENCY_LAB_URL") else "tiny-vit",
+        ["gradcam", "rollout"], "dr-a, dr-b", "blinded", 3,
         api_name="/review_study_create")
     code = created.split("Study code: `")[1].split("`")[0]
     words = {w.lower() for n, cls in METHODS.items() for w in (n, getattr(cls, "label", n)) if w}
