@@ -291,11 +291,18 @@ def test_uploads_refused_with_one_message_and_alpha_shown_on_white(page, tmp_pat
     page.locator("#input-image input[type=file]").set_input_files(str(tmp_path / "half.png"))
     wait_js(page, "window.seenToasts.some(t => t.includes('composed on white'))", timeout=60_000)
     wait_js(page, "document.querySelectorAll('#overlays img').length >= 1", timeout=120_000)
-    pixel = page.evaluate("""async () => {
-        const img = document.querySelector('#input-image img'); await img.decode();
+    read_pixels = """async () => {
+        const img = document.querySelector('#input-image img'); if (!img) return null; await img.decode();
         const c = document.createElement('canvas'); c.width = img.naturalWidth; c.height = img.naturalHeight;
         const g = c.getContext('2d'); g.drawImage(img, 0, 0);
-        return [...g.getImageData(2, 24, 1, 1).data, ...g.getImageData(40, 24, 1, 1).data]; }""")
+        return [...g.getImageData(2, 24, 1, 1).data, ...g.getImageData(40, 24, 1, 1).data]; }"""
+    # the preview is swapped for the composed image by its own event: on a loaded machine it can land after the
+    # overlays, so poll for it (up to 30 s) before reading the pixels once more for the assertion
+    deadline = time.time() + 30
+    pixel = page.evaluate(read_pixels)
+    while (not pixel or pixel[:4] != [255, 255, 255, 255]) and time.time() < deadline:
+        time.sleep(0.5)
+        pixel = page.evaluate(read_pixels)
     assert pixel[:4] == [255, 255, 255, 255] and pixel[4] == 200 and pixel[7] == 255, pixel
     assert not page.errors, page.errors
 
