@@ -66,6 +66,18 @@ def parse_method_spec(spec: str) -> tuple:
     return name, options, spec
 
 
+def build_methods(bundle, specs, method_options: dict | None = None) -> list:
+    """[(label, method)] for 'name:key=value' specs, each checked against the bundle (MethodNotApplicable with
+    its message otherwise); `method_options` {name: {...}} are defaults a spec's own options override."""
+    built = []
+    for spec in specs:
+        name, options, label = parse_method_spec(spec)
+        method = get_method(name, **{**(method_options or {}).get(name, {}), **options})
+        method.check(bundle)
+        built.append((label, method))
+    return built
+
+
 def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", limit: int | None = None,
                      steps: int = 20, reference: str = "mean", seed: int = 0, batch_size: int = 16,
                      method_options: dict | None = None, masks=None, progress: bool = True) -> dict:
@@ -88,13 +100,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         tensor, _ = prepare_image(dataset.image(index), size, bundle.crop_pct, bundle.interpolation)
         return tensor[0]
 
-    method_objects = []
-    for spec in methods:
-        name, options, label = parse_method_spec(spec)
-        options = {**(method_options or {}).get(name, {}), **options}
-        method_obj = get_method(name, **options)
-        method_obj.check(bundle)
-        method_objects.append((label, method_obj))
+    method_objects = build_methods(bundle, methods, method_options)
 
     totals = {label: {"deletion": [], "insertion": [], "seconds": 0.0, "pointing": []} for label, _ in method_objects}
     correct = 0

@@ -114,9 +114,8 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
     """The GridPG report: per method the mean share, its interval and the per-mosaic scores; and the model's
     quadrant sensitivity on the same mosaics."""
     from .data import item_names, open_dataset
-    from .evaluate import parse_method_spec
+    from .evaluate import build_methods
     from .images import prepare_image
-    from .methods import get_method
 
     dataset = open_dataset(data, split=split)
     names = item_names(dataset)
@@ -125,13 +124,7 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
     cell_h, cell_w = tuple((bundle.card or {}).get("grid_cell_size") or bundle.input_size)
     mosaic_size = (2 * cell_h, 2 * cell_w)
     mosaic_bundle = bundle if tuple(bundle.input_size) == mosaic_size else bundle_for_mosaics(bundle, mosaic_size)
-    method_objects = []
-    for spec in methods:
-        name, options, label = parse_method_spec(spec)
-        options = {**(method_options or {}).get(name, {}), **options}
-        method_obj = get_method(name, **options)
-        method_obj.check(mosaic_bundle)
-        method_objects.append((label, method_obj))
+    method_objects = build_methods(mosaic_bundle, methods, method_options)
 
     def cell(index):
         tensor, _ = prepare_image(dataset.image(index), (cell_h, cell_w), bundle.crop_pct, bundle.interpolation)

@@ -80,3 +80,22 @@ def quadrant():
 def images():
     generator = torch.Generator().manual_seed(1)
     return torch.rand(3, 3, 32, 32, generator=generator)
+
+
+def preload_hf_cache(cache, repo_id: str, state: dict, config: dict | None = None) -> None:
+    """Lay out a Hub repository (model.safetensors, and config.json when given) the way huggingface_hub caches
+    it (and so a Space's `preload_from_hub`): what offline loading finds."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    if config is not None:
+        (snapshot / "config.json").write_text(json.dumps(config))
+    save_file(state, str(snapshot / "model.safetensors"))

@@ -14,6 +14,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from conftest import preload_hf_cache
+
 from explainers import models
 from explainers.cli import main as cli_main
 from explainers.import_model import (ImportRefused, check_weights_file, import_model, imported_models,
@@ -268,18 +270,6 @@ def test_remove_an_imported_model(data_dir, tmp_path, capsys):
     assert (ROOT / "weights" / "bloodmnist-cnn.json").exists()
 
 
-def _preload_hub_repo(cache: Path, repo_id: str, config: dict, state: dict) -> None:
-    """Lay out a timm Hub repository (config.json + model.safetensors) the way huggingface_hub caches it."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    folder = cache / ("models--" + repo_id.replace("/", "--"))
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text(commit)
-    snapshot = folder / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text(json.dumps(config))
-    save_file(state, str(snapshot / "model.safetensors"))
-
-
 def test_hub_import_offline_fails_at_once_and_works_from_the_cache(data_dir, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
@@ -298,7 +288,7 @@ def test_hub_import_offline_fails_at_once_and_works_from_the_cache(data_dir, tmp
               "pretrained_cfg": {"input_size": [3, 48, 48], "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2],
                                  "crop_pct": 1.0, "interpolation": "bilinear", "num_classes": 2,
                                  "label_names": ["benign", "malignant"]}}
-    _preload_hub_repo(tmp_path / "hub", "someone/their-net", config, source.state_dict())
+    preload_hf_cache(tmp_path / "hub", "someone/their-net", source.state_dict(), config)
     card = import_model(arch="hf-hub:someone/their-net", name="from-hub")
     assert card["source_repo"] == "someone/their-net" and card["timm_name"] == "resnet18"
     assert card["class_names"] == ["benign", "malignant"] and card["input_size"] == [48, 48]

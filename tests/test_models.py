@@ -11,7 +11,7 @@ from explainers import models
 from explainers.data import NpzSplit, open_dataset
 from explainers.models import ModelUnavailableError, load_model, safe_name
 
-from conftest import tiny_vit
+from conftest import preload_hf_cache, tiny_vit
 
 
 def test_safe_names_refuse_paths():
@@ -124,17 +124,6 @@ def test_labelled_folder_refuses_paths_outside(tmp_path):
         open_dataset(tmp_path)
 
 
-def _preload_into_hf_cache(cache: "Path", repo_id: str, state: dict) -> None:
-    """Lay a checkpoint out the way huggingface_hub (and so a Space's `preload_from_hub`) caches it."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    folder = cache / ("models--" + repo_id.replace("/", "--"))
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text(commit)
-    snapshot = folder / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    save_file(state, str(snapshot / "model.safetensors"))
-
-
 def test_hub_cache_defaults_to_the_huggingface_cache(monkeypatch, tmp_path):
     import huggingface_hub.constants
 
@@ -150,7 +139,7 @@ def test_weights_preloaded_into_the_hf_cache_load_offline(monkeypatch, tmp_path)
 
     torch.manual_seed(5)
     source = timm.create_model("test_resnet", pretrained=False)
-    _preload_into_hf_cache(tmp_path, "timm/test_resnet.r160_in1k", source.state_dict())
+    preload_hf_cache(tmp_path, "timm/test_resnet.r160_in1k", source.state_dict())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(models, "HUB_CACHE_DIR", tmp_path)
     bundle = load_model("test_resnet.r160_in1k")
