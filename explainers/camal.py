@@ -428,7 +428,9 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
                 for k in sums:
                     sums[k] += float(stats[k])
                 global_step = epoch * steps_per_epoch + step + 1
-                if progress is not None and rank == 0 and (step % log_every == 0 or step == steps_per_epoch - 1):
+                if progress is not None and rank == 0 and not (step % log_every == 0 or step == steps_per_epoch - 1):
+                    progress(global_step, total_steps)  # the step alone, every step: an exact bar, a cheap write
+                elif progress is not None and rank == 0:
                     count = max(float(stats["count"]), 1.0)
                     progress(global_step, total_steps, epoch=epoch + 1,
                              loss=(float(stats["ce"]) + lam * float(stats["reg"])) / count,
@@ -682,7 +684,8 @@ def run_camal_job(params: dict, context) -> dict:
 def cli_main(args) -> int:
     def report(step, total, **metrics):
         shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-        print(f"[camal] step {step}/{total or '?'} {shown}", file=sys.stderr, flush=True)
+        if metrics:  # steps without metrics only move the app's progress bar
+            print(f"[camal] step {step}/{total or '?'} {shown}", file=sys.stderr, flush=True)
 
     out_dir, name = _out_name(args.out)
     summary = run_camal(model=args.model, data=args.data, masks=args.masks, out=args.out, epochs=args.epochs,

@@ -322,9 +322,11 @@ def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_
         job = runner.wait(job_id, timeout=30)
         assert job["status"] == "cancelled" and not job["error"], job  # stopped by itself, not killed
         # checked inside the batch loop: it stops at the next step or two (of 240 planned), not at an epoch's
-        # end. Counted in steps, not seconds, so a loaded machine cannot fail it (a step is ~0.05 s here; 1 s
-        # was seen as 1.37 s with two benchmarks running beside the test); the grace period bounds the time.
-        assert job["progress"]["step"] <= step_at_cancel + 3, (step_at_cancel, job["progress"])
+        # end (an epoch is 8 steps here). Counted in steps, not seconds, so a loaded machine cannot fail it (1 s
+        # was seen as 1.37 s with two benchmarks beside the test); the grace period bounds the time. The step is
+        # recorded at every step, so `step_at_cancel` is at most one step stale.
+        assert job["progress"]["step"] <= step_at_cancel + 4, (step_at_cancel, job["progress"])
+        assert job["progress"]["step"] < 16, job["progress"]  # inside the first two of 30 epochs
         assert took < 5.0, took
         failed = runner.submit("sleep-steps", {"steps": 3, "dt": 0.01, "fail_at": 1})
         before = runner.wait(failed, timeout=30)
