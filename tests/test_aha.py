@@ -330,6 +330,41 @@ def test_per_image_mode_runs_without_an_explainer_and_improves_on_its_prior(trai
     assert gain > 0.01, gain
 
 
+def test_per_image_mode_optimises_a_large_batch_in_chunks_with_the_same_result(trained_cnn, monkeypatch):
+    """A batch too large for one pass (its perturbed copies would not fit in memory) is optimised in chunks;
+    each image's correction is independent, so the maps, the progress and the loss history are those of one
+    pass."""
+    from explainers.aha import per_image
+
+    bundle = trained_cnn
+    images, _ = quadrant_images(5, seed=4)
+    targets = torch.tensor([0, 1, 2, 3, 0])
+    prior = torch.rand(5, 32, 32, generator=torch.Generator().manual_seed(1))
+    whole_history, whole = [], per_image.optimise_maps(bundle, images, targets, steps=3, prior_maps=prior,
+                                                      history=[] if False else None)
+    whole_history = []
+    whole = per_image.optimise_maps(bundle, images, targets, steps=3, prior_maps=prior, history=whole_history)
+    passes = []
+    original = per_image.aha_loss
+
+    def counting_loss(classify, chunk, *args, **kwargs):
+        passes.append(chunk.shape[0])
+        return original(classify, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(per_image, "aha_loss", counting_loss)
+    monkeypatch.setattr(per_image, "PER_IMAGE_PIXELS_PER_PASS", 2 * 14 * 32 * 32 * 2)  # two images per pass
+    calls, chunked_history = [], []
+    chunked = per_image.optimise_maps(bundle, images, targets, steps=3, prior_maps=prior, history=chunked_history,
+                                      progress=lambda done, total: calls.append((done, total)))
+    assert passes == [2, 2, 2, 2, 2, 2, 1, 1, 1]  # 3 chunks (2, 2, 1 images) x 3 steps
+    assert calls[-1] == (9, 9) and [done for done, _ in calls] == list(range(1, 10))
+    # equal up to float rounding, which Adam's first steps amplify where a gradient is ~0 (lr * sign)
+    assert len(chunked_history) == 3 and all(len(row) == 5 for row in chunked_history)
+    assert torch.allclose(torch.tensor(chunked_history), torch.tensor(whole_history), atol=1e-2)
+    correlation = torch.corrcoef(torch.stack([chunked.flatten(), whole.flatten()]))[0, 1]
+    assert correlation > 0.999, correlation
+
+
 def test_refinement_restores_weights_and_is_thread_safe(trained_cnn):
     from explainers.methods import get_method
 

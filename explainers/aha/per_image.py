@@ -17,6 +17,11 @@ from .objective import TAU_END, aha_loss, default_fractions, grid_range, referen
 PER_IMAGE_STEPS = 10
 PER_IMAGE_LR = 0.5  # 16 bloodmnist-cnn val cells, ins-del from the Grad-CAM prior 0.376: 20 steps at 0.3 -> 0.535, 10 at 0.5 -> 0.530
 PER_IMAGE_MAX_GRID = 14  # d = 196 cells: the sort's cost grows with d^2, and 14 x 14 is ViT-B/16's own grid
+# Every step runs 2 x 14 perturbed copies of each image with a graph for the backward pass, so a batch is
+# optimised in chunks of at most this many perturbed pixels per pass (about 1.4 GB of activations on the 64 px
+# ViT, 2 GB on 128 px mosaics): 32 mosaics of 128 px in one pass took 18 GB and were killed. Each image's
+# correction is independent (a summed loss, element-wise Adam), so chunking does not change the result.
+PER_IMAGE_PIXELS_PER_PASS = 2 ** 20
 
 
 def per_image_grid(image_hw) -> int:
@@ -56,6 +61,21 @@ def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps:
         return base
     fractions = default_fractions()
     b = images.shape[0]
+    per_pass = max(1, PER_IMAGE_PIXELS_PER_PASS // (2 * (len(fractions) - 2) * image_hw[0] * image_hw[1]))
+    if b > per_pass:
+        chunks = list(range(0, b, per_pass))
+
+        def chunk_progress(offset):
+            return None if progress is None else (lambda done, total: progress(offset * steps + done,
+                                                                               len(chunks) * steps))
+        traces = [[] for _ in chunks]
+        maps = torch.cat([optimise_maps(bundle, images[i:i + per_pass], targets[i:i + per_pass], steps=steps, lr=lr,
+                                        grid=grid, tau=tau, reference=reference,
+                                        prior_maps=prior_maps[i:i + per_pass], progress=chunk_progress(n),
+                                        history=traces[n]) for n, i in enumerate(chunks)])
+        if history is not None:  # one row per step over the whole batch, as without chunks
+            history.extend([sum(rows, []) for rows in zip(*traces)])
+        return maps
     with torch.no_grad():
         references = reference_batch(images, reference, bundle.reference_color)
         both = bundle(torch.cat([images, references])).float().softmax(1)
