@@ -342,9 +342,10 @@ def redraw_handler(services):
 
 def downloads_handler(services):
     @friendly
-    def downloads(state, opacity, colormap):
-        """Overlay PNGs (original size), curves.csv and report.json for the current explanation."""
-        paths = explain.write_downloads(services, state, opacity, colormap)
+    def downloads(state, opacity, colormap, size="original"):
+        """Overlay PNGs (the image's original size, or enlarged), curves.csv and report.json for the current
+        explanation."""
+        paths = explain.write_downloads(services, state, opacity, colormap, size)
         return gr.update(value=[str(p) for p in paths], visible=True)
 
     return downloads
@@ -505,8 +506,11 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                 with gr.Accordion(DETAILS, open=False, visible=False) as heads_box:
                     heads = gr.Plot(label="Head weights")
                 with gr.Row():
-                    download_button = gr.Button("Prepare downloads (PNG overlays, curves CSV, JSON report)",
-                                                elem_id="download-button")
+                    with gr.Column(scale=1, min_width=260):
+                        download_size = gr.Radio(explain.download_choices(), value="original",
+                                                 label="Overlay PNGs for download", elem_id="download-size")
+                        download_button = gr.Button("Prepare downloads (PNG overlays, curves CSV, JSON report)",
+                                                    elem_id="download-button")
                     files = gr.File(label="Downloads", file_count="multiple", elem_id="downloads", visible=False)
 
             # ---------------------------------------------------------------------------- Masks & fine-tune
@@ -593,8 +597,11 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
         colormap.change(pictures.colour_bar_html, colormap, colour_bar, api_visibility="private", queue=False)
-        download_button.click(downloads_handler(services), [explain_state, opacity, colormap], files,
+        download_button.click(downloads_handler(services), [explain_state, opacity, colormap, download_size], files,
                               api_name="downloads", **light)
+        # the size choice names the explained image's pixels (original, enlarged)
+        explain_state.change(lambda s: gr.update(choices=explain.download_choices(s)), explain_state, download_size,
+                             api_visibility="private", queue=False, show_progress="hidden")
 
         # browser
         browse_outputs = [browse_gallery, browse_indices, browse_info, browse_class, browse_page]

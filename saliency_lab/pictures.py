@@ -7,19 +7,35 @@ import numpy as np
 from PIL import Image
 
 from explainers.engine import PreparedInput
-from explainers.images import map_to_original, overlay
+from explainers.images import crop_region, map_to_original, overlay
+
 
 def map_to_display(record: dict, prepared: PreparedInput) -> np.ndarray:
     return map_to_original(record["map"], prepared.display_geometry)
 
 
 def render_overlays(prepared: PreparedInput, results: list, opacity: float = 0.5, colormap: str = "cividis") -> list:
-    """[(PIL overlay, caption)] in the display image's size, one per result."""
+    """[(PIL overlay, caption)] in the display image's size, one per result. A model with a centre crop
+    (efficientnet-lite0 keeps 87.5%) never saw the margin: it is left uncoloured (`crop_region`), not painted in
+    the colour of "least important", which drew a square around the crop (`crop_note` says so)."""
+    region = crop_region(prepared.display_geometry)
     items = []
     for record in results:
-        picture = overlay(prepared.display, map_to_display(record, prepared), opacity=float(opacity), colormap=colormap)
+        picture = overlay(prepared.display, map_to_display(record, prepared), opacity=float(opacity),
+                          colormap=colormap, region=region)
         items.append((picture, caption(record)))
     return items
+
+
+def crop_note(prepared: PreparedInput, bundle=None) -> str:
+    """A line for the status when the model sees only a centre crop of the image (else ""): the legend of the
+    uncoloured margin."""
+    if crop_region(prepared.geometry).all():
+        return ""
+    pct = getattr(bundle, "crop_pct", None)
+    share = f" ({pct:.1%} of the shorter side)" if pct and pct < 1 else ""
+    return (f"This model sees only the centre crop{share}: the margin outside it is shown without colour "
+            "(the model never saw it).")
 
 
 def colour_bar_html(colormap: str = "cividis") -> str:

@@ -608,3 +608,119 @@ def test_sanity_plot_shows_negative_correlations():
                                     ("Random", [("trained", 1.0), ("head", -0.49)])])
     low, high = figure.layout["yaxis"]["range"]
     assert low <= -1.0 and high >= 1.0 and len(figure.data) == 2
+
+
+# ------------------------------------------------------------------ issue 11 leftovers: data sets by name,
+# the verdict shown, downloads at the original size or enlarged, the centre-crop margin
+def test_data_sets_are_offered_by_name_and_paths_only_off_a_space(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("SALIENCY_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("SALIENCY_LAB_DATA_ROOTS", raising=False)
+    from explainers.paths import user_dir
+
+    own = user_dir("datasets") / "ward-7"
+    own.mkdir()
+    for name in ("test_00000.jpg", "test_00121.jpg"):
+        shutil.copy(CELLS / name, own / name)
+    (own / "labels.csv").write_text("file,class_index\ntest_00000.jpg,0\ntest_00121.jpg,1\n")
+    choices = browse.dataset_choices()
+    values = [value for _, value in choices]
+    assert values[0] == "bloodmnist-cells" and "ward-7" in values
+    assert choices[0][0] == "bloodmnist-cells (24 images)" and ("ward-7 (2 images)", "ward-7") in choices
+    assert not any("/" in label for label, _ in choices)  # no server path in the menu
+    assert browse.resolve_dataset_choice("bloodmnist-cells") == CELLS.resolve()
+    assert browse.resolve_dataset_choice("ward-7") == own.resolve()
+    assert len(browse.browse("ward-7").items) == 2 and browse.pick("bloodmnist-cells", 3).size == (64, 64)
+    assert browse.dataset_menu(str(CELLS)) == (choices, "bloodmnist-cells")  # a folder with a name: the name
+    assert browse.dataset_name(own) == "ward-7"
+    for bad, words in (("nope", "no data set named 'nope'"), ("", "Pick a data set"),
+                       ("/etc", "outside the data folders")):
+        with pytest.raises(ValueError, match=words):
+            browse.resolve_dataset_choice(bad)
+    assert browse.resolve_dataset_choice(str(CELLS)) == CELLS.resolve()  # off a Space: a typed allowed folder
+    unnamed = ROOT / "assets"
+    menu, value = browse.dataset_menu(str(unnamed))
+    assert value == str(unnamed) and menu[0] == ("assets (this server's folder)", str(unnamed))
+    monkeypatch.setenv("SPACE_ID", "someone/saliency-lab")  # on a Space: names only
+    with pytest.raises(ValueError, match="does not open folders by path on a Space"):
+        browse.resolve_dataset_choice(str(CELLS))
+    assert browse.resolve_dataset_choice("ward-7") == own.resolve()
+    assert browse.dataset_menu(str(unnamed)) == (choices, "bloodmnist-cells")  # its own folder left out
+
+
+def test_the_saved_verdict_is_the_selected_button(tmp_path):
+    services = FakeServices(tmp_path)
+    rows = [{"item": "x.png", "label": 0, "prediction": 1, "confidence": 0.8, "position": 0},
+            {"item": "y.png", "label": 1, "prediction": 1, "confidence": 0.9, "position": 1}]
+    state = {"key": "ds", "model": "m", "names": ["a", "b"], "model_names": ["a", "b"], "current": None,
+             "rows": rows, "filtered": rows}
+    assert review.current_verdict(services, state, "dr-a") is None  # nothing open
+    assert review.verdict_variants(None) == ["secondary"] * 3
+    opened = {**state, "current": 0}
+    assert review.current_verdict(services, opened, "dr-a") is None
+    review.record_verdict(services, opened, "dr-a", "implausible")
+    assert review.current_verdict(services, opened, "dr-a") == "implausible"
+    assert review.verdict_variants("implausible") == ["secondary", "primary", "secondary"]
+    assert review.current_verdict(services, opened, "dr-b") is None  # each reviewer's own
+    assert review.current_verdict(services, {**state, "current": 1}, "dr-a") is None  # the next image: none
+    review.record_verdict(services, opened, "dr-a", "unsure")
+    assert review.verdict_variants(review.current_verdict(services, opened, "dr-a")) == ["secondary", "secondary",
+                                                                                          "primary"]
+
+
+def _crop_bundle(cnn_bundle, crop_pct):
+    import dataclasses
+
+    return dataclasses.replace(cnn_bundle, crop_pct=crop_pct)
+
+
+def test_overlays_leave_a_centre_crops_margin_uncoloured_with_a_note(cnn_bundle):
+    from explainers import engine
+
+    picture = Image.fromarray(np.full((90, 120, 3), 128, np.uint8))
+    record = {"map": np.linspace(0, 1, 32 * 32).reshape(32, 32), "label": "Grad-CAM", "target_name": "c",
+              "options": {}}
+    cropped = engine.prepare_input(picture, _crop_bundle(cnn_bundle, 0.875))
+    shown = np.asarray(pictures.render_overlays(cropped, [record], 0.6)[0][0])
+    display = np.asarray(cropped.display)
+    from explainers.images import crop_region
+
+    region = crop_region(cropped.display_geometry)
+    assert (~region).sum() > 0.3 * region.size  # 120 x 90 into a square crop: a wide margin
+    assert np.array_equal(shown[~region], display[~region]) and (shown[region] != display[region]).any()
+    assert "centre crop (87.5% of the shorter side)" in pictures.crop_note(cropped, _crop_bundle(cnn_bundle, 0.875))
+    square = engine.prepare_input(Image.fromarray(np.full((64, 64, 3), 128, np.uint8)), cnn_bundle)
+    assert pictures.crop_note(square, cnn_bundle) == ""  # BloodMNIST: the model sees it all
+    state = {"model": "m", "target": 0, "target_name": "c", "crop_note": pictures.crop_note(cropped),
+             "results": [{"label": "Grad-CAM", "seconds": 0.01, "method": "gradcam"}]}
+    assert "shown without colour" in explain.status_text(state)
+
+
+def test_downloads_at_the_original_size_or_enlarged(tmp_path, cnn_bundle):
+    from explainers import engine
+
+    assert engine.download_size((64, 64)) == (64, 64)
+    assert engine.download_size((64, 64), "enlarged") == (1024, 1024)
+    assert engine.download_size((300, 150), "enlarged") == (1024, 512)
+    assert engine.download_size((3000, 2000), "enlarged") == (3000, 2000)  # large already: its own size
+    with pytest.raises(ValueError, match="Unknown download size"):
+        engine.download_size((64, 64), "huge")
+    from saliency_lab.services import Services
+
+    services = Services(lambda name: cnn_bundle, ["tiny-cnn"], tmp_path)
+    wide = tmp_path / "wide-cell.png"
+    Image.open(CELLS / "test_00000.jpg").convert("RGB").resize((200, 100)).save(wide)
+    for path, original in ((str(CELLS / "test_00000.jpg"), (64, 64)), (str(wide), (200, 100))):
+        state, _ = explain.explain_maps(services, path, "tiny-cnn", ["gradcam"])
+        assert state["image_size"] == list(original)
+        assert explain.download_choices(state)[0] == (f"Original size ({original[0]}×{original[1]})", "original")
+        for size, expected in (("original", original), ("enlarged", engine.download_size(original, "enlarged"))):
+            files = explain.write_downloads(services, state, 0.5, "cividis", size)
+            png = next(f for f in files if f.name.startswith("overlay-gradcam"))
+            with Image.open(png) as picture:
+                assert picture.size == expected
+            report = json.loads(next(f for f in files if f.name == "report.json").read_text())
+            assert report["overlay"]["size"] == list(expected) and report["overlay"]["original_size"] == list(original)
+    assert explain.download_choices()[1][1] == "enlarged"  # before any explanation: the choice is still offered
