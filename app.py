@@ -930,8 +930,8 @@ def build_review_tab(services, names, first_model, data_dir, reviewer_saved, hea
             note = gr.Textbox(label="Note (saved as you type)", lines=4, elem_id="review-note")
             saved = gr.Markdown(elem_classes="help", elem_id="review-saved")
             with gr.Row():
-                previous = gr.Button("← Previous")
-                following = gr.Button("Next →")
+                previous = gr.Button("← Previous", elem_id="review-previous")
+                following = gr.Button("Next →", elem_id="review-next")
             export = gr.Button("Export verdicts (CSV)")
             export_file = gr.File(label="Verdicts CSV")
     position = gr.Number(visible=False, precision=0)

@@ -16,15 +16,23 @@ def map_to_display(record: dict, prepared: PreparedInput) -> np.ndarray:
 
 def render_overlays(prepared: PreparedInput, results: list, opacity: float = 0.5, colormap: str = "cividis") -> list:
     """[(PIL overlay, caption)] in the display image's size, one per result. A model with a centre crop
-    (efficientnet-lite0 keeps 87.5%) never saw the margin: it is left uncoloured (`crop_region`), not painted in
-    the colour of "least important", which drew a square around the crop (`crop_note` says so)."""
+    (efficientnet-lite0 keeps 87.5%) never saw the margin: each overlay shows the crop it saw (`crop_region`),
+    not the whole picture with the margin painted in the colour of "least important", which drew a square
+    around the crop (`crop_note` says so)."""
     region = crop_region(prepared.display_geometry)
+    box = None if region.all() else _bounding_box(region)
     items = []
     for record in results:
         picture = overlay(prepared.display, map_to_display(record, prepared), opacity=float(opacity),
                           colormap=colormap, region=region)
-        items.append((picture, caption(record)))
+        items.append((picture if box is None else picture.crop(box), caption(record)))
     return items
+
+
+def _bounding_box(region: np.ndarray) -> tuple:
+    """(left, top, right, bottom) of the True pixels (PIL's crop box)."""
+    rows, cols = np.flatnonzero(region.any(axis=1)), np.flatnonzero(region.any(axis=0))
+    return int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1
 
 
 def crop_note(prepared: PreparedInput, bundle=None) -> str:
@@ -34,8 +42,8 @@ def crop_note(prepared: PreparedInput, bundle=None) -> str:
         return ""
     pct = getattr(bundle, "crop_pct", None)
     share = f" ({pct:.1%} of the shorter side)" if pct and pct < 1 else ""
-    return (f"This model sees only the centre crop{share}: the margin outside it is shown without colour "
-            "(the model never saw it).")
+    return (f"This model sees only the centre crop{share}: the maps show that crop (the downloads at the "
+            "image's size leave the margin it never saw uncoloured).")
 
 
 def colour_bar_html(colormap: str = "cividis") -> str:
