@@ -240,10 +240,11 @@ def explain_maps_handler(services):
     def explain_maps(image_path, model_name, methods, target_choice, *rest):
         """Step 1 of an explanation: the top-5 prediction and each chosen method's map (fast; the curves follow
         in `explain_curves`, a separate event, so that under load everyone's maps come first). `rest`: the
-        sliders' values (SLIDERS), the opacity and the colour map."""
-        *values, opacity, colormap = rest
+        sliders' values (SLIDERS), the opacity, the colour map and the outlined top share (%)."""
+        *values, opacity, colormap, outline = rest
         state, image = explain.explain_maps(services, image_path, model_name, methods, target_choice,
                                             slider_values(values), warn=gr.Warning)
+        state = explain.set_outline(state, outline)
         message = ("Computing the deletion and insertion curves…" if state["results"]
                    else "No method could explain this model: see the warnings.")
         target_update = gr.update(choices=explain.target_choices(state["prediction"]), value=state["target_choice"])
@@ -279,7 +280,7 @@ def explain_handler(services):
     @friendly
     def explain_all(image_path, model_name, methods, target_choice, *rest):
         """Both steps in one call (the API form): maps first, then curves."""
-        *values, opacity, colormap = rest
+        *values, opacity, colormap, _outline = rest
         label, target_update, overlays, figure, table, status, state = maps_fn(
             image_path, model_name, methods, target_choice, *rest)
         yield label, target_update, overlays, figure, table, status, state, gr.skip()
@@ -497,6 +498,9 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                                 elem_id="opacity")
                             colormap = gr.Radio(list(COLORMAPS), value="cividis",
                                                 label="Colour map (colour-blind safe)", scale=2)
+                        outline = gr.Slider(0, 50, value=0, step=5, label="Outline the top % of each map",
+                                            info="the pixels the deletion curve removes first (0: off; no model "
+                                                 "pass)", elem_id="outline")
                         status = gr.Markdown(elem_classes="help", elem_id="explain-status")
                     with gr.Column(scale=6, min_width=360):
                         gr.Markdown("**How to read the curves:** " + CURVE_NOTE, elem_classes="note")
@@ -532,7 +536,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                 models_parts = build_models_tab(services, heavy, light)
 
         # ------------------------------------------------------------------ Explain wiring
-        explain_inputs = [image, model, methods, target, *sliders, opacity, colormap]
+        explain_inputs = [image, model, methods, target, *sliders, opacity, colormap, outline]
         maps_outputs = [top5, target, overlays, curves, aucs, status, explain_state]
         curves_inputs = [explain_state, *[sliders[i] for i in LIVE], opacity, colormap]
         curves_outputs = [overlays, curves, aucs, status, explain_state, heads]
@@ -597,6 +601,17 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
         colormap.change(pictures.colour_bar_html, colormap, colour_bar, api_visibility="private", queue=False)
+
+        @friendly
+        def on_outline(percent, state, opacity_value, colormap_value):
+            """The outlined top share changed: redraw the cached maps with it (no model pass)."""
+            if not state or not state.get("results"):
+                return gr.skip(), gr.skip()
+            state = explain.set_outline(state, percent)
+            return explain.overlay_pictures(services, state, opacity_value, colormap_value), state
+
+        outline.change(on_outline, [outline, explain_state, opacity, colormap], [overlays, explain_state],
+                       api_name="outline", **light)
         download_button.click(downloads_handler(services), [explain_state, opacity, colormap, download_size], files,
                               api_name="downloads", **light)
         # the size choice names the explained image's pixels (original, enlarged)

@@ -226,10 +226,21 @@ def rerun_method(services, state, method: str, options: dict) -> tuple:
 
 
 def overlay_pictures(services, state, opacity, colormap, image=None) -> list:
-    """[(file, caption)] of every map blended over the image (files named by content)."""
+    """[(file, caption)] of every map blended over the image (files named by content), with the state's
+    "outline" (the top fraction of each map, outlined: `set_outline`)."""
     if image is None:
         _, image = prepared(services, state["model"], state["image"])
-    return services.pictures(pictures.render_overlays(image, state["results"], opacity, colormap))
+    return services.pictures(pictures.render_overlays(image, state["results"], opacity, colormap,
+                                                      outline=state.get("outline", 0.0)))
+
+
+def set_outline(state, percent) -> dict:
+    """The state with the top `percent` % of each map to be outlined (0: none); the maps are kept (no model
+    pass)."""
+    percent = float(percent or 0)
+    if not 0 <= percent <= 100:
+        raise ValueError(f"The outlined share must be between 0 and 100 %, got {percent}.")
+    return {**(state or {}), "outline": percent / 100.0}
 
 
 def download_choices(state=None) -> list:

@@ -687,3 +687,24 @@ def test_data_sets_by_name_and_enlarged_downloads(running):
                                                    "overlay-gradcam-1024x1024.png", "report.json"]
     with Image.open(next(f for f in files if "overlay-aha" in f)) as picture:
         assert picture.size == (1024, 1024)
+
+
+def test_outline_of_the_top_share_redraws_without_a_model_pass(running):
+    """Issue 11.11 (optional part): moving the top-% outline redraws the overlays from the cached maps."""
+    demo, client, _ = running
+    explain(client)
+    calls = []
+    network = demo.services.bundle("tiny-cnn").network
+    hook = network.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        outlined = client.predict(20, 0.5, "cividis", api_name="/outline")
+        plain = client.predict(0, 0.5, "cividis", api_name="/outline")
+    finally:
+        hook.remove()
+    assert calls == []  # no model pass
+    assert len(outlined) == len(plain) == 2
+    for with_line, without in zip(outlined, plain):
+        a, b = (np.asarray(Image.open(item["image"]).convert("RGB")) for item in (with_line, without))
+        line = np.abs(a.astype(int) - b.astype(int)).max(axis=2) > 60  # beyond the JPEG noise of the gallery
+        assert 0 < line.mean() < 0.3  # a line, not a fill
+        assert (np.abs(np.median(a[line], axis=0) - (213, 94, 0)) < 30).all()  # in vermillion

@@ -726,3 +726,36 @@ def test_downloads_at_the_original_size_or_enlarged(tmp_path, cnn_bundle):
             report = json.loads(next(f for f in files if f.name == "report.json").read_text())
             assert report["overlay"]["size"] == list(expected) and report["overlay"]["original_size"] == list(original)
     assert explain.download_choices()[1][1] == "enlarged"  # before any explanation: the choice is still offered
+
+
+def test_top_share_outline_is_the_set_deletion_removes_first(cnn_bundle):
+    """Issue 11.11 (optional part): the top-p% region of each map outlined, from the cached map (no model
+    pass); it is exactly the set of pixels the deletion curve removes first."""
+    import torch
+
+    from explainers import engine
+    from explainers.metrics import fraction_counts, pixel_ranks, top_fraction
+
+    grid = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)[::-1].copy()  # brightest at the top-left
+    top = top_fraction(grid, 0.25)
+    assert top.sum() == 256 and top[:8].all() and not top[8:].any()  # the first 8 rows: the 256 largest values
+    _, counts = fraction_counts(20, 32 * 32)  # the curve's step 5 of 20 = 25 %
+    random_map = np.random.default_rng(0).random((32, 32)).astype(np.float32)
+    removed = (pixel_ranks(torch.as_tensor(random_map)[None])[0] < counts[5]).view(32, 32).numpy()
+    assert np.array_equal(top_fraction(random_map, 0.25), removed)
+    assert not top_fraction(grid, 0).any() and top_fraction(grid, 1).all()
+    with pytest.raises(ValueError, match="fraction"):
+        top_fraction(grid, 1.5)
+    prepared = engine.prepare_input(Image.open(CELLS / "test_00000.jpg").convert("RGB"), cnn_bundle)
+    record = {"map": grid, "label": "Grad-CAM", "target_name": "c", "options": {}}
+    plain = np.asarray(pictures.render_overlays(prepared, [record], 0.5)[0][0])
+    outlined = np.asarray(pictures.render_overlays(prepared, [record], 0.5, outline=0.25)[0][0])
+    changed = (plain != outlined).any(axis=2)
+    assert changed.any() and (outlined[changed] == pictures.OUTLINE).all()
+    rows = np.flatnonzero(changed.any(axis=1))  # 64 px cell shown at 256 px: the top quarter's border
+    assert rows.min() == 0 and 60 <= rows.max() <= 64 and not changed[70:].any()
+    assert changed[63, 100] and not changed[30, 100]  # the lower edge is drawn, the inside is not filled
+    state = explain.set_outline({"results": []}, 10)
+    assert state["outline"] == 0.1 and explain.set_outline(state, 0)["outline"] == 0
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        explain.set_outline(state, 120)
