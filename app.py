@@ -729,7 +729,8 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         base_model = gr.Dropdown(tunable, value=first_model if first_model in [n for _, n in tunable] else
                                  (tunable[0][1] if tunable else None), allow_custom_value=True,
                                  label="Model to fine-tune", info="Only models a fine-tune job can load.", scale=2)
-        train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data", allow_custom_value=True,
+        train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data",
+                                 allow_custom_value=not browse_module.on_space(),  # typed "path:..." off a Space
                                  info="Your mask sets, the decoy BloodMNIST set, or BCCD boxes when present.")
         refresh_data = gr.Button("↻ Refresh the list", size="sm", scale=0, min_width=120, elem_id="refresh-data")
     with gr.Row():

@@ -273,7 +273,11 @@ def test_finetune_data_choices_are_prefixed_once(tmp_path):
     ready.mkdir(parents=True)
     (ready / "masks.csv").write_text("file,mask_file,class_index\n")
     found = finetune.finetune_datasets([tmp_path])
-    assert found[0] == ("Decoy BloodMNIST, train (cell masks)", f"path:{ready.resolve()}")
+    assert found[0] == ("Decoy BloodMNIST, train (cell masks)", "ready:decoy")  # a name, no server path
+    with_roots = type("S", (), {"decoy_roots": [tmp_path]})()
+    assert finetune.training_folder(with_roots, "ready:decoy") == str(ready.resolve())
+    with pytest.raises(ValueError, match="not built on this server"):
+        finetune.training_folder(type("S", (), {"decoy_roots": [tmp_path / "none"]})(), "ready:decoy")
 
     class Store:
         def mask_sets(self):
@@ -295,6 +299,13 @@ def test_finetune_refuses_bad_choices(tmp_path):
         finetune.training_folder(services, "zip:x")
     with pytest.raises(ValueError, match="outside the data folders"):
         finetune.training_folder(services, "path:/etc")
+
+
+def test_finetune_takes_no_typed_path_on_a_space(tmp_path, monkeypatch):
+    services = type("S", (), {"hf_token": None, "state_dir": tmp_path})()
+    monkeypatch.setenv("SPACE_ID", "someone/saliency-lab")
+    with pytest.raises(ValueError, match="does not open folders by path on a Space"):
+        finetune.training_folder(services, f"path:{tmp_path}")
 
 
 def _export_tiny(folder, name):
