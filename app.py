@@ -203,6 +203,7 @@ footer { display: none !important; }
 /* the data-set browser and the review gallery: as many columns as fit (no clipped column), whole labels */
 #browse-gallery .grid-container, #review-gallery .grid-container {
   grid-template-columns: repeat(auto-fill, minmax(84px, 1fr)) !important; }
+#browse-gallery .grid-wrap, #review-gallery .grid-wrap { padding-top: 36px; }  /* clear of the block's label */
 #browse-gallery .thumbnail-item, #review-gallery .thumbnail-item {
   aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
 #browse-gallery .thumbnail-item > img, #review-gallery .thumbnail-item > img { height: auto !important;
