@@ -421,7 +421,7 @@ def test_review_name_survives_a_reload_and_the_set_verdict_is_selected(app_url, 
         wait_js(fresh, f"(document.querySelector('#reviewer textarea, #reviewer input') || {{}}).value === '{who}'",
                 timeout=30_000)
         folder = fresh.locator("#review-folder input").input_value()
-        assert "/" not in folder and folder.startswith("bloodmnist-cells")  # a named data set, not a server path
+        assert "/" not in folder and folder.startswith("bloodmnist-")  # a named data set, not a server path
         fresh.locator("#review-load").click()
         wait_js(fresh, "document.querySelectorAll('#review-gallery img').length >= 8")
         fresh.locator("#review-gallery button.thumbnail-item").first.click()
@@ -454,7 +454,7 @@ def test_browse_gallery_fits_its_column_with_whole_labels(app_url, page):
     try:
         fresh.get_by_text("BloodMNIST browser").click()
         chosen = fresh.locator("#browse-folder input").input_value()
-        assert "/" not in chosen and chosen.startswith("bloodmnist-cells"), chosen
+        assert "/" not in chosen and chosen.startswith("bloodmnist-"), chosen  # cells, or the test split
         fresh.get_by_role("button", name="Show", exact=True).click()
         wait_js(fresh, "document.querySelectorAll('#browse-gallery img').length >= 24")
         fresh.locator("#browse-gallery").scroll_into_view_if_needed()
@@ -469,7 +469,7 @@ def test_browse_gallery_fits_its_column_with_whole_labels(app_url, page):
                     cut: labels.filter(e => e.scrollWidth > e.clientWidth + 1
                                          || e.getBoundingClientRect().right > box.right + 1).length,
                     page: document.documentElement.scrollWidth - window.innerWidth}; }""")
-        assert facts["items"] == 24 and facts["labels"] == 24, facts
+        assert facts["items"] >= 24 and facts["labels"] == facts["items"], facts  # 24 shipped, 48 a page
         assert facts["over"] == 0 and facts["cut"] == 0 and facts["page"] <= 0, facts
         assert not fresh.errors, fresh.errors
     finally:
