@@ -149,6 +149,16 @@ def checked_image(**kwargs) -> gr.Image:
     return gr.Image(**kwargs)
 
 
+def dataset_dropdown(data_dir, **kwargs) -> gr.Dropdown:
+    """A menu of named data sets (saliency_lab.browse.dataset_choices: shipped, BloodMNIST's test split when
+    present, the data folder's), no server paths; off a Space a folder path inside the data roots may be typed."""
+    choices, value = browse_module.dataset_menu(data_dir)
+    local = not browse_module.on_space()
+    return gr.Dropdown(choices, value=value, label="Data set", allow_custom_value=local,
+                       info="Shipped sets, BloodMNIST's test split when present, and those in your data folder"
+                            + (" (or type a folder inside the data roots)." if local else "."), **kwargs)
+
+
 def or_skip(value):
     """None -> gr.skip() (leave the output as it is)."""
     return gr.skip() if value is None else value
@@ -190,6 +200,18 @@ footer { display: none !important; }
 .example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
 .example-gallery .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
                               overflow: visible !important; }
+/* the data-set browser and the review gallery: as many columns as fit (no clipped column), whole labels */
+#browse-gallery .grid-container, #review-gallery .grid-container {
+  grid-template-columns: repeat(auto-fill, minmax(84px, 1fr)) !important; }
+#browse-gallery .grid-wrap, #review-gallery .grid-wrap { padding-top: 36px; }  /* clear of the block's label */
+#browse-gallery .thumbnail-item, #review-gallery .thumbnail-item {
+  aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#browse-gallery .thumbnail-item > img, #review-gallery .thumbnail-item > img { height: auto !important;
+  aspect-ratio: 1 / 1; }
+#browse-gallery .caption-label, #review-gallery .caption-label { position: static !important;
+  white-space: normal !important; max-width: 100% !important; overflow: visible !important;
+  text-overflow: clip !important; font-size: 11px; line-height: 1.25; border: none !important;
+  opacity: 1 !important; }
 .colour-bar { margin: 2px 0 6px; }
 .colour-bar-strip { height: 12px; border-radius: 4px; border: 1px solid var(--border-color-primary); }
 .colour-bar-labels { display: flex; justify-content: space-between; font-size: 12px;
@@ -219,10 +241,11 @@ def explain_maps_handler(services):
     def explain_maps(image_path, model_name, methods, target_choice, *rest):
         """Step 1 of an explanation: the top-5 prediction and each chosen method's map (fast; the curves follow
         in `explain_curves`, a separate event, so that under load everyone's maps come first). `rest`: the
-        sliders' values (SLIDERS), the opacity and the colour map."""
-        *values, opacity, colormap = rest
+        sliders' values (SLIDERS), the opacity, the colour map and the outlined top share (%)."""
+        *values, opacity, colormap, outline = rest
         state, image = explain.explain_maps(services, image_path, model_name, methods, target_choice,
                                             slider_values(values), warn=gr.Warning)
+        state = explain.set_outline(state, outline)
         message = ("Computing the deletion and insertion curves…" if state["results"]
                    else "No method could explain this model: see the warnings.")
         target_update = gr.update(choices=explain.target_choices(state["prediction"]), value=state["target_choice"])
@@ -258,7 +281,7 @@ def explain_handler(services):
     @friendly
     def explain_all(image_path, model_name, methods, target_choice, *rest):
         """Both steps in one call (the API form): maps first, then curves."""
-        *values, opacity, colormap = rest
+        *values, opacity, colormap, _outline = rest
         label, target_update, overlays, figure, table, status, state = maps_fn(
             image_path, model_name, methods, target_choice, *rest)
         yield label, target_update, overlays, figure, table, status, state, gr.skip()
@@ -321,9 +344,10 @@ def redraw_handler(services):
 
 def downloads_handler(services):
     @friendly
-    def downloads(state, opacity, colormap):
-        """Overlay PNGs (original size), curves.csv and report.json for the current explanation."""
-        paths = explain.write_downloads(services, state, opacity, colormap)
+    def downloads(state, opacity, colormap, size="original"):
+        """Overlay PNGs (the image's original size, or enlarged), curves.csv and report.json for the current
+        explanation."""
+        paths = explain.write_downloads(services, state, opacity, colormap, size)
         return gr.update(value=[str(p) for p in paths], visible=True)
 
     return downloads
@@ -405,6 +429,9 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         demo.services = services
         gr.Markdown(INTRO, elem_id="app-title")
         explain_state = gr.State(None)
+        # outside the tabs: a BrowserState inside a tab not yet shown reads as its default at page load, so the
+        # saved name never came back after a reload
+        reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-reviewer")
 
         with gr.Tabs() as tabs:
             # ---------------------------------------------------------------------------- Explain
@@ -428,8 +455,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                     allow_preview=False, object_fit="cover", elem_id=element,
                                     elem_classes="example-gallery", buttons=[])))
                         with gr.Accordion("BloodMNIST browser", open=False):
-                            browse_folder = gr.Textbox(data_dir, label="Labelled folder (labels.csv) or .npz",
-                                                       elem_id="browse-folder")
+                            browse_folder = dataset_dropdown(data_dir, elem_id="browse-folder")
                             with gr.Row():
                                 browse_class = gr.Dropdown([("All classes", "all")], value="all", label="Class",
                                                            scale=2)
@@ -473,6 +499,9 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                                 elem_id="opacity")
                             colormap = gr.Radio(list(COLORMAPS), value="cividis",
                                                 label="Colour map (colour-blind safe)", scale=2)
+                        outline = gr.Slider(0, 50, value=0, step=5, label="Outline the top % of each map",
+                                            info="the pixels the deletion curve removes first (0: off; no model "
+                                                 "pass)", elem_id="outline")
                         status = gr.Markdown(elem_classes="help", elem_id="explain-status")
                     with gr.Column(scale=6, min_width=360):
                         gr.Markdown("**How to read the curves:** " + CURVE_NOTE, elem_classes="note")
@@ -482,8 +511,11 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                 with gr.Accordion(DETAILS, open=False, visible=False) as heads_box:
                     heads = gr.Plot(label="Head weights")
                 with gr.Row():
-                    download_button = gr.Button("Prepare downloads (PNG overlays, curves CSV, JSON report)",
-                                                elem_id="download-button")
+                    with gr.Column(scale=1, min_width=260):
+                        download_size = gr.Radio(explain.download_choices(), value="original",
+                                                 label="Overlay PNGs for download", elem_id="download-size")
+                        download_button = gr.Button("Prepare downloads (PNG overlays, curves CSV, JSON report)",
+                                                    elem_id="download-button")
                     files = gr.File(label="Downloads", file_count="multiple", elem_id="downloads", visible=False)
 
             # ---------------------------------------------------------------------------- Masks & fine-tune
@@ -492,8 +524,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
 
             # ---------------------------------------------------------------------------- Review
             with gr.Tab("Review", id="review") as review_tab:
-                reviewer_saved, reviewer, review_model = build_review_tab(services, names, first_model, data_dir,
-                                                                          heavy, light)
+                reviewer, review_model, review_folder = build_review_tab(services, names, first_model, data_dir,
+                                                                         reviewer_saved, heavy, light)
                 study_parts = build_study_panel(services, names, first_model, heavy, light)
 
             # ---------------------------------------------------------------------------- Learn
@@ -505,7 +537,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                 models_parts = build_models_tab(services, heavy, light)
 
         # ------------------------------------------------------------------ Explain wiring
-        explain_inputs = [image, model, methods, target, *sliders, opacity, colormap]
+        explain_inputs = [image, model, methods, target, *sliders, opacity, colormap, outline]
         maps_outputs = [top5, target, overlays, curves, aucs, status, explain_state]
         curves_inputs = [explain_state, *[sliders[i] for i in LIVE], opacity, colormap]
         curves_outputs = [overlays, curves, aucs, status, explain_state, heads]
@@ -570,8 +602,22 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
         colormap.change(pictures.colour_bar_html, colormap, colour_bar, api_visibility="private", queue=False)
-        download_button.click(downloads_handler(services), [explain_state, opacity, colormap], files,
+
+        @friendly
+        def on_outline(percent, state, opacity_value, colormap_value):
+            """The outlined top share changed: redraw the cached maps with it (no model pass)."""
+            if not state or not state.get("results"):
+                return gr.skip(), gr.skip()
+            state = explain.set_outline(state, percent)
+            return explain.overlay_pictures(services, state, opacity_value, colormap_value), state
+
+        outline.change(on_outline, [outline, explain_state, opacity, colormap], [overlays, explain_state],
+                       api_name="outline", **light)
+        download_button.click(downloads_handler(services), [explain_state, opacity, colormap, download_size], files,
                               api_name="downloads", **light)
+        # the size choice names the explained image's pixels (original, enlarged)
+        explain_state.change(lambda s: gr.update(choices=explain.download_choices(s)), explain_state, download_size,
+                             api_visibility="private", queue=False, show_progress="hidden")
 
         # browser
         browse_outputs = [browse_gallery, browse_indices, browse_info, browse_class, browse_page]
@@ -599,6 +645,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                   **light)
         demo.load(lambda: gr.update(choices=review_data.named_datasets()), None, study_parts["dataset"],
                   api_visibility="private", queue=False)
+        demo.load(lambda: [gr.update(choices=browse_module.dataset_menu(data_dir)[0])] * 2, None,
+                  [browse_folder, review_folder], api_visibility="private", queue=False)  # new uploads, too
         demo.load(masks_parts["labels_for"], masks_parts["base_model"], masks_parts["mask_label"],
                   api_visibility="private", **light)
         demo.load(masks_parts["data_choices"], None, masks_parts["train_data"], api_visibility="private", queue=False)
@@ -682,7 +730,8 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
         base_model = gr.Dropdown(tunable, value=first_model if first_model in [n for _, n in tunable] else
                                  (tunable[0][1] if tunable else None), allow_custom_value=True,
                                  label="Model to fine-tune", info="Only models a fine-tune job can load.", scale=2)
-        train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data", allow_custom_value=True,
+        train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data",
+                                 allow_custom_value=not browse_module.on_space(),  # typed "path:..." off a Space
                                  info="Your mask sets, the decoy BloodMNIST set, or BCCD boxes when present.")
         refresh_data = gr.Button("↻ Refresh the list", size="sm", scale=0, min_width=120, elem_id="refresh-data")
     with gr.Row():
@@ -865,13 +914,12 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
 
 
 # ------------------------------------------------------------------------------------------------ Review tab
-def build_review_tab(services, names, first_model, data_dir, heavy, light):
+def build_review_tab(services, names, first_model, data_dir, reviewer_saved, heavy, light):
     gr.Markdown("Review explanations image by image. Verdicts and notes are saved **the moment you make them** "
                 "(SQLite on the server): a refresh or a crash loses nothing.", elem_classes="help")
-    reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-reviewer")
     review_state = gr.State(None)
     with gr.Row():
-        folder = gr.Textbox(data_dir, label="Labelled folder (labels.csv) or .npz", scale=4, elem_id="review-folder")
+        folder = dataset_dropdown(data_dir, scale=4, elem_id="review-folder")
         review_model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True, label="Model",
                                    scale=2)
         reviewer = gr.Textbox("", label="Your name (reviewer)", placeholder="e.g. dr-lee", scale=2,
@@ -893,15 +941,14 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
                               elem_id="review-maps")
             item_info = gr.Markdown(elem_id="review-item")
         with gr.Column(scale=2):
-            with gr.Row(elem_classes="verdict-row"):
-                plausible = gr.Button("Plausible", elem_id="verdict-plausible")
-                implausible = gr.Button("Implausible", elem_id="verdict-implausible")
-                unsure = gr.Button("Unsure", elem_id="verdict-unsure")
+            with gr.Row(elem_classes="verdict-row"):  # the saved verdict's button is the primary one
+                plausible, implausible, unsure = (gr.Button(v.capitalize(), variant="secondary",
+                                                            elem_id=f"verdict-{v}") for v in review.VERDICTS)
             note = gr.Textbox(label="Note (saved as you type)", lines=4, elem_id="review-note")
             saved = gr.Markdown(elem_classes="help", elem_id="review-saved")
             with gr.Row():
-                previous = gr.Button("← Previous")
-                following = gr.Button("Next →")
+                previous = gr.Button("← Previous", elem_id="review-previous")
+                following = gr.Button("Next →", elem_id="review-next")
             export = gr.Button("Export verdicts (CSV)")
             export_file = gr.File(label="Verdicts CSV")
     position = gr.Number(visible=False, precision=0)
@@ -944,12 +991,23 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
     def on_select(state, name, evt: gr.SelectData):
         return open_item(state, (state or {}).get("page_start", 0) + evt.index, name)
 
-    gallery.select(on_select, [review_state, reviewer], open_outputs, api_visibility="private", **heavy)
-    open_button.click(open_item, [review_state, position, reviewer], open_outputs, api_name="review_open", **heavy)
-    previous.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, -1), n)), [review_state, reviewer],
-                   open_outputs, api_name="review_previous", **heavy)
-    following.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, 1), n)), [review_state, reviewer],
-                    open_outputs, api_name="review_next", **heavy)
+    verdict_buttons = [plausible, implausible, unsure]
+
+    def show_verdict(state, name):
+        """The saved verdict of the opened image, shown as the selected (primary) button."""
+        variants = review.verdict_variants(review.current_verdict(services, state, name))
+        return [gr.update(variant=v) for v in variants]
+
+    selected = dict(api_visibility="private", queue=False, show_progress="hidden")
+    opened = [gallery.select(on_select, [review_state, reviewer], open_outputs, api_visibility="private", **heavy),
+              open_button.click(open_item, [review_state, position, reviewer], open_outputs, api_name="review_open",
+                                **heavy),
+              previous.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, -1), n)),
+                             [review_state, reviewer], open_outputs, api_name="review_previous", **heavy),
+              following.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, 1), n)),
+                              [review_state, reviewer], open_outputs, api_name="review_next", **heavy)]
+    for event in opened:
+        event.then(show_verdict, [review_state, reviewer], verdict_buttons, **selected)
 
     def verdict_fn(verdict):
         @friendly
@@ -957,9 +1015,10 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
             return review.record_verdict(services, state, name, verdict, text)
         return record
 
-    for button, verdict in ((plausible, "plausible"), (implausible, "implausible"), (unsure, "unsure")):
+    for button, verdict in zip(verdict_buttons, review.VERDICTS):
         button.click(verdict_fn(verdict), [review_state, reviewer, note], [saved, progress_md],
-                     api_name=f"verdict_{verdict}", **light)
+                     api_name=f"verdict_{verdict}", **light).then(show_verdict, [review_state, reviewer],
+                                                                 verdict_buttons, **selected)
 
     @friendly
     def save_note(state, name, text):
@@ -977,7 +1036,7 @@ def build_review_tab(services, names, first_model, data_dir, heavy, light):
 
     # the reviewer's name survives a refresh (browser local storage)
     reviewer.change(lambda n: n, reviewer, reviewer_saved, api_visibility="private", queue=False)
-    return reviewer_saved, reviewer, review_model
+    return reviewer, review_model, folder
 
 
 # ------------------------------------------------------------------------------------------------ Review studies

@@ -36,7 +36,7 @@ def cmd_explain(args) -> int:
 
     from .engine import prepare_input, run_method
     from .evaluate import parse_method_spec, predict
-    from .images import load_image, map_to_original, overlay
+    from .images import crop_region, load_image, map_to_original, overlay
     from .models import load_model
 
     bundle = load_model(args.model)
@@ -53,7 +53,7 @@ def cmd_explain(args) -> int:
     if out.suffix.lower() == ".npy":
         np.save(out, attribution)
     else:
-        overlay(original, attribution, opacity=args.opacity).save(out)
+        overlay(original, attribution, opacity=args.opacity, region=crop_region(prepared.geometry)).save(out)
     print(f"model {bundle.name}; prediction: " + ", ".join(f"{n} {p:.3f}" for _, n, p in top[:3]))
     print(f"{name} for class {target} ({bundle.class_name(target)}): "
           f"deletion AUC {record['deletion_auc']:.4f} (lower is better), insertion AUC "

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .images import Geometry, image_digest, map_array, map_to_original, overlay, prepare_for_model, prepare_image
+from .images import (Geometry, crop_region, image_digest, map_array, map_to_original, overlay, prepare_for_model,
+                     prepare_image)
 from .methods import METHODS, as_targets, check_targets, get_method
 from .metrics import Curves, deletion_insertion
 
@@ -446,22 +447,53 @@ def report(bundle_name: str, results: list, *, image_name: str = "", prediction=
     }
 
 
+ENLARGED = 1024  # the longest side of an enlarged download (for small images such as BloodMNIST's 64 px)
+
+
+def download_size(original_size: tuple, size: str = "original") -> tuple:
+    """(width, height) of a downloaded overlay: "original" (the uploaded image's own size), or "enlarged" (the
+    longest side at least ENLARGED px, aspect kept; an image that large already keeps its size)."""
+    width, height = original_size
+    if size == "original":
+        return int(width), int(height)
+    if size != "enlarged":
+        raise ValueError(f"Unknown download size {size!r}: 'original' or 'enlarged'.")
+    scale = max(1.0, ENLARGED / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def overlay_at(prepared: PreparedInput, record: dict, size: tuple, *, opacity: float, colormap: str) -> Image.Image:
+    """The record's map over the original image at `size` (width, height): the image resized (Lanczos) when the
+    size differs, the map pasted back bilinearly; a centre crop's margin is left uncoloured (`crop_region`)."""
+    size = (int(size[0]), int(size[1]))
+    if size == tuple(prepared.original.size):
+        base, geometry = prepared.original, prepared.geometry
+    else:
+        base, geometry = prepared.original.resize(size, Image.Resampling.LANCZOS), scale_geometry(prepared.geometry, size)
+    full = map_to_original(record["map"], geometry)
+    return overlay(base, full, opacity=float(opacity), colormap=colormap, region=crop_region(geometry))
+
+
 def write_downloads(folder, bundle_name: str, prepared: PreparedInput, results: list, *, opacity: float,
                     colormap: str, prediction=None, image_name: str = "", steps: int = 20,
-                    reference: str = "mean") -> list:
-    """Overlay PNGs (one per method, at the original size), curves.csv and report.json; returns the paths."""
+                    reference: str = "mean", size: str = "original") -> list:
+    """Overlay PNGs (one per method, at the original image's size, or enlarged: `download_size`), curves.csv
+    and report.json; returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
+    pixels = download_size(prepared.original.size, size)
     for record in results:
-        full = map_to_original(record["map"], prepared.geometry)
-        picture = overlay(prepared.original, full, opacity=float(opacity), colormap=colormap)
-        path = folder / f"overlay-{record['method']}.png"
+        picture = overlay_at(prepared, record, pixels, opacity=opacity, colormap=colormap)
+        suffix = "" if size == "original" else f"-{pixels[0]}x{pixels[1]}"
+        path = folder / f"overlay-{record['method']}{suffix}.png"
         picture.save(path, format="PNG")
         paths.append(path)
     paths.append(curves_csv(results, folder / "curves.csv"))
     data = report(bundle_name, results, image_name=image_name, prediction=prediction, steps=steps,
-                  reference=reference, extra={"overlay": {"opacity": float(opacity), "colormap": colormap}})
+                  reference=reference, extra={"overlay": {"opacity": float(opacity), "colormap": colormap,
+                                                          "size": list(pixels),
+                                                          "original_size": list(prepared.original.size)}})
     report_path = folder / "report.json"
     report_path.write_text(json.dumps(data, indent=2))
     paths.append(report_path)

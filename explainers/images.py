@@ -618,7 +618,17 @@ def colorize(attribution, colormap: str = "cividis") -> np.ndarray:
     return lut[index]
 
 
-def overlay(image, attribution, opacity: float = 0.5, colormap: str = "cividis") -> Image.Image:
+def crop_region(geometry: Geometry) -> np.ndarray:
+    """H x W bool array of the original image: True at the pixels whose centre lies inside the model input's
+    crop box (what the model saw; the pixels `map_to_original` fills), False in the margin a centre crop cut
+    away."""
+    width, height = geometry.original_size
+    left, top, right, bottom = geometry.crop_box
+    xs, ys = np.arange(width) + 0.5, np.arange(height) + 0.5
+    return ((ys >= top) & (ys < bottom))[:, None] & ((xs >= left) & (xs < right))[None, :]  # as map_to_original
+
+
+def overlay(image, attribution, opacity: float = 0.5, colormap: str = "cividis", region=None) -> Image.Image:
     """Blend a coloured map over an image: out = (1 - opacity) * image + opacity * colour.
 
     Args:
@@ -626,6 +636,9 @@ def overlay(image, attribution, opacity: float = 0.5, colormap: str = "cividis")
         attribution: H x W map of the same height and width as the image (see `map_to_original`).
         opacity: weight of the map in [0, 1]; 0 returns the image unchanged, 1 the coloured map.
         colormap: 'cividis', 'viridis' or 'gray'.
+        region: optional H x W bool array (e.g. `crop_region`): the map is coloured (and stretched) inside it
+            only; outside it the image is left as it is (no square of "least important" colour around a
+            centre crop the model never saw).
 
     Returns:
         An RGB PIL image.
@@ -643,6 +656,13 @@ def overlay(image, attribution, opacity: float = 0.5, colormap: str = "cividis")
         raise ImageError(f"opacity must be a number in [0, 1], got {opacity!r}.") from error
     if not (0.0 <= opacity <= 1.0):
         raise ImageError(f"opacity must be in [0, 1], got {opacity}.")
+    if region is not None:
+        region = np.asarray(region, dtype=bool)
+        values = map_array(attribution).astype(np.float64)
+        if region.shape != values.shape:
+            raise ImageError(f"The region is {region.shape[0]} x {region.shape[1]} but the map is "
+                             f"{values.shape[0]} x {values.shape[1]}.")
+        attribution = np.where(region, values, np.nan)  # the stretch is over the region only
     colours = colorize(attribution, colormap)
     if colours.shape[:2] != base.shape[:2]:
         raise ImageError(
@@ -655,6 +675,8 @@ def overlay(image, attribution, opacity: float = 0.5, colormap: str = "cividis")
     else:
         mixed = base.astype(np.float32) * (1.0 - opacity) + colours.astype(np.float32) * opacity
         blended = np.clip(np.round(mixed), 0, 255).astype(np.uint8)
+    if region is not None and not region.all():
+        blended = np.where(region[..., None], blended, base)
     return Image.fromarray(np.ascontiguousarray(blended), "RGB")
 
 

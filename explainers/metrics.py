@@ -106,6 +106,22 @@ def pixel_ranks(maps: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
+def top_fraction(attribution, fraction: float) -> np.ndarray:
+    """H x W bool: the `fraction` of a map's pixels that the deletion curve removes first (the same ranks,
+    ties broken the same way; round(fraction x H x W) pixels), e.g. 0.1 for the top 10%."""
+    grid = torch.as_tensor(np.asarray(attribution, dtype=np.float32))
+    while grid.dim() > 2 and grid.shape[0] == 1:
+        grid = grid[0]
+    if grid.dim() != 2:
+        raise ValueError(f"The map must be H x W, got shape {tuple(grid.shape)}.")
+    if not 0.0 <= float(fraction) <= 1.0:
+        raise ValueError(f"The fraction must be in [0, 1], got {fraction}.")
+    h, w = grid.shape
+    count = int(np.round(float(fraction) * h * w))
+    ranks = pixel_ranks(torch.nan_to_num(grid, nan=0.0)[None])[0]
+    return (ranks < count).view(h, w).numpy()
+
+
 def road_imputer():
     """pytorch-grad-cam's noisy linear imputer with its noise off (we add seeded noise ourselves)."""
     try:

@@ -1,9 +1,10 @@
 """Browsing labelled image folders safely: which folders may be opened, pages of thumbnails, one image by index.
 
-    folder = resolve_folder("assets/bloodmnist")        # inside the allowed data roots, or ValueError
-    page = browse("assets/bloodmnist", class_filter="3", page=1)
+    choices, value = dataset_menu()                     # named data sets: [(label, name)], the first one
+    folder = resolve_dataset_choice("bloodmnist-cells") # a name (off a Space also an allowed path), or ValueError
+    page = browse("bloodmnist-cells", class_filter="3", page=1)
     page.items[0]                                        # (PIL image, class name)
-    picture = pick("assets/bloodmnist", page.indices[0])
+    picture = pick("bloodmnist-cells", page.indices[0])
 
 A public app must not browse the server's disk: every folder is resolved (symlinks and `..` included) and must
 lie inside `data_roots()`: SALIENCY_LAB_DATA_ROOTS (os.pathsep-separated), else assets/, data/ and
@@ -76,8 +77,8 @@ def resolve_folder(folder, roots=None) -> Path:
 
 
 def open_folder(folder, roots=None):
-    """The data set (explainers.data) of an allowed folder; see `resolve_folder`."""
-    return open_dataset(resolve_folder(folder, roots))
+    """The data set (explainers.data) of a named data set or an allowed folder; see `resolve_dataset_choice`."""
+    return open_dataset(resolve_dataset_choice(folder, roots))
 
 
 def class_names(folder, dataset) -> list:
@@ -110,8 +111,9 @@ class BrowsePage:
 
 
 def browse(folder, class_filter="all", page=1, *, page_size: int = PAGE, roots=None) -> BrowsePage:
-    """Thumbnails of one page of a labelled folder, filtered by class ("all" or a class index)."""
-    path = resolve_folder(folder, roots)
+    """Thumbnails of one page of a named data set (or an allowed folder, off a Space), filtered by class ("all"
+    or a class index)."""
+    path = resolve_dataset_choice(folder, roots)
     dataset = open_dataset(path)
     names = class_names(path, dataset)
     indices = [i for i, label in enumerate(dataset.labels)
@@ -162,6 +164,92 @@ def example_labels(cells, photos) -> tuple:
         k = index.get(Path(path).name)
         cell_labels.append(names[k] if k is not None and k < len(names) else Path(path).stem)
     return cell_labels, [Path(p).stem.replace("-", " ") for p in photos]
+
+
+def on_space() -> bool:
+    """Whether the app runs on a HuggingFace Space (which sets SPACE_ID): no server paths are taken there."""
+    return bool(os.environ.get("SPACE_ID"))
+
+
+def named_folders() -> dict:
+    """{name: folder} of the data sets the browser and the quick review open by name, besides the data folder's
+    (`review_data.named_datasets`): the 24 shipped cells, and BloodMNIST's test split when it is here."""
+    from .review_data import SHIPPED
+
+    folders = {name: Path(folder) for name, folder in SHIPPED.items() if (Path(folder) / "labels.csv").exists()}
+    if (SHARED_BLOODMNIST / "labels.csv").exists():
+        folders["bloodmnist-test"] = SHARED_BLOODMNIST
+    return folders
+
+
+def dataset_choices() -> list:
+    """[(label, name)] for a data-set menu: `named_folders()` (with their sizes), then every data set in the
+    user-data folder (uploads, built sets), by name: no server path is shown."""
+    from .review_data import named_datasets
+
+    out = []
+    for name, folder in named_folders().items():
+        out.append((f"{name} ({_count(folder)} images)", name))
+    seen = {name for _, name in out}
+    return out + [(label, name) for label, name in named_datasets() if name not in seen]
+
+
+def _count(folder: Path) -> int:
+    with (folder / "labels.csv").open(newline="") as handle:
+        return max(0, sum(1 for _ in handle) - 1)
+
+
+def dataset_name(folder) -> str | None:
+    """The name `dataset_choices` gives the data set at `folder`, or None when it is none of them."""
+    from .review_data import resolve_dataset
+
+    path = Path(folder).expanduser().resolve()
+    for _, name in dataset_choices():
+        try:
+            found = named_folders().get(name) or resolve_dataset(name)
+        except ValueError:
+            continue
+        if Path(found).resolve() == path:
+            return name
+    return None
+
+
+def resolve_dataset_choice(value, roots=None) -> Path:
+    """The folder of a data-set menu's value: a name of `dataset_choices()`; off a Space also a typed folder
+    path inside the allowed data roots (`resolve_folder`; the advanced form, for scripts and tests). ValueError
+    for anything else."""
+    value = str(value or "").strip()
+    if not value:
+        raise ValueError("Pick a data set from the list.")
+    folders = named_folders()
+    if value in folders:
+        return folders[value].resolve()
+    from .review_data import resolve_dataset
+
+    looks_like_path = "/" in value or "\\" in value or value.startswith((".", "~"))
+    if not looks_like_path:
+        try:
+            return Path(resolve_dataset(value)).resolve()
+        except ValueError as error:  # ReviewError: a name that is not a data set
+            raise ValueError(str(error)) from error
+    if on_space():
+        raise ValueError("Pick a data set from the list (or upload one in the review studies panel): this app "
+                         "does not open folders by path on a Space.")
+    return resolve_folder(value, roots)
+
+
+def dataset_menu(data_dir=None) -> tuple:
+    """(choices, value) of a data-set menu: `dataset_choices()`, the value the name of `data_dir` (default
+    `default_data_dir()`). A `data_dir` with no name (a caller's own folder) is listed under its folder's name
+    off a Space, and left out on one (the first named data set is picked)."""
+    choices = dataset_choices()
+    folder = data_dir or default_data_dir()
+    name = dataset_name(folder)
+    if name is not None:
+        return choices, name
+    if not on_space():
+        return [(f"{Path(folder).name} (this server's folder)", str(folder))] + choices, str(folder)
+    return choices, (choices[0][1] if choices else None)
 
 
 def default_data_dir() -> str:

@@ -107,8 +107,9 @@ def status_text(state) -> str:
     if not state.get("results"):
         return skipped.strip()
     parts = [f"**{r['label']}** {1000 * r['seconds']:.0f} ms" for r in state["results"]]
+    crop = f" {state['crop_note']}" if state.get("crop_note") else ""
     return (f"Model **{state['model']}**, target **{state['target_name']}** (class {state['target']}). "
-            f"Map times: {', '.join(parts)}.") + skipped
+            f"Map times: {', '.join(parts)}.{crop}") + skipped
 
 
 def has_method(state, method: str) -> bool:
@@ -136,6 +137,7 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
     target_index = prediction[0][0] if choice == AUTO else int(choice)
     values = slider_values(values)
     state = {"model": model_name, "image": image_path, "image_name": Path(str(image_path)).name,
+             "image_size": list(image.original.size), "crop_note": pictures.crop_note(image, bundle),
              "target": target_index, "target_name": bundle.class_name(target_index), "prediction": prediction,
              "target_choice": choice, **values, "results": [], "skipped": []}
     for method in menus.method_order(methods):
@@ -224,20 +226,42 @@ def rerun_method(services, state, method: str, options: dict) -> tuple:
 
 
 def overlay_pictures(services, state, opacity, colormap, image=None) -> list:
-    """[(file, caption)] of every map blended over the image (files named by content)."""
+    """[(file, caption)] of every map blended over the image (files named by content), with the state's
+    "outline" (the top fraction of each map, outlined: `set_outline`)."""
     if image is None:
         _, image = prepared(services, state["model"], state["image"])
-    return services.pictures(pictures.render_overlays(image, state["results"], opacity, colormap))
+    return services.pictures(pictures.render_overlays(image, state["results"], opacity, colormap,
+                                                      outline=state.get("outline", 0.0)))
 
 
-def write_downloads(services, state, opacity, colormap) -> list:
-    """Overlay PNGs (original size), curves.csv and report.json of the state, in a new folder; their paths."""
+def set_outline(state, percent) -> dict:
+    """The state with the top `percent` % of each map to be outlined (0: none); the maps are kept (no model
+    pass)."""
+    percent = float(percent or 0)
+    if not 0 <= percent <= 100:
+        raise ValueError(f"The outlined share must be between 0 and 100 %, got {percent}.")
+    return {**(state or {}), "outline": percent / 100.0}
+
+
+def download_choices(state=None) -> list:
+    """[(label, value)] of the overlay sizes offered for download, with the pixels of the explained image."""
+    size = (state or {}).get("image_size")
+    original = f" ({size[0]}×{size[1]})" if size else ""
+    enlarged = engine.download_size(size, "enlarged") if size else None
+    bigger = f" ({enlarged[0]}×{enlarged[1]})" if enlarged else f" (at least {engine.ENLARGED} px)"
+    return [(f"Original size{original}", "original"), (f"Enlarged{bigger}", "enlarged")]
+
+
+def write_downloads(services, state, opacity, colormap, size="original") -> list:
+    """Overlay PNGs (at the uploaded image's own size, or `size`="enlarged": see `engine.download_size`),
+    curves.csv and report.json of the state, in a new folder; their paths."""
     if not state or not state.get("results"):
         raise ValueError("Explain an image first: there is nothing to download yet.")
     _, image = prepared(services, state["model"], state["image"])
     folder = Path(tempfile.mkdtemp(prefix="explain-", dir=services.downloads))
     return engine.write_downloads(folder, state["model"], image, state["results"], opacity=opacity, colormap=colormap,
-                              prediction=state["prediction"], image_name=state["image_name"])
+                                  prediction=state["prediction"], image_name=state["image_name"],
+                                  size=size or "original")
 
 
 SLOW_SECONDS = 5.0  # a map expected to take longer than this is "slow": unticked when the model changes

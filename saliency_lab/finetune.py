@@ -1,7 +1,7 @@
 """The Masks tab's fine-tune panel: which mask sets can train a model, building the ready-made ones, starting a
 CAMAL job and reading its progress.
 
-    choices = data_choices(services)          # [(label, "set:NAME" | "path:FOLDER" | "build:decoy" | "build:bccd")]
+    choices = data_choices(services)          # [(label, "set:NAME" | "ready:decoy" | "build:decoy" | "build:bccd")]
     job_id, message = start_finetune(services, "bloodmnist-cnn", choices[0][1], epochs=3, lam=1.0)
     report = job_report(services, job_id)     # JobReport: text, percent, figure, finished, gallery, table
 
@@ -15,24 +15,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figures
-from .browse import SHARED_DATA, decoy_locations, inside, resolve_folder, user_datasets
+from .browse import SHARED_DATA, decoy_locations, inside, on_space, resolve_folder, user_datasets
 
 BLOODMNIST_SOURCE = SHARED_DATA / "bloodmnist" / "64"
 BCCD_SOURCE = SHARED_DATA / "bccd"
 FINISHED = ("done", "failed", "cancelled", "interrupted")
 
 
-def finetune_datasets(locations=None) -> list:
-    """[(label, value)] of mask sets with masks: ready on disk ('path:...', searched in `locations`, default
-    `browse.decoy_locations()`), or buildable from the raw data here ('build:decoy', 'build:bccd')."""
+READY_SETS = (("Decoy BloodMNIST, train (cell masks)", "decoy-bloodmnist/train", "decoy", BLOODMNIST_SOURCE / "train"),
+              ("BCCD white-cell boxes", "bccd-masks", "bccd", BCCD_SOURCE))
+
+
+def ready_folder(kind: str, locations=None) -> Path | None:
+    """The folder (with masks.csv) of a ready-made mask set ('decoy', 'bccd') in `locations` (default
+    `browse.decoy_locations()`), or None when it is not built here."""
     locations = decoy_locations() if locations is None else [Path(p) for p in locations]
+    relative = next((rel for _, rel, k, _ in READY_SETS if k == kind), None)
+    if relative is None:
+        return None
+    return next(((root / relative).resolve() for root in locations if (root / relative / "masks.csv").exists()),
+                None)
+
+
+def finetune_datasets(locations=None) -> list:
+    """[(label, value)] of mask sets with masks, by name (no server path): ready on disk ('ready:decoy',
+    'ready:bccd', found in `locations`, default `browse.decoy_locations()`), or buildable from the raw data here
+    ('build:decoy', 'build:bccd')."""
     found = []
-    for label, relative, kind, source in (
-            ("Decoy BloodMNIST, train (cell masks)", "decoy-bloodmnist/train", "decoy", BLOODMNIST_SOURCE / "train"),
-            ("BCCD white-cell boxes", "bccd-masks", "bccd", BCCD_SOURCE)):
-        ready = next((root / relative for root in locations if (root / relative / "masks.csv").exists()), None)
-        if ready is not None:
-            found.append((label, f"path:{ready.resolve()}"))
+    for label, _, kind, source in READY_SETS:
+        if ready_folder(kind, locations) is not None:
+            found.append((label, f"ready:{kind}"))
         elif source.exists():
             found.append((f"{label}: build it now (takes a minute)", f"build:{kind}"))
     return found
@@ -60,7 +72,7 @@ def build_mask_dataset(kind: str, out_root=None) -> str:
 def data_choices(services) -> list:
     """[(label, value)] of everything that can train: the user's mask sets, then `finetune_datasets`."""
     choices = [(f"Mask set: {n} ({c} images)", f"set:{n}") for n, c in services.store.mask_sets()]
-    return choices + finetune_datasets(services.decoy_roots)  # values are already "path:..." / "build:..."
+    return choices + finetune_datasets(services.decoy_roots)  # values are already "ready:..." / "build:..."
 
 
 def training_folder(services, data_choice, on_build=None) -> str:
@@ -69,10 +81,17 @@ def training_folder(services, data_choice, on_build=None) -> str:
     if not data_choice:
         raise ValueError("Pick the training masks: add images to a mask set first, or build the decoy set.")
     kind, _, value = str(data_choice).partition(":")
+    if kind == "path" and on_space():  # the advanced form (scripts, tests) is for a local app only
+        raise ValueError("Pick one of the listed mask sets: this app does not open folders by path on a Space.")
     if kind == "build":
         if on_build is not None:
             on_build("Building the mask set first (about a minute)…")
         value, kind = build_mask_dataset(value), "path"
+    if kind == "ready":
+        folder = ready_folder(value, getattr(services, "decoy_roots", None))
+        if folder is None:
+            raise ValueError(f"The {value} mask set is not built on this server: pick one of the listed mask sets.")
+        return str(folder)
     if kind == "set":
         from explainers.paths import user_dir
 

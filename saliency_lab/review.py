@@ -1,7 +1,7 @@
 """The Review tab's logic: a labelled folder predicted once (cached in the review store), filtered and paged,
 one image opened with its maps, verdicts and notes saved the moment they are made.
 
-    state, warning = load_review(services, "assets/bloodmnist", "bloodmnist-cnn", count=400)
+    state, warning = load_review(services, "bloodmnist-cells", "bloodmnist-cnn", count=400)  # a named data set
     page = filter_page(services, state, class_value="all", correctness="incorrect", page=1, reviewer="dr-lee")
     item = open_item(services, page.state, 0, "dr-lee")
     saved, progress = record_verdict(services, item.state, "dr-lee", "plausible", note="nucleus highlighted")
@@ -18,13 +18,14 @@ from . import browse
 from explainers import engine
 from . import menus
 from . import pictures
-from .browse import PAGE, class_names, open_folder, resolve_folder
+from .browse import PAGE, class_names, open_folder
 from explainers.data import open_dataset
 from .errors import is_skippable
 from .services import run_method
 
 REVIEW_METHODS = ("gradcam", "aha", "gradskip")  # up to three maps per image, in this order
 MARKS = {"plausible": "· plausible", "implausible": "· implausible", "unsure": "· unsure"}
+VERDICTS = ("plausible", "implausible", "unsure")  # the verdict buttons, in this order
 
 
 def reviewer_name(name) -> str:
@@ -33,9 +34,10 @@ def reviewer_name(name) -> str:
 
 
 def load_review(services, folder, model_name, count, progress=None) -> tuple:
-    """(state, warning or None): the first `count` images of an allowed folder with the model's predictions
+    """(state, warning or None): the first `count` images of a named data set (`browse.dataset_choices`; off a
+    Space also an allowed folder) with the model's predictions
     (only the images not predicted before run the model; `progress(done, total)` follows them)."""
-    folder = str(resolve_folder(folder))
+    folder = str(browse.resolve_dataset_choice(folder))
     dataset = open_folder(folder)
     bundle = services.bundle(model_name)
     key = browse.dataset_key(folder)
@@ -184,6 +186,20 @@ def record_verdict(services, state, reviewer, verdict, note="") -> tuple:
     if note:
         services.store.set_note(state["key"], row["item"], note, reviewer=who)
     return f"Saved verdict: **{verdict}** ({time.strftime('%H:%M:%S')}).", progress_text(services, state, reviewer)
+
+
+def current_verdict(services, state, reviewer) -> str | None:
+    """This reviewer's saved verdict on the opened image; None when none is open or none is set."""
+    if not state or state.get("current") is None or state["current"] >= len(state.get("filtered") or []):
+        return None
+    row = state["filtered"][state["current"]]
+    return (services.store.get(state["key"], row["item"], reviewer_name(reviewer)) or {}).get("verdict")
+
+
+def verdict_variants(verdict) -> list:
+    """The variant of each verdict button (VERDICTS order): "primary" for the saved verdict, "secondary" for the
+    others (all "secondary" without one), so the set verdict is visibly selected."""
+    return ["primary" if verdict == value else "secondary" for value in VERDICTS]
 
 
 def save_note(services, state, reviewer, note) -> str | None:

@@ -661,3 +661,50 @@ def test_jobs_are_reconciled_at_start_up_listed_resumed_and_opened(tmp_path):
     finally:
         demo.services.runner().shutdown()
         demo.close()
+
+
+def test_data_sets_by_name_and_enlarged_downloads(running):
+    """Issue 11.14: the browser and the review take a named data set (no server path); the overlays download at
+    the image's own size or enlarged."""
+    _, client, _ = running
+    gallery, info, classes, page = client.predict("bloodmnist-cells", "all", 1, api_name="/browse")
+    assert len(gallery) == 24 and "24 images" in info
+    picked = client.predict("bloodmnist-cells", 5, api_name="/browse_pick")
+    with Image.open(picked) as picture:
+        assert picture.size == (64, 64)
+    gallery, progress, page, classes = client.predict("bloodmnist-cells", "tiny-cnn", 24, "all", "all", "dr-named",
+                                                      api_name="/review_load")
+    assert len(gallery) == 24 and "Reviewed 0 of 24" in progress
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="no data set named"):
+        client.predict("nowhere", "all", 1, api_name="/browse")
+    explain(client)
+    files = client.predict(0.5, "cividis", "enlarged", api_name="/downloads")
+    files = files["value"] if isinstance(files, dict) else files
+    files = [f if isinstance(f, str) else f["path"] for f in files]
+    assert sorted(Path(f).name for f in files) == ["curves.csv", "overlay-aha-1024x1024.png",
+                                                   "overlay-gradcam-1024x1024.png", "report.json"]
+    with Image.open(next(f for f in files if "overlay-aha" in f)) as picture:
+        assert picture.size == (1024, 1024)
+
+
+def test_outline_of_the_top_share_redraws_without_a_model_pass(running):
+    """Issue 11.11 (optional part): moving the top-% outline redraws the overlays from the cached maps."""
+    demo, client, _ = running
+    explain(client)
+    calls = []
+    network = demo.services.bundle("tiny-cnn").network
+    hook = network.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        outlined = client.predict(20, 0.5, "cividis", api_name="/outline")
+        plain = client.predict(0, 0.5, "cividis", api_name="/outline")
+    finally:
+        hook.remove()
+    assert calls == []  # no model pass
+    assert len(outlined) == len(plain) == 2
+    for with_line, without in zip(outlined, plain):
+        a, b = (np.asarray(Image.open(item["image"]).convert("RGB")) for item in (with_line, without))
+        line = np.abs(a.astype(int) - b.astype(int)).max(axis=2) > 60  # beyond the JPEG noise of the gallery
+        assert 0 < line.mean() < 0.3  # a line, not a fill
+        assert (np.abs(np.median(a[line], axis=0) - (213, 94, 0)) < 30).all()  # in vermillion

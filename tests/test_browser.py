@@ -387,3 +387,90 @@ def test_models_tab_import_then_explain(page, shots, tmp_path):
     wait_js(page, "document.querySelectorAll('#overlays img').length >= 1")
     assert any(name in page.locator("#top5").inner_text() for name in ("healthy cell", "atypical cell", "artefact"))
     page.screenshot(path=str(shots / "models-explain.png"), full_page=True)
+
+
+def _fresh_page(page, app_url, width=1280, height=800):
+    """A new browser context (its own local storage and session) on the module's browser, at width x height."""
+    context = page.context.browser.new_context(viewport={"width": width, "height": height}, device_scale_factor=1)
+    fresh = context.new_page()
+    fresh.errors = []
+    fresh.on("pageerror", lambda error: fresh.errors.append(str(error)))
+    fresh.goto(app_url, wait_until="domcontentloaded")
+    fresh.wait_for_selector("#explain-button", timeout=60_000)
+    return context, fresh
+
+
+def _verdict_classes(page) -> list:
+    return page.evaluate("['plausible', 'implausible', 'unsure'].map(v => "
+                         "document.querySelector('#verdict-' + v).classList.contains('primary'))")
+
+
+def test_review_name_survives_a_reload_and_the_set_verdict_is_selected(app_url, page):
+    """Issue 11.9: the reviewer's name comes back after a reload; the verdict set on the open image is the
+    selected (primary) button, on open, Next, Previous and after a click."""
+    who = f"dr-reload-{int(time.time())}"
+    context, fresh = _fresh_page(page, app_url)
+    try:
+        fresh.get_by_role("tab", name="Review").click()
+        fresh.locator("#reviewer textarea, #reviewer input").first.fill(who)
+        wait_js(fresh, "Object.keys(localStorage).includes('saliency-lab-reviewer')", timeout=30_000)
+        time.sleep(1.0)  # the name's change event stores it
+        fresh.reload(wait_until="domcontentloaded")
+        fresh.wait_for_selector("#explain-button", timeout=60_000)
+        fresh.get_by_role("tab", name="Review").click()
+        wait_js(fresh, f"(document.querySelector('#reviewer textarea, #reviewer input') || {{}}).value === '{who}'",
+                timeout=30_000)
+        folder = fresh.locator("#review-folder input").input_value()
+        assert "/" not in folder and folder.startswith("bloodmnist-")  # a named data set, not a server path
+        fresh.locator("#review-load").click()
+        wait_js(fresh, "document.querySelectorAll('#review-gallery img').length >= 8")
+        fresh.locator("#review-gallery button.thumbnail-item").first.click()
+        wait_js(fresh, "document.querySelectorAll('#review-maps img').length >= 2")
+        assert _verdict_classes(fresh) == [False, False, False]  # a new reviewer: nothing set
+        fresh.locator("#verdict-implausible").click()
+        wait_js(fresh, "document.querySelector('#verdict-implausible').classList.contains('primary')")
+        assert _verdict_classes(fresh) == [False, True, False]
+        fresh.locator("#verdict-unsure").click()  # a change of mind moves the selection
+        wait_js(fresh, "document.querySelector('#verdict-unsure').classList.contains('primary')")
+        assert _verdict_classes(fresh) == [False, False, True]
+        first = fresh.locator("#review-item").inner_text()
+        fresh.locator("#review-next").click()
+        wait_js(fresh, f"document.querySelector('#review-item').innerText !== {first!r}")
+        wait_js(fresh, "!document.querySelector('#verdict-unsure').classList.contains('primary')")
+        assert _verdict_classes(fresh) == [False, False, False]  # the next image has no verdict
+        fresh.locator("#review-previous").click()
+        wait_js(fresh, f"document.querySelector('#review-item').innerText === {first!r}")
+        wait_js(fresh, "document.querySelector('#verdict-unsure').classList.contains('primary')")
+        assert _verdict_classes(fresh) == [False, False, True]
+        assert not fresh.errors, fresh.errors
+    finally:
+        context.close()
+
+
+def test_browse_gallery_fits_its_column_with_whole_labels(app_url, page):
+    """Issue 11.14: at 1280 x 800 the BloodMNIST browser's gallery is not clipped on the right and no label is
+    cut; the data set is picked by name (no server path shown)."""
+    context, fresh = _fresh_page(page, app_url)
+    try:
+        fresh.get_by_text("BloodMNIST browser").click()
+        chosen = fresh.locator("#browse-folder input").input_value()
+        assert "/" not in chosen and chosen.startswith("bloodmnist-"), chosen  # cells, or the test split
+        fresh.get_by_role("button", name="Show", exact=True).click()
+        wait_js(fresh, "document.querySelectorAll('#browse-gallery img').length >= 24")
+        fresh.locator("#browse-gallery").scroll_into_view_if_needed()
+        time.sleep(1.0)
+        facts = fresh.evaluate("""() => {
+            const box = document.querySelector('#browse-gallery').getBoundingClientRect();
+            const items = [...document.querySelectorAll('#browse-gallery .thumbnail-item')];
+            const labels = [...document.querySelectorAll('#browse-gallery .caption-label')];
+            return {items: items.length, labels: labels.length,
+                    over: items.filter(e => e.getBoundingClientRect().right > box.right + 1
+                                          || e.getBoundingClientRect().left < box.left - 1).length,
+                    cut: labels.filter(e => e.scrollWidth > e.clientWidth + 1
+                                         || e.getBoundingClientRect().right > box.right + 1).length,
+                    page: document.documentElement.scrollWidth - window.innerWidth}; }""")
+        assert facts["items"] >= 24 and facts["labels"] == facts["items"], facts  # 24 shipped, 48 a page
+        assert facts["over"] == 0 and facts["cut"] == 0 and facts["page"] <= 0, facts
+        assert not fresh.errors, fresh.errors
+    finally:
+        context.close()

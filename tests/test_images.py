@@ -597,3 +597,30 @@ def test_load_prepare_roundtrip(tmp_path):
     tensor, geometry = prepare_image(load_image(path), (48, 64), crop_pct=1.0)
     assert geometry.crop_box == (0.0, 0.0, 64.0, 48.0)
     np.testing.assert_array_equal(image_to_uint8(tensor), pixels)
+
+
+def test_crop_region_marks_the_centre_crop_and_overlay_leaves_the_margin_as_it_is():
+    """Issue 11.14: a model with a centre crop (efficientnet-lite0: crop_pct 0.875) never saw the margin; the
+    overlay used to paint it in the colour of "least important", a square around the crop."""
+    from explainers.images import colormap_lut, crop_region
+
+    grey = np.full((100, 100, 3), 128, np.uint8)
+    _, geometry = prepare_image(Image.fromarray(grey), (32, 32), crop_pct=0.875)
+    left, top, right, bottom = geometry.crop_box
+    assert 0 < left < 10 and 90 < right < 100  # a real margin on each side
+    region = crop_region(geometry)
+    assert region.shape == (100, 100) and not region[0, 0] and not region[99, 50] and region[50, 50]
+    full = map_to_original(np.linspace(1.0, 2.0, 32 * 32).reshape(32, 32), geometry)
+    assert np.array_equal(full != 0, region)  # exactly the pixels map_to_original fills
+    plain = np.asarray(overlay(grey, full, opacity=0.6))
+    assert (plain[~region] != 128).any()  # without a region: the margin is coloured (the old square)
+    kept = np.asarray(overlay(grey, full, opacity=0.6, region=region))
+    assert np.array_equal(kept[~region], grey[~region])  # the margin is the image itself
+    assert np.array_equal(kept[region], plain[region]) is False  # the stretch is over the region only:
+    low = np.round(128 * 0.4 + colormap_lut("cividis")[0] * 0.6).astype(np.uint8)
+    first = np.argwhere(region)[0]  # the crop's top-left pixel holds the map's minimum (1.0 -> low end)
+    assert np.abs(kept[tuple(first)].astype(int) - low.astype(int)).max() <= 1
+    whole = np.ones((100, 100), bool)
+    assert np.array_equal(np.asarray(overlay(grey, full, 0.6, region=whole)), plain)  # all True: no change
+    with pytest.raises(ImageError, match="region"):
+        overlay(grey, full, 0.6, region=np.ones((10, 10), bool))

@@ -273,7 +273,11 @@ def test_finetune_data_choices_are_prefixed_once(tmp_path):
     ready.mkdir(parents=True)
     (ready / "masks.csv").write_text("file,mask_file,class_index\n")
     found = finetune.finetune_datasets([tmp_path])
-    assert found[0] == ("Decoy BloodMNIST, train (cell masks)", f"path:{ready.resolve()}")
+    assert found[0] == ("Decoy BloodMNIST, train (cell masks)", "ready:decoy")  # a name, no server path
+    with_roots = type("S", (), {"decoy_roots": [tmp_path]})()
+    assert finetune.training_folder(with_roots, "ready:decoy") == str(ready.resolve())
+    with pytest.raises(ValueError, match="not built on this server"):
+        finetune.training_folder(type("S", (), {"decoy_roots": [tmp_path / "none"]})(), "ready:decoy")
 
     class Store:
         def mask_sets(self):
@@ -295,6 +299,13 @@ def test_finetune_refuses_bad_choices(tmp_path):
         finetune.training_folder(services, "zip:x")
     with pytest.raises(ValueError, match="outside the data folders"):
         finetune.training_folder(services, "path:/etc")
+
+
+def test_finetune_takes_no_typed_path_on_a_space(tmp_path, monkeypatch):
+    services = type("S", (), {"hf_token": None, "state_dir": tmp_path})()
+    monkeypatch.setenv("SPACE_ID", "someone/saliency-lab")
+    with pytest.raises(ValueError, match="does not open folders by path on a Space"):
+        finetune.training_folder(services, f"path:{tmp_path}")
 
 
 def _export_tiny(folder, name):
@@ -608,3 +619,154 @@ def test_sanity_plot_shows_negative_correlations():
                                     ("Random", [("trained", 1.0), ("head", -0.49)])])
     low, high = figure.layout["yaxis"]["range"]
     assert low <= -1.0 and high >= 1.0 and len(figure.data) == 2
+
+
+# ------------------------------------------------------------------ issue 11 leftovers: data sets by name,
+# the verdict shown, downloads at the original size or enlarged, the centre-crop margin
+def test_data_sets_are_offered_by_name_and_paths_only_off_a_space(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("SALIENCY_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("SALIENCY_LAB_DATA_ROOTS", raising=False)
+    from explainers.paths import user_dir
+
+    own = user_dir("datasets") / "ward-7"
+    own.mkdir()
+    for name in ("test_00000.jpg", "test_00121.jpg"):
+        shutil.copy(CELLS / name, own / name)
+    (own / "labels.csv").write_text("file,class_index\ntest_00000.jpg,0\ntest_00121.jpg,1\n")
+    choices = browse.dataset_choices()
+    values = [value for _, value in choices]
+    assert values[0] == "bloodmnist-cells" and "ward-7" in values
+    assert choices[0][0] == "bloodmnist-cells (24 images)" and ("ward-7 (2 images)", "ward-7") in choices
+    assert not any("/" in label for label, _ in choices)  # no server path in the menu
+    assert browse.resolve_dataset_choice("bloodmnist-cells") == CELLS.resolve()
+    assert browse.resolve_dataset_choice("ward-7") == own.resolve()
+    assert len(browse.browse("ward-7").items) == 2 and browse.pick("bloodmnist-cells", 3).size == (64, 64)
+    assert browse.dataset_menu(str(CELLS)) == (choices, "bloodmnist-cells")  # a folder with a name: the name
+    assert browse.dataset_name(own) == "ward-7"
+    for bad, words in (("nope", "no data set named 'nope'"), ("", "Pick a data set"),
+                       ("/etc", "outside the data folders")):
+        with pytest.raises(ValueError, match=words):
+            browse.resolve_dataset_choice(bad)
+    assert browse.resolve_dataset_choice(str(CELLS)) == CELLS.resolve()  # off a Space: a typed allowed folder
+    unnamed = ROOT / "assets"
+    menu, value = browse.dataset_menu(str(unnamed))
+    assert value == str(unnamed) and menu[0] == ("assets (this server's folder)", str(unnamed))
+    monkeypatch.setenv("SPACE_ID", "someone/saliency-lab")  # on a Space: names only
+    with pytest.raises(ValueError, match="does not open folders by path on a Space"):
+        browse.resolve_dataset_choice(str(CELLS))
+    assert browse.resolve_dataset_choice("ward-7") == own.resolve()
+    assert browse.dataset_menu(str(unnamed)) == (choices, "bloodmnist-cells")  # its own folder left out
+
+
+def test_the_saved_verdict_is_the_selected_button(tmp_path):
+    services = FakeServices(tmp_path)
+    rows = [{"item": "x.png", "label": 0, "prediction": 1, "confidence": 0.8, "position": 0},
+            {"item": "y.png", "label": 1, "prediction": 1, "confidence": 0.9, "position": 1}]
+    state = {"key": "ds", "model": "m", "names": ["a", "b"], "model_names": ["a", "b"], "current": None,
+             "rows": rows, "filtered": rows}
+    assert review.current_verdict(services, state, "dr-a") is None  # nothing open
+    assert review.verdict_variants(None) == ["secondary"] * 3
+    opened = {**state, "current": 0}
+    assert review.current_verdict(services, opened, "dr-a") is None
+    review.record_verdict(services, opened, "dr-a", "implausible")
+    assert review.current_verdict(services, opened, "dr-a") == "implausible"
+    assert review.verdict_variants("implausible") == ["secondary", "primary", "secondary"]
+    assert review.current_verdict(services, opened, "dr-b") is None  # each reviewer's own
+    assert review.current_verdict(services, {**state, "current": 1}, "dr-a") is None  # the next image: none
+    review.record_verdict(services, opened, "dr-a", "unsure")
+    assert review.verdict_variants(review.current_verdict(services, opened, "dr-a")) == ["secondary", "secondary",
+                                                                                          "primary"]
+
+
+def _crop_bundle(cnn_bundle, crop_pct):
+    import dataclasses
+
+    return dataclasses.replace(cnn_bundle, crop_pct=crop_pct)
+
+
+def test_overlays_leave_a_centre_crops_margin_uncoloured_with_a_note(cnn_bundle):
+    from explainers import engine
+
+    picture = Image.fromarray(np.full((90, 120, 3), 128, np.uint8))
+    record = {"map": np.linspace(0, 1, 32 * 32).reshape(32, 32), "label": "Grad-CAM", "target_name": "c",
+              "options": {}}
+    cropped = engine.prepare_input(picture, _crop_bundle(cnn_bundle, 0.875))
+    shown = pictures.render_overlays(cropped, [record], 0.6)[0][0]
+    from explainers.images import crop_region
+
+    region = crop_region(cropped.display_geometry)
+    assert (~region).sum() > 0.3 * region.size  # 120 x 90 into a square crop: a wide margin
+    rows, cols = np.flatnonzero(region.any(axis=1)), np.flatnonzero(region.any(axis=0))
+    assert shown.size == (len(cols), len(rows)) and abs(shown.size[0] - shown.size[1]) <= 1  # the square crop
+    inside = np.asarray(cropped.display)[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+    assert (np.asarray(shown) != inside).any(axis=2).all()  # every pixel shown carries the map: no margin, no square
+    assert "centre crop (87.5% of the shorter side)" in pictures.crop_note(cropped, _crop_bundle(cnn_bundle, 0.875))
+    square = engine.prepare_input(Image.fromarray(np.full((64, 64, 3), 128, np.uint8)), cnn_bundle)
+    assert pictures.crop_note(square, cnn_bundle) == ""  # BloodMNIST: the model sees it all
+    state = {"model": "m", "target": 0, "target_name": "c", "crop_note": pictures.crop_note(cropped),
+             "results": [{"label": "Grad-CAM", "seconds": 0.01, "method": "gradcam"}]}
+    assert "the maps show that crop" in explain.status_text(state)
+
+
+def test_downloads_at_the_original_size_or_enlarged(tmp_path, cnn_bundle):
+    from explainers import engine
+
+    assert engine.download_size((64, 64)) == (64, 64)
+    assert engine.download_size((64, 64), "enlarged") == (1024, 1024)
+    assert engine.download_size((300, 150), "enlarged") == (1024, 512)
+    assert engine.download_size((3000, 2000), "enlarged") == (3000, 2000)  # large already: its own size
+    with pytest.raises(ValueError, match="Unknown download size"):
+        engine.download_size((64, 64), "huge")
+    from saliency_lab.services import Services
+
+    services = Services(lambda name: cnn_bundle, ["tiny-cnn"], tmp_path)
+    wide = tmp_path / "wide-cell.png"
+    Image.open(CELLS / "test_00000.jpg").convert("RGB").resize((200, 100)).save(wide)
+    for path, original in ((str(CELLS / "test_00000.jpg"), (64, 64)), (str(wide), (200, 100))):
+        state, _ = explain.explain_maps(services, path, "tiny-cnn", ["gradcam"])
+        assert state["image_size"] == list(original)
+        assert explain.download_choices(state)[0] == (f"Original size ({original[0]}×{original[1]})", "original")
+        for size, expected in (("original", original), ("enlarged", engine.download_size(original, "enlarged"))):
+            files = explain.write_downloads(services, state, 0.5, "cividis", size)
+            png = next(f for f in files if f.name.startswith("overlay-gradcam"))
+            with Image.open(png) as picture:
+                assert picture.size == expected
+            report = json.loads(next(f for f in files if f.name == "report.json").read_text())
+            assert report["overlay"]["size"] == list(expected) and report["overlay"]["original_size"] == list(original)
+    assert explain.download_choices()[1][1] == "enlarged"  # before any explanation: the choice is still offered
+
+
+def test_top_share_outline_is_the_set_deletion_removes_first(cnn_bundle):
+    """Issue 11.11 (optional part): the top-p% region of each map outlined, from the cached map (no model
+    pass); it is exactly the set of pixels the deletion curve removes first."""
+    import torch
+
+    from explainers import engine
+    from explainers.metrics import fraction_counts, pixel_ranks, top_fraction
+
+    grid = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)[::-1].copy()  # brightest at the top-left
+    top = top_fraction(grid, 0.25)
+    assert top.sum() == 256 and top[:8].all() and not top[8:].any()  # the first 8 rows: the 256 largest values
+    _, counts = fraction_counts(20, 32 * 32)  # the curve's step 5 of 20 = 25 %
+    random_map = np.random.default_rng(0).random((32, 32)).astype(np.float32)
+    removed = (pixel_ranks(torch.as_tensor(random_map)[None])[0] < counts[5]).view(32, 32).numpy()
+    assert np.array_equal(top_fraction(random_map, 0.25), removed)
+    assert not top_fraction(grid, 0).any() and top_fraction(grid, 1).all()
+    with pytest.raises(ValueError, match="fraction"):
+        top_fraction(grid, 1.5)
+    prepared = engine.prepare_input(Image.open(CELLS / "test_00000.jpg").convert("RGB"), cnn_bundle)
+    record = {"map": grid, "label": "Grad-CAM", "target_name": "c", "options": {}}
+    plain = np.asarray(pictures.render_overlays(prepared, [record], 0.5)[0][0])
+    outlined = np.asarray(pictures.render_overlays(prepared, [record], 0.5, outline=0.25)[0][0])
+    changed = (plain != outlined).any(axis=2)
+    assert changed.any() and (outlined[changed] == pictures.OUTLINE).all()
+    rows = np.flatnonzero(changed.any(axis=1))  # 64 px cell shown at 256 px: the top quarter's border
+    assert rows.min() == 0 and 60 <= rows.max() <= 64 and not changed[70:].any()
+    assert changed[63, 100] and not changed[30, 100]  # the lower edge is drawn, the inside is not filled
+    state = explain.set_outline({"results": []}, 10)
+    assert state["outline"] == 0.1 and explain.set_outline(state, 0)["outline"] == 0
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        explain.set_outline(state, 120)
