@@ -175,23 +175,38 @@ def _world() -> tuple:
     return 1, 0
 
 
-def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
-    """All processes' per-image scores, put back in image order (every process gets the whole)."""
+def gather_items(per_item: dict, sums: dict, indices: list, n: int) -> tuple:
+    """Under torchrun: every process's per-item lists put back in item order, and numbers summed over processes.
+    `per_item` {key: list aligned with `indices`, this process's items of 0..n-1}; `sums` {key: number}.
+    Returns ({key: list of n}, {key: total}); every process gets the whole."""
     import torch.distributed as dist
 
     parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, {"indices": indices, "totals": totals, "correct": correct})
+    dist.all_gather_object(parts, {"indices": list(indices), "per_item": per_item, "sums": sums})
+    merged = {}
+    for key in per_item:
+        values = [None] * n
+        for part in parts:
+            for index, value in zip(part["indices"], part["per_item"][key]):
+                values[index] = value
+        merged[key] = values
+    return merged, {key: sum(part["sums"][key] for part in parts) for key in sums}
+
+
+def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
+    """All processes' per-image scores, put back in image order (every process gets the whole)."""
+    keys = ("deletion", "insertion", "pointing")
+    per_item = {(label, key): totals[label][key] for label in totals for key in keys}
+    sums = {("seconds", label): totals[label]["seconds"] for label in totals}
+    per_item, sums = gather_items(per_item, {**sums, "correct": correct}, indices, n)
     merged = {}
     for label in totals:
-        row = {"seconds": sum(part["totals"][label]["seconds"] for part in parts)}
-        for key in ("deletion", "insertion", "pointing"):
-            values = [None] * n
-            for part in parts:
-                for index, value in zip(part["indices"], part["totals"][label][key]):
-                    values[index] = value
+        row = {"seconds": sums[("seconds", label)]}
+        for key in keys:
+            values = per_item[(label, key)]
             row[key] = values if any(v is not None for v in values) else []
         merged[label] = row
-    return merged, sum(part["correct"] for part in parts)
+    return merged, sums["correct"]
 
 
 def init_distributed() -> tuple:
