@@ -1306,8 +1306,9 @@ def build_learn_tab(services, names, first_model, explain_image, heavy, light):
         grid_model = gr.Dropdown(list(learn.GRID_MODELS), value=learn.GRID_MODELS[0], label="Model", scale=2,
                                  elem_id="grid-model")
         grid_seed = gr.Number(0, minimum=0, precision=0, label="Mosaic (seed)", scale=1, elem_id="grid-seed")
-        grid_methods = gr.CheckboxGroup(learn.grid_method_choices(), value=list(learn.GRID_DEFAULT_METHODS),
-                                        label="Methods", scale=3, elem_id="grid-methods")
+        grid_methods = gr.CheckboxGroup(learn.grid_method_choices(),
+                                        value=learn.grid_default_methods(learn.GRID_MODELS[0]), label="Methods", scale=3,
+                                        elem_id="grid-methods")
         grid_button = gr.Button("Make the mosaic and explain its four classes", variant="primary", scale=1,
                                 elem_id="grid-button")
     grid_class = gr.Radio(learn.grid_class_choices(None), value="all", label="Show the maps of",
@@ -1327,8 +1328,9 @@ def build_learn_tab(services, names, first_model, explain_image, heavy, light):
     def show_grid(result, shown):  # drawing only: the maps are in the state
         return learn.grid_view(services, result, shown)
 
-    grid_button.click(run_grid, [grid_model, grid_seed, grid_methods], [grid_gallery, grid_info, grid_class, grid_state],
-                      api_name="gridpg", **heavy)
+    grid_button.click(run_grid, [grid_model, grid_seed, grid_methods],
+                      [grid_gallery, grid_info, grid_class, grid_state], api_name="gridpg", **heavy)
+    grid_model.input(learn.grid_default_methods, grid_model, grid_methods, api_visibility="private", queue=False)
     grid_class.input(show_grid, [grid_state, grid_class], [grid_gallery, grid_info], api_visibility="private", **light)
     return sanity_model
 

@@ -327,7 +327,7 @@ def decoy_model_cards(folders) -> tuple:
 # The computation is the library's (`explainers.gridpg`, the `gridpg` command): the mosaic of seed S is the
 # first mosaic `python -m explainers gridpg --data assets/bloodmnist --seed S` scores.
 GRID_MODELS = ("bloodmnist-cnn", "bloodmnist-vit-grid")
-GRID_DEFAULT_METHODS = ("gradcam", "chefer", "random")
+GRID_DEFAULT_METHODS = {"bloodmnist-cnn": ("gradcam", "random"), "bloodmnist-vit-grid": ("gradcam", "chefer", "random")}
 GRID_SHOWN = 256  # px: the mosaic and its maps are shown enlarged
 
 
@@ -347,7 +347,12 @@ def _grid_model(services, model_name):
     return bundle, mosaic_bundle, cell_size
 
 
-def grid_mosaic(services, model_name, seed=0, methods=GRID_DEFAULT_METHODS, folder=None) -> dict:
+def grid_default_methods(model_name) -> list:
+    """The methods ticked for a model (a ViT gets the ViT methods too)."""
+    return list(GRID_DEFAULT_METHODS.get(model_name, ("gradcam", "random")))
+
+
+def grid_mosaic(services, model_name, seed=0, methods=("gradcam", "random"), folder=None) -> dict:
     """The mosaic of `seed` (from the shipped cells, or a labelled `folder`), each method's maps of its four
     classes with their GridPG scores, and the model's quadrant sensitivity on it. The maps are cached per
     (model, mosaic, method), so asking again, or adding a method, computes only what is new. A plain dict
@@ -464,5 +469,5 @@ def grid_view(services, result, shown="all", opacity=0.6, colormap="cividis") ->
               "reference colour, minus the mean drop when another quadrant is. Near 0 the model does not read the "
               "class where it is, and no method can point there: judge the methods only where the model does."]
     for method, message in result["skipped"].items():
-        lines.append(f"\n{engine.method_label(method)} skipped: {message}")
+        lines.append(f"\nSkipped {engine.method_label(method)}: {message}")
     return services.pictures(items, "png"), "\n".join(lines)

@@ -390,13 +390,13 @@ def test_models_tab_import_then_explain(page, shots, tmp_path):
 
 
 def test_learn_gridpg_mosaic_then_one_class(page, shots):
-    """The Learn tab's grid pointing game: a mosaic of bloodmnist-cnn with Grad-CAM and random (Chefer is skipped
-    on a CNN, with a note), every map scored; then one class's maps only, drawn from the session's state."""
+    """The Learn tab's grid pointing game: a mosaic of bloodmnist-cnn with its default methods (Grad-CAM and
+    random), every map scored; then one class's maps only, drawn from the session's state."""
     page.get_by_role("tab", name="Learn").click()
     page.locator("#grid-button").click()
     wait_js(page, "document.querySelectorAll('#grid-gallery img').length >= 9", timeout=300_000)  # mosaic + 2 x 4
     info = page.locator("#grid-info").inner_text()
-    assert "quadrant sensitivity" in info and "Grad-CAM" in info and "skipped" in info
+    assert "quadrant sensitivity" in info and "Grad-CAM" in info and "Random" in info
     page.locator("#grid-class label").nth(2).click()  # the second class (the first option is "all four")
     wait_js(page, "document.querySelectorAll('#grid-gallery img').length === 3", timeout=120_000)
     page.locator("#grid-gallery").scroll_into_view_if_needed()

@@ -113,7 +113,7 @@ def test_a_method_that_cannot_explain_the_model_is_skipped_with_a_note(services)
     result = learn.grid_mosaic(services, "grid-cnn", 0, ["chefer", "random"])
     assert result["methods"] == ["random"] and "chefer" in result["skipped"]
     _, text = learn.grid_view(services, result, "all")
-    assert "skipped" in text
+    assert "Skipped Gradient rollout (Chefer)" in text
     with pytest.raises(ValueError):
         learn.grid_mosaic(services, "grid-cnn", 0, [])
     with pytest.raises(ValueError):
