@@ -118,3 +118,25 @@ def test_a_method_that_cannot_explain_the_model_is_skipped_with_a_note(services)
         learn.grid_mosaic(services, "grid-cnn", 0, [])
     with pytest.raises(ValueError):
         learn.grid_view(services, None, "all")
+
+
+@pytest.mark.parametrize("model", learn.GRID_MODELS)
+def test_the_shipped_grid_models(tmp_path, model):
+    """bloodmnist-vit-grid takes 128 px mosaics of 64 px cells as they are (its card's grid_cell_size); the CNN
+    takes them through global pooling. Both give four scores in [0, 1] per method."""
+    from explainers.models import card_path, load_model
+    from saliency_lab.services import Services
+
+    if not card_path(model).exists():
+        pytest.skip(f"{model} is not shipped in this checkout")
+    torch.set_num_threads(1)
+    services = Services(lambda name: load_model(name), list(learn.GRID_MODELS), tmp_path / "state")
+    methods = learn.grid_default_methods(model)
+    result = learn.grid_mosaic(services, model, 4, methods)
+    assert result["methods"] == methods and not result["skipped"]
+    assert result["mosaic_size"] == [128, 128]
+    bundle, mosaic_bundle, cell_size = learn._grid_model(services, model)
+    assert cell_size == (64, 64) and tuple(mosaic_bundle.input_size) == (128, 128)
+    assert (mosaic_bundle is bundle) == (model == "bloodmnist-vit-grid")
+    for method in methods:
+        assert len(result["scores"][method]) == 4 and all(0.0 <= v <= 1.0 for v in result["scores"][method])
