@@ -107,10 +107,12 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     tolerance = pointing_tolerance(size)  # 15 px at 224 px, scaled
     all_indices = list(range(len(dataset)))
     world, rank = _world()
-    indices = all_indices[rank::world]  # under torchrun each process scores every world-th image
+    # under torchrun each process scores every world-th batch: whole batches, so that a batch holds the same
+    # images as in one process (a method whose map depends on the batch, like the random map, gives the same)
+    batches = [all_indices[start:start + batch_size] for start in range(0, len(all_indices), batch_size)][rank::world]
+    indices = [i for batch in batches for i in batch]
     bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
-    for start in range(0, len(indices), batch_size):
-        batch_indices = indices[start:start + batch_size]
+    for batch_indices in batches:
         images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
         labels = torch.tensor([int(dataset.labels[i]) for i in batch_indices])
         with torch.no_grad():
