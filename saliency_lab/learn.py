@@ -449,9 +449,9 @@ def grid_view(services, result, shown="all", opacity=0.6, colormap="cividis") ->
         for method in result["methods"]:
             array = np.asarray(Image.fromarray(result["maps"][method][q].astype(np.float32)).resize(
                 (GRID_SHOWN, GRID_SHOWN), Image.BILINEAR), dtype=np.float32)
+            why = f"why {result['class_names'][q]} ({result['quadrants'][q]})"
             items.append((_outline(overlay(base, array, opacity=float(opacity), colormap=colormap), q),
-                          f"{engine.method_label(method)} · why {result['class_names'][q]} ({result['quadrants'][q]}) · "
-                          f"GridPG {result['scores'][method][q]:.2f}"))
+                          f"{engine.method_label(method)} · {why} · GridPG {result['scores'][method][q]:.2f}"))
     header = [f"{n} ({w})" for n, w in zip(result["class_names"], result["quadrants"])]
     lines = [f"**{result['model']}**, mosaic of seed {result['seed']} ({result['mosaic_size'][0]} × "
              f"{result['mosaic_size'][1]} px; cells {', '.join(result['files'])}). Each score is the share of the "

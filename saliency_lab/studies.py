@@ -284,8 +284,9 @@ def faithfulness_scores(report: dict) -> tuple:
               if all(m in entry["deletion_auc"] and m in entry["insertion_auc"] for m in methods)]
     if not paired or not methods:
         return {}, 0
-    return ({m: {"deletion": [e["deletion_auc"][m] for e in paired], "insertion": [e["insertion_auc"][m] for e in paired]}
-             for m in methods}, len(paired))
+    per_image = {m: {"deletion": [e["deletion_auc"][m] for e in paired],
+                     "insertion": [e["insertion_auc"][m] for e in paired]} for m in methods}
+    return per_image, len(paired)
 
 
 def _bootstrap_options(report: dict) -> dict:
