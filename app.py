@@ -530,7 +530,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
 
             # ---------------------------------------------------------------------------- Learn
             with gr.Tab("Learn", id="learn") as learn_tab:
-                sanity_model = build_learn_tab(services, names, first_model, image, heavy)
+                sanity_model = build_learn_tab(services, names, first_model, image, heavy, light)
 
             # ---------------------------------------------------------------------------- Models
             with gr.Tab("Models", id="models") as models_tab_ui:
@@ -1312,7 +1312,7 @@ def build_models_tab(services, heavy, light) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ Learn tab
-def build_learn_tab(services, names, first_model, explain_image, heavy):
+def build_learn_tab(services, names, first_model, explain_image, heavy, light):
     gr.Markdown("## What the methods do")
     gr.Markdown("\n\n".join(f"**{label}.** {text}" for label, text in menus.method_descriptions()))
     gr.Markdown("## What the scores mean")
@@ -1353,6 +1353,44 @@ def build_learn_tab(services, names, first_model, explain_image, heavy):
                              elem_id="decoy-button")
     decoy_button.click(friendly(lambda: learn.decoy_view(services)), None, [decoy_gallery, decoy_info],
                        api_name="decoy", **heavy)
+
+    gr.Markdown("## Why this class and not that one: the grid pointing game")
+    gr.Markdown("Four shipped cells of four different classes make a 2 × 2 mosaic (which cells, classes and places: "
+                "from the seed). Each method explains each of the four classes on the same mosaic; a map that knows "
+                "*which* cell makes the class puts its attribution in that class's quadrant (score 1), one that only "
+                "finds cells spreads it (chance 0.25). The model is measured first: its quadrant sensitivity says "
+                "whether it reads each class where it is. The ViT is **bloodmnist-vit-grid**, fine-tuned on mosaics "
+                "(the bundled ViT, trained on single cells, does not read mosaics).", elem_classes="help")
+    with gr.Row():
+        grid_model = gr.Dropdown(list(learn.GRID_MODELS), value=learn.GRID_MODELS[0], label="Model", scale=2,
+                                 elem_id="grid-model")
+        grid_seed = gr.Number(0, minimum=0, precision=0, label="Mosaic (seed)", scale=1, elem_id="grid-seed")
+        grid_methods = gr.CheckboxGroup(learn.grid_method_choices(),
+                                        value=learn.grid_default_methods(learn.GRID_MODELS[0]), label="Methods", scale=3,
+                                        elem_id="grid-methods")
+        grid_button = gr.Button("Make the mosaic and explain its four classes", variant="primary", scale=1,
+                                elem_id="grid-button")
+    grid_class = gr.Radio(learn.grid_class_choices(None), value="all", label="Show the maps of",
+                          elem_id="grid-class")
+    grid_gallery = gr.Gallery(label="The mosaic, then each method's map (the class's quadrant outlined)", columns=4,
+                              format="png", height="auto", object_fit="contain", elem_id="grid-gallery")
+    grid_info = gr.Markdown(elem_classes="help", elem_id="grid-info")
+    grid_state = gr.State(None)
+
+    @friendly
+    def run_grid(model_name, seed, chosen):
+        result = learn.grid_mosaic(services, model_name, seed, chosen)
+        items, text = learn.grid_view(services, result, "all")
+        return items, text, gr.update(choices=learn.grid_class_choices(result), value="all"), result
+
+    @friendly
+    def show_grid(result, shown):  # drawing only: the maps are in the state
+        return learn.grid_view(services, result, shown)
+
+    grid_button.click(run_grid, [grid_model, grid_seed, grid_methods],
+                      [grid_gallery, grid_info, grid_class, grid_state], api_name="gridpg", **heavy)
+    grid_model.input(learn.grid_default_methods, grid_model, grid_methods, api_visibility="private", queue=False)
+    grid_class.input(show_grid, [grid_state, grid_class], [grid_gallery, grid_info], api_visibility="private", **light)
     return sanity_model
 
 

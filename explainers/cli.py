@@ -63,17 +63,12 @@ def cmd_explain(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from .evaluate import evaluate_methods, format_table
-    from .models import load_model
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from .evaluate import init_distributed
-
-    world, rank = init_distributed()
-    device = f"cuda:{torch.cuda.current_device()}" if world > 1 and torch.cuda.is_available() else "cpu"
-    bundle = load_model(args.model, device=device)
+    bundle, rank = _load_distributed(args.model)
     report = evaluate_methods(bundle, args.data, [m for m in args.methods.split(",") if m], split=args.split,
                               limit=args.limit, steps=args.steps, reference=args.reference, seed=args.seed,
                               batch_size=args.batch_size, method_options=_method_options(args))
@@ -95,6 +90,19 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _load_distributed(model_name: str) -> tuple:
+    """(bundle, rank): joins torchrun's process group when there is one (`evaluate.init_distributed`) and
+    loads the model on this process's GPU there (CPU otherwise)."""
+    import torch
+
+    from .evaluate import init_distributed
+    from .models import load_model
+
+    world, rank = init_distributed()
+    device = f"cuda:{torch.cuda.current_device()}" if world > 1 and torch.cuda.is_available() else "cpu"
+    return load_model(model_name, device=device), rank
+
+
 def _write_report(report: dict, out) -> None:
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +112,6 @@ def _write_report(report: dict, out) -> None:
 
 def cmd_gridpg(args) -> int:
     from .gridpg import format_gridpg, run_gridpg
-    from .models import load_model
 
     if args.threads:
         import torch
@@ -112,10 +119,12 @@ def cmd_gridpg(args) -> int:
         torch.set_num_threads(args.threads)
     if args.mosaics < 1:
         raise ValueError("--mosaics must be at least 1")
-    bundle = load_model(args.model)
+    bundle, rank = _load_distributed(args.model)
     report = run_gridpg(bundle, args.data, [m for m in args.methods.split(",") if m], n_mosaics=args.mosaics,
                         seed=args.seed, batch_size=args.batch_size, method_options=_method_options(args),
                         split=args.split)
+    if rank > 0:  # under torchrun, process 0 prints and writes the whole report
+        return 0
     print(format_gridpg(report))
     _write_report(report, args.out)
     return 0

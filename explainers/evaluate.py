@@ -107,10 +107,12 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     tolerance = pointing_tolerance(size)  # 15 px at 224 px, scaled
     all_indices = list(range(len(dataset)))
     world, rank = _world()
-    indices = all_indices[rank::world]  # under torchrun each process scores every world-th image
+    # under torchrun each process scores every world-th batch: whole batches, so that a batch holds the same
+    # images as in one process (a method whose map depends on the batch, like the random map, gives the same)
+    batches = [all_indices[start:start + batch_size] for start in range(0, len(all_indices), batch_size)][rank::world]
+    indices = [i for batch in batches for i in batch]
     bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
-    for start in range(0, len(indices), batch_size):
-        batch_indices = indices[start:start + batch_size]
+    for batch_indices in batches:
         images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
         labels = torch.tensor([int(dataset.labels[i]) for i in batch_indices])
         with torch.no_grad():
@@ -175,23 +177,38 @@ def _world() -> tuple:
     return 1, 0
 
 
-def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
-    """All processes' per-image scores, put back in image order (every process gets the whole)."""
+def gather_items(per_item: dict, sums: dict, indices: list, n: int) -> tuple:
+    """Under torchrun: every process's per-item lists put back in item order, and numbers summed over processes.
+    `per_item` {key: list aligned with `indices`, this process's items of 0..n-1}; `sums` {key: number}.
+    Returns ({key: list of n}, {key: total}); every process gets the whole."""
     import torch.distributed as dist
 
     parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, {"indices": indices, "totals": totals, "correct": correct})
+    dist.all_gather_object(parts, {"indices": list(indices), "per_item": per_item, "sums": sums})
+    merged = {}
+    for key in per_item:
+        values = [None] * n
+        for part in parts:
+            for index, value in zip(part["indices"], part["per_item"][key]):
+                values[index] = value
+        merged[key] = values
+    return merged, {key: sum(part["sums"][key] for part in parts) for key in sums}
+
+
+def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
+    """All processes' per-image scores, put back in image order (every process gets the whole)."""
+    keys = ("deletion", "insertion", "pointing")
+    per_item = {(label, key): totals[label][key] for label in totals for key in keys}
+    sums = {("seconds", label): totals[label]["seconds"] for label in totals}
+    per_item, sums = gather_items(per_item, {**sums, "correct": correct}, indices, n)
     merged = {}
     for label in totals:
-        row = {"seconds": sum(part["totals"][label]["seconds"] for part in parts)}
-        for key in ("deletion", "insertion", "pointing"):
-            values = [None] * n
-            for part in parts:
-                for index, value in zip(part["indices"], part["totals"][label][key]):
-                    values[index] = value
+        row = {"seconds": sums[("seconds", label)]}
+        for key in keys:
+            values = per_item[(label, key)]
             row[key] = values if any(v is not None for v in values) else []
         merged[label] = row
-    return merged, sum(part["correct"] for part in parts)
+    return merged, sums["correct"]
 
 
 def init_distributed() -> tuple:

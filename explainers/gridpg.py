@@ -109,54 +109,88 @@ def quadrant_sensitivity(bundle, mosaics: torch.Tensor, classes: torch.Tensor) -
     return (own - others).cpu().numpy().astype(np.float64)
 
 
+def mosaic_model(bundle) -> tuple:
+    """(bundle that takes mosaics, (cell height, cell width)): a model fine-tuned on mosaics (train-grid) names its
+    cell size in its card (`grid_cell_size`) and takes mosaics as they are; others take cells at their input
+    size and mosaics twice that (`bundle_for_mosaics`)."""
+    cell_h, cell_w = tuple((bundle.card or {}).get("grid_cell_size") or bundle.input_size)
+    mosaic_size = (2 * cell_h, 2 * cell_w)
+    mosaic = bundle if tuple(bundle.input_size) == mosaic_size else bundle_for_mosaics(bundle, mosaic_size)
+    return mosaic, (cell_h, cell_w)
+
+
+def build_mosaics(dataset, plan, cell_size: tuple, bundle) -> tuple:
+    """(M x 3 x 2h x 2w mosaics on the bundle's device, M x 4 classes in quadrant order) for planned mosaics
+    [(cells, classes)]: each cell prepared at `cell_size` the way the model prepares its inputs."""
+    from .images import prepare_image
+
+    def cell(index):
+        tensor, _ = prepare_image(dataset.image(index), tuple(cell_size), bundle.crop_pct, bundle.interpolation)
+        return tensor[0]
+
+    mosaics = torch.stack([assemble(torch.stack([cell(i) for i in cells])) for cells, _ in plan]).to(bundle.device)
+    return mosaics, torch.tensor([list(c) for _, c in plan], device=mosaics.device)
+
+
+def explain_mosaics(mosaic_bundle, mosaics: torch.Tensor, classes: torch.Tensor, method) -> tuple:
+    """(maps M x 4 x h x w, scores M x 4, seconds): one method's map of each of the four classes of each mosaic
+    (one batch of 4M maps) and each map's GridPG score (the share inside its class's quadrant)."""
+    m = len(mosaics)
+    images = mosaics.repeat_interleave(4, dim=0)  # each mosaic once per quadrant's class
+    started = time.perf_counter()
+    maps = method.attribute(mosaic_bundle, images, classes.reshape(-1)).detach()
+    seconds = time.perf_counter() - started
+    scores = quadrant_share(maps, torch.arange(4).repeat(m)).reshape(m, 4)
+    return maps.reshape(m, 4, *maps.shape[-2:]), scores, seconds
+
+
+@torch.no_grad()
+def top4_hits(mosaic_bundle, mosaics: torch.Tensor, classes: torch.Tensor) -> np.ndarray:
+    """M x 4: 1 where the class of that quadrant is among the model's top 4 on the mosaic."""
+    top4 = mosaic_bundle(mosaics).topk(4, dim=1).indices
+    return np.array([[int(c in set(t)) for c in cs] for t, cs in zip(top4.tolist(), classes.tolist())])
+
+
 def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: int = 0, batch_size: int = 8,
                method_options: dict | None = None, split: str = "test", progress: bool = True) -> dict:
     """The GridPG report: per method the mean share, its interval and the per-mosaic scores; and the model's
-    quadrant sensitivity on the same mosaics."""
+    quadrant sensitivity on the same mosaics.
+
+    Under torchrun (`evaluate.init_distributed` joined a process group) each process takes every world-th
+    batch of mosaics (whole batches, so a batch holds the same mosaics as in one process) and all processes
+    gather the per-mosaic results (`evaluate.gather_items`) into the report one process would write."""
     from .data import item_names, open_dataset
-    from .evaluate import build_methods
-    from .images import prepare_image
+    from .evaluate import _world, build_methods, gather_items
 
     dataset = open_dataset(data, split=split)
     names = item_names(dataset)
     plan = plan_mosaics(dataset.labels, n_mosaics, seed)
-    # a model fine-tuned on mosaics (train-grid) names its cell size; others take cells at their input size
-    cell_h, cell_w = tuple((bundle.card or {}).get("grid_cell_size") or bundle.input_size)
-    mosaic_size = (2 * cell_h, 2 * cell_w)
-    mosaic_bundle = bundle if tuple(bundle.input_size) == mosaic_size else bundle_for_mosaics(bundle, mosaic_size)
+    mosaic_bundle, (cell_h, cell_w) = mosaic_model(bundle)
     method_objects = build_methods(mosaic_bundle, methods, method_options)
 
-    def cell(index):
-        tensor, _ = prepare_image(dataset.image(index), (cell_h, cell_w), bundle.crop_pct, bundle.interpolation)
-        return tensor[0]
-
     torch.manual_seed(seed)
-    scores = {label: [] for label, _ in method_objects}
+    world, rank = _world()
+    starts = list(range(0, len(plan), batch_size))[rank::world]  # whole batches per process
+    mine = [i for start in starts for i in range(start, min(start + batch_size, len(plan)))]
+    per_item = {"sensitivity": [], "top4": [], **{("scores", label): [] for label, _ in method_objects}}
     seconds = {label: 0.0 for label, _ in method_objects}
-    sensitivity, full_top4 = [], []
-    bar = tqdm(total=len(plan), desc=f"gridpg {bundle.name}", disable=not progress, file=sys.stderr)
-    for start in range(0, len(plan), batch_size):
+    bar = tqdm(total=len(mine), desc=f"gridpg {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
+    for start in starts:
         chunk = plan[start:start + batch_size]
-        mosaics = torch.stack([assemble(torch.stack([cell(i) for i in cells])) for cells, _ in chunk])
-        mosaics = mosaics.to(bundle.device)
-        classes = torch.tensor([c for _, c in chunk], device=mosaics.device)  # M x 4, quadrant order
-        sensitivity.append(quadrant_sensitivity(mosaic_bundle, mosaics, classes))
-        with torch.no_grad():
-            top4 = mosaic_bundle(mosaics).topk(4, dim=1).indices
-        full_top4.append(np.array([[int(c in set(t)) for c in cs] for t, cs in zip(top4.tolist(), classes.tolist())]))
-        images = mosaics.repeat_interleave(4, dim=0)  # each mosaic once per quadrant's class
-        targets = classes.reshape(-1)
-        quadrants = torch.arange(4).repeat(len(chunk))
+        mosaics, classes = build_mosaics(dataset, chunk, (cell_h, cell_w), bundle)
+        per_item["sensitivity"].extend(quadrant_sensitivity(mosaic_bundle, mosaics, classes).tolist())
+        per_item["top4"].extend(top4_hits(mosaic_bundle, mosaics, classes).tolist())
         for label, method_obj in method_objects:
-            started = time.perf_counter()
-            maps = method_obj.attribute(mosaic_bundle, images, targets).detach()
-            seconds[label] += time.perf_counter() - started
-            scores[label].append(quadrant_share(maps, quadrants).reshape(len(chunk), 4))
+            _, scores, spent = explain_mosaics(mosaic_bundle, mosaics, classes, method_obj)
+            seconds[label] += spent
+            per_item[("scores", label)].extend(scores.tolist())
         bar.update(len(chunk))
     bar.close()
+    if world > 1:
+        per_item, seconds = gather_items(per_item, seconds, mine, len(plan))
 
-    sensitivity = np.concatenate(sensitivity)
-    top4 = np.concatenate(full_top4)
+    sensitivity = np.asarray(per_item["sensitivity"], dtype=np.float64).reshape(-1, 4)
+    top4 = np.asarray(per_item["top4"], dtype=np.float64).reshape(-1, 4)
     per_mosaic_sensitivity = sensitivity.mean(1)
     report = {
         "model": bundle.name,
@@ -167,7 +201,7 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
                      "reference_color": list(bundle.reference_color),
                      "intervals": f"percentile bootstrap over mosaics, {N_RESAMPLES} resamples, seed {seed}",
                      "vit_position_embeddings": "interpolated (timm set_input_size)" if bundle.is_vit else None,
-                     "torch": torch.__version__, "threads": torch.get_num_threads()},
+                     "torch": torch.__version__, "threads": torch.get_num_threads(), "processes": world},
         "mosaics": [{"files": [names[i] for i in cells], "classes": classes} for cells, classes in plan],
         "model_quadrant_sensitivity": {
             "mean": float(sensitivity.mean()),
@@ -179,7 +213,7 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
         "methods": {},
     }
     for label, method_obj in method_objects:
-        table = np.concatenate(scores[label])  # M x 4
+        table = np.asarray(per_item[("scores", label)], dtype=np.float64).reshape(-1, 4)  # M x 4
         per_mosaic = table.mean(1)
         report["methods"][label] = {
             "gridpg": float(per_mosaic.mean()),

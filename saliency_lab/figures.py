@@ -159,6 +159,44 @@ def auc_table(results: list) -> list:
 AUC_HEADERS = ["method", "options", "deletion AUC ↓", "insertion AUC ↑", "ins − del ↑", "ms"]  # short: fits a phone
 
 
+SCORE_HEADERS = ["method", "deletion AUC ↓", "insertion AUC ↑", "ins − del ↑"]
+SCORE_KEYS = ("deletion", "insertion", "ins_minus_del")
+BEST_MARK, WORSE_MARK = "(best)", "*"
+SCORE_LEGEND = (f"Mean over the images with its 95% bootstrap interval (images resampled). {BEST_MARK}: the best "
+                f"mean on that score; {WORSE_MARK}: significantly worse than the best (the paired 95% interval of "
+                "the difference, over the same images, excludes 0); no mark: within the noise of the best.")
+
+
+def score_table_rows(per_image: dict, **options) -> list:
+    """Rows [method, deletion, insertion, ins − del] of a score table over several images. `per_image`:
+    {method: {'deletion': [...], 'insertion': [...]}}, the same images in the same order for every method. Each
+    cell is 'mean [low, high]' with the best method marked and those significantly worse than it starred
+    (`explainers.statistics.score_table`: seeded bootstrap, paired differences); one image: means only."""
+    from explainers.statistics import score_table
+
+    several = len(per_image) > 1 and all(len(v["deletion"]) > 1 for v in per_image.values())
+    rows = []
+    for row in score_table(per_image, **options):
+        cells = [row["method"]]
+        for key in SCORE_KEYS:
+            mark = (f" {BEST_MARK}" if row[f"{key}_best"] and several else
+                    f" {WORSE_MARK}" if row[f"{key}_worse_than_best"] else "")
+            cells.append(row[key] + mark)
+        rows.append(cells)
+    return rows
+
+
+def score_table_markdown(per_image: dict, labels: dict | None = None, **options) -> str:
+    """The score table as Markdown (method names through `labels`), its legend under it when there are intervals."""
+    rows = score_table_rows(per_image, **options)
+    lines = ["| " + " | ".join(SCORE_HEADERS) + " |", "|---" * len(SCORE_HEADERS) + "|"]
+    for method, *cells in rows:
+        lines.append(f"| {(labels or {}).get(method, method)} | " + " | ".join(cells) + " |")
+    if any(len(v["deletion"]) > 1 for v in per_image.values()):
+        lines += ["", SCORE_LEGEND]
+    return "\n".join(lines)
+
+
 
 def sanity_figure(stages: list, title: str = "Sanity check") -> FigureSpec:
     """Spearman rho of each stage's map with the original map, per method: [(method label, [(stage, rho)])]."""

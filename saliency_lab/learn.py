@@ -28,10 +28,11 @@ from explainers import engine
 from explainers.data import class_names_for, open_dataset
 from explainers.decoy import CORNERS, PALETTE, add_decoy
 from explainers.images import load_image
+from explainers.methods import METHODS
 from explainers.metrics import spearman
 from explainers.sanity import randomization_stages
 
-from . import figures, pictures
+from . import figures, menus, pictures
 from .browse import ASSETS, examples_list
 from .errors import is_skippable, user_message
 from .services import DEVICE, run_method
@@ -318,3 +319,155 @@ def decoy_model_cards(folders) -> tuple:
         if pair is not None:
             return pair, after_file
     return (befores[0][0] if befores else None), (afters[0][0] if afters else None)
+
+
+# ------------------------------------------------------------------------------------------------ GridPG
+# "Why this class and not that one": a 2 x 2 mosaic of four shipped cells of four classes, each class explained
+# on the mosaic; a map scores the share of its positive attribution inside its class's quadrant (chance 0.25).
+# The computation is the library's (`explainers.gridpg`, the `gridpg` command): the mosaic of seed S is the
+# first mosaic `python -m explainers gridpg --data assets/bloodmnist --seed S` scores.
+GRID_MODELS = ("bloodmnist-cnn", "bloodmnist-vit-grid")
+GRID_DEFAULT_METHODS = {"bloodmnist-cnn": ("gradcam", "random"), "bloodmnist-vit-grid": ("gradcam", "chefer", "random")}
+GRID_SHOWN = 256  # px: the mosaic and its maps are shown enlarged
+
+
+def grid_method_choices() -> list:
+    """(label, name) of the methods the GridPG view offers: the quick ones (no RISE: thousands of passes)."""
+    return [(engine.method_label(n), n) for n in menus.method_order(list(METHODS)) if not METHODS[n].slow]
+
+
+def _grid_model(services, model_name):
+    """(the bundle, the bundle that takes mosaics, cell size): built once per model (a ViT's copy with
+    interpolated position embeddings is made once, not per click)."""
+    from explainers.gridpg import mosaic_model
+
+    bundle = services.bundle(model_name)
+    mosaic_bundle, cell_size = services.cached(("gridpg-model", model_name, id(bundle.network)),
+                                               lambda: mosaic_model(bundle))
+    return bundle, mosaic_bundle, cell_size
+
+
+def grid_default_methods(model_name) -> list:
+    """The methods ticked for a model (a ViT gets the ViT methods too)."""
+    return list(GRID_DEFAULT_METHODS.get(model_name, ("gradcam", "random")))
+
+
+def grid_mosaic(services, model_name, seed=0, methods=("gradcam", "random"), folder=None) -> dict:
+    """The mosaic of `seed` (from the shipped cells, or a labelled `folder`), each method's maps of its four
+    classes with their GridPG scores, and the model's quadrant sensitivity on it. The maps are cached per
+    (model, mosaic, method), so asking again, or adding a method, computes only what is new. A plain dict
+    (a session's state): `grid_view` draws it for any displayed class without a model pass."""
+    from explainers.data import item_names
+    from explainers.evaluate import build_methods
+    from explainers.gridpg import QUADRANTS, build_mosaics, explain_mosaics, plan_mosaics, quadrant_sensitivity
+
+    methods = list(methods or [])
+    if not methods:
+        raise ValueError("Pick at least one method.")
+    seed = int(seed or 0)
+    folder = Path(folder or CELLS)
+    dataset = open_dataset(str(folder))
+    bundle, mosaic_bundle, cell_size = _grid_model(services, model_name)
+    plan = plan_mosaics(dataset.labels, 1, seed)
+    cells, classes = plan[0]
+    mosaics, class_tensor = build_mosaics(dataset, plan, cell_size, bundle)
+    names = item_names(dataset)
+    base_key = ("gridpg", bundle.name, id(bundle.network), str(folder), [names[i] for i in cells], classes)
+    key = engine.ExplanationCache.key(*base_key, "sensitivity")
+    sensitivity = services.cache.get(key)
+    if sensitivity is None:
+        with mosaic_bundle.lock:
+            sensitivity = quadrant_sensitivity(mosaic_bundle, mosaics, class_tensor)[0].tolist()
+        services.cache.put(key, sensitivity)
+    maps, scores, skipped = {}, {}, {}
+    for method in methods:
+        key = engine.ExplanationCache.key(*base_key, method)
+        found = services.cache.get(key)
+        if found is None and DEVICE == "cpu" and method in METHODS and not METHODS[method].quick_on(mosaic_bundle):
+            note = METHODS[method].menu_note(mosaic_bundle)
+            skipped[method] = (f"too slow for this view on a CPU{f' ({note})' if note else ''}; the `gridpg` command "
+                               "scores it.")
+            continue
+        if found is None:
+            try:
+                (_, method_obj), = build_methods(mosaic_bundle, [method],
+                                                 {method: engine.method_options(method, bundle=mosaic_bundle)})
+                with mosaic_bundle.lock:
+                    method_maps, method_scores, _ = explain_mosaics(mosaic_bundle, mosaics, class_tensor, method_obj)
+            except (ValueError, RuntimeError) as error:
+                if not is_skippable(error):
+                    raise
+                skipped[method] = user_message(error)
+                continue
+            found = services.cache.put(key, (method_maps[0].float().cpu().numpy(), method_scores[0].tolist()))
+        maps[method], scores[method] = found
+    picture = Image.fromarray((mosaics[0].permute(1, 2, 0).clamp(0, 1).cpu().numpy() * 255).round().astype(np.uint8))
+    class_names = [bundle.class_name(c) for c in classes]
+    return {"model": bundle.name, "seed": seed, "files": [names[i] for i in cells], "classes": list(classes),
+            "class_names": class_names, "quadrants": list(QUADRANTS), "picture": picture,
+            "mosaic_size": list(picture.size[::-1]), "methods": [m for m in methods if m in maps], "maps": maps,
+            "scores": scores, "sensitivity": sensitivity, "skipped": skipped}
+
+
+def grid_class_choices(result) -> list:
+    """The displayed-class menu: all four, or one class (its quadrant index)."""
+    if not result:
+        return [("All four classes", "all")]
+    return [("All four classes", "all")] + [(f"{name} ({where})", str(q)) for q, (name, where) in
+                                            enumerate(zip(result["class_names"], result["quadrants"]))]
+
+
+def _shown(picture: Image.Image) -> Image.Image:
+    return picture.resize((GRID_SHOWN, GRID_SHOWN), Image.NEAREST)
+
+
+def _outline(picture: Image.Image, quadrant: int) -> Image.Image:
+    """The picture with the quadrant's border drawn (Okabe-Ito orange), so the target is visible on the map."""
+    from PIL import ImageDraw
+
+    picture = picture.copy()
+    w, h = picture.size
+    left, top = (quadrant % 2) * w // 2, (quadrant // 2) * h // 2
+    ImageDraw.Draw(picture).rectangle([left + 1, top + 1, left + w // 2 - 2, top + h // 2 - 2],
+                                      outline=(230, 159, 0), width=3)
+    return picture
+
+
+def grid_view(services, result, shown="all", opacity=0.6, colormap="cividis") -> tuple:
+    """([(file, caption)], Markdown) of a `grid_mosaic` result: the mosaic, then each method's map of the
+    displayed class(es) with its score, and the table of every map's score, the means and the model's quadrant
+    sensitivity. No model pass: only drawing."""
+    from explainers.gridpg import CHANCE
+    from explainers.images import overlay
+
+    if not result:
+        raise ValueError("Make a mosaic first.")
+    quadrants = range(4) if shown in (None, "", "all") else [int(shown)]
+    base = _shown(result["picture"])
+    items = [(base, "mosaic: " + " · ".join(f"{w}: {n}" for w, n in zip(result["quadrants"], result["class_names"])))]
+    for q in quadrants:
+        for method in result["methods"]:
+            array = np.asarray(Image.fromarray(result["maps"][method][q].astype(np.float32)).resize(
+                (GRID_SHOWN, GRID_SHOWN), Image.BILINEAR), dtype=np.float32)
+            why = f"why {result['class_names'][q]} ({result['quadrants'][q]})"
+            items.append((_outline(overlay(base, array, opacity=float(opacity), colormap=colormap), q),
+                          f"{engine.method_label(method)} · {why} · GridPG {result['scores'][method][q]:.2f}"))
+    header = [f"{n} ({w})" for n, w in zip(result["class_names"], result["quadrants"])]
+    lines = [f"**{result['model']}**, mosaic of seed {result['seed']} ({result['mosaic_size'][0]} × "
+             f"{result['mosaic_size'][1]} px; cells {', '.join(result['files'])}). Each score is the share of the "
+             f"map's positive attribution inside its class's quadrant (outlined): 1 = all of it, chance "
+             f"{CHANCE:.2f}.", "",
+             "| | " + " | ".join(header) + " | mean |", "|---|" + "---|" * 5]
+    for method in result["methods"]:
+        values = result["scores"][method]
+        lines.append(f"| {engine.method_label(method)} | " + " | ".join(f"{v:.2f}" for v in values) +
+                     f" | **{float(np.mean(values)):.2f}** |")
+    sensitivity = result["sensitivity"]
+    lines.append("| *model's quadrant sensitivity* | " + " | ".join(f"{v:+.2f}" for v in sensitivity) +
+                 f" | **{float(np.mean(sensitivity)):+.2f}** |")
+    lines += ["", "*Quadrant sensitivity*: the drop of the class's probability when its own quadrant is painted the "
+              "reference colour, minus the mean drop when another quadrant is. Near 0 the model does not read the "
+              "class where it is, and no method can point there: judge the methods only where the model does."]
+    for method, message in result["skipped"].items():
+        lines.append(f"\nSkipped {engine.method_label(method)}: {message}")
+    return services.pictures(items, "png"), "\n".join(lines)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from explainers import engine
 from explainers.data import class_names_for, open_dataset, spread_indices
@@ -25,7 +25,7 @@ from explainers.review_report import EXPORT_COLUMNS
 
 from . import menus, pictures
 from .errors import is_skippable
-from .figures import FigureSpec
+from .figures import FigureSpec, score_table_markdown, score_table_rows
 from .review_data import resolve_dataset
 from .review_store import ReviewError
 from .services import run_method
@@ -254,12 +254,14 @@ def fill_faithfulness(services, study: dict, progress=None) -> int:
 
 @dataclass
 class StudyResults:
-    """The report (dict, as the CLI writes it), a Markdown summary, the ratings and kappa figures."""
+    """The report (dict, as the CLI writes it), a Markdown summary, the ratings and kappa figures, and the
+    score table's rows (`figures.SCORE_HEADERS`: each AUC with its interval, significance marked)."""
 
     report: dict
     summary: str
     ratings_figure: FigureSpec | None
     kappa_figure: FigureSpec | None
+    scores: list = field(default_factory=list)
 
 
 def study_results(services, name, code, *, faithfulness=True, progress=None, n_boot=1000) -> StudyResults:
@@ -268,7 +270,43 @@ def study_results(services, name, code, *, faithfulness=True, progress=None, n_b
     if faithfulness:
         fill_faithfulness(services, study, progress)
     report = study_report(services.store.path, study["name"], n_boot=n_boot)
-    return StudyResults(report, summary_markdown(report), ratings_figure(report), kappa_figure(report))
+    per_image, _ = faithfulness_scores(report)
+    scores = score_table_rows(per_image, **_bootstrap_options(report)) if per_image else []
+    return StudyResults(report, summary_markdown(report), ratings_figure(report), kappa_figure(report), scores)
+
+
+def faithfulness_scores(report: dict) -> tuple:
+    """({method: {'deletion': [...], 'insertion': [...]}}, images): each method's deletion and insertion AUCs on
+    the study's images that have both for every method (the same images, in the study's order, so that the
+    methods compare pairwise); ({}, 0) when no image has them all."""
+    methods = report["study"]["methods"]
+    paired = [entry for entry in report["faithfulness"]["images"]
+              if all(m in entry["deletion_auc"] and m in entry["insertion_auc"] for m in methods)]
+    if not paired or not methods:
+        return {}, 0
+    per_image = {m: {"deletion": [e["deletion_auc"][m] for e in paired],
+                     "insertion": [e["insertion_auc"][m] for e in paired]} for m in methods}
+    return per_image, len(paired)
+
+
+def _bootstrap_options(report: dict) -> dict:
+    """The report's own bootstrap (resamples, seed) for the score table's intervals."""
+    boot = report.get("bootstrap") or {}
+    return {"n_resamples": int(boot.get("resamples") or 2000), "seed": int(boot.get("seed") or 0)}
+
+
+def faithfulness_markdown(report: dict) -> list:
+    """The score table's lines for the summary: per method deletion, insertion and ins − del over the images
+    scored for every method, each with its 95% interval, the best and the significantly worse marked."""
+    per_image, images = faithfulness_scores(report)
+    if not per_image:
+        return []
+    scored = report["study"]["images"]
+    subset = f" (of {scored}: the others lack a map of some method)" if images < scored else ""
+    labels = {m: engine.method_label(m) for m in per_image}
+    return ["", f"**Faithfulness per method** (deletion/insertion AUCs of the shown maps, {images} "
+                f"image{'s' if images != 1 else ''}{subset}):", "",
+            score_table_markdown(per_image, labels, **_bootstrap_options(report))]
 
 
 def _fmt(value, digits=2):
@@ -301,17 +339,18 @@ def summary_markdown(report: dict) -> str:
                  f"{_ci(fleiss['ci95'])} | |")
     if study["protocol"] == "blinded":
         lines += ["", "**Per method** (revealed):", "",
-                  "| method | mean rating | 95% interval | picked best | deletion AUC ↓ | insertion AUC ↑ |",
-                  "|---|---|---|---|---|---|"]
+                  "| method | mean rating | 95% interval | picked best |", "|---|---|---|---|"]
         for m in report["methods"]:
             lines.append(f"| {engine.method_label(m['method'])} | {_fmt(m['mean_rating'])} | {_ci(m['ci95'])} | "
-                         f"{m['best_picks']} | {_fmt(m['deletion_auc'], 3)} | {_fmt(m['insertion_auc'], 3)} |")
+                         f"{m['best_picks']} |")
+        lines += faithfulness_markdown(report)
         faith = report["faithfulness"]
         if faith.get("images_compared"):
             lines += ["", f"On {faith['images_compared']} images the reviewers' best map has the best insertion AUC "
                           f"{faith['reviewers_best_has_best_insertion']} times ({faith['fraction']:.0%}; chance "
                           f"{faith['chance']:.0%})."]
     else:
+        lines += faithfulness_markdown(report)
         by = report["faithfulness"].get("mean_insertion_auc_by_majority_verdict", {})
         if by:
             lines += ["", "Mean insertion AUC of the shown maps, by the reviewers' majority verdict: " +

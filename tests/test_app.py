@@ -81,7 +81,7 @@ def test_every_public_endpoint_is_listed(running):
                  "/mask_use_explain_image", "/sam_click", "/sam_box", "/sam_box_from_stroke", "/sam_clear", "/add_mask", "/start_finetune",
                  "/finetune_status", "/cancel_finetune", "/review_load", "/review_open", "/review_note",
                  "/review_page", "/verdict_plausible", "/verdict_implausible", "/verdict_unsure", "/review_export",
-                 "/sanity_check", "/decoy"):
+                 "/sanity_check", "/decoy", "/gridpg"):
         assert name in endpoints, name
 
 

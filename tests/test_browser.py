@@ -474,3 +474,18 @@ def test_browse_gallery_fits_its_column_with_whole_labels(app_url, page):
         assert not fresh.errors, fresh.errors
     finally:
         context.close()
+
+
+def test_learn_gridpg_mosaic_then_one_class(page, shots):
+    """The Learn tab's grid pointing game: a mosaic of bloodmnist-cnn with its default methods (Grad-CAM and
+    random), every map scored; then one class's maps only, drawn from the session's state."""
+    page.get_by_role("tab", name="Learn").click()
+    page.locator("#grid-button").click()
+    wait_js(page, "document.querySelectorAll('#grid-gallery img').length >= 9", timeout=300_000)  # mosaic + 2 x 4
+    info = page.locator("#grid-info").inner_text()
+    assert "quadrant sensitivity" in info and "Grad-CAM" in info and "Random" in info
+    page.locator("#grid-class label").nth(2).click()  # the second class (the first option is "all four")
+    wait_js(page, "document.querySelectorAll('#grid-gallery img').length === 3", timeout=120_000)
+    page.locator("#grid-gallery").scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "learn-gridpg.png"), full_page=True)
+    assert not page.errors, page.errors

@@ -141,7 +141,7 @@ def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
         f"bundle.network.load_state_dict(load_file({str(weights / 'ddp.safetensors')!r}))\n"
         "models.register_bundle(bundle)\n"
         "sys.exit(main(sys.argv[1:]))\n")
-    common = ["evaluate", "--model", "ddp-tiny-vit", "--methods", "gradcam,rollout", "--data", str(tiny_folder),
+    common = ["evaluate", "--model", "ddp-tiny-vit", "--methods", "gradcam,rollout,random", "--data", str(tiny_folder),
               "--steps", "4", "--batch-size", "2", "--threads", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -157,7 +157,7 @@ def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
         for row in report["methods"].values():
             row.pop("ms_per_image")
     assert a["files"] == b["files"] and len(a["files"]) == 6
-    for method in ("gradcam", "rollout"):
+    for method in ("gradcam", "rollout", "random"):  # random too: whole batches go to a process
         for key in ("deletion", "insertion"):
             assert np.allclose(a["methods"][method]["per_image"][key], b["methods"][method]["per_image"][key],
                                atol=1e-6)

@@ -319,3 +319,53 @@ def test_no_acknowledged_verdict_is_lost_on_sigkill(tmp_path):
     stored = con.execute("SELECT COUNT(*) FROM study_ratings WHERE study='k'").fetchone()[0]
     assert stored >= acknowledged + 1  # every acknowledged write is there (one more may have committed)
     assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# ------------------------------------------------------------------------------------------------ score table
+def blinded_with_scores(services, name, deletion, insertion):
+    """A blinded study of len(deletion["m1"]) images whose stored deletion/insertion AUCs are the given ones."""
+    n = len(next(iter(deletion.values())))
+    code = services.store.create_study(name, protocol="blinded", dataset="d", dataset_path="/x", model="m",
+                                       methods=list(deletion), reviewers=["a"], class_names=["x"],
+                                       items=[(f"{i}.png", i, 0, 0, 0.9) for i in range(n)], seed=0)
+    for method in deletion:
+        for i in range(n):
+            if deletion[method][i] is not None:
+                services.store.save_faithfulness(name, i, method, deletion[method][i], insertion[method][i])
+    return code
+
+
+def test_study_score_table_intervals_and_significance_from_known_scores(services):
+    from explainers.statistics import bootstrap_ci, format_interval
+    from saliency_lab.figures import BEST_MARK, WORSE_MARK
+
+    base = [0.10, 0.14, 0.11, 0.18, 0.12, 0.16, 0.13, 0.17]
+    deletion = {"m1": base, "m2": [v + 0.05 for v in base]}  # m2 deletes worse on every image: significant
+    ins = [0.6, 0.4, 0.7, 0.5, 0.65, 0.45, 0.55, 0.62]
+    insertion = {"m1": ins, "m2": [v + (0.1 if i % 2 else -0.1) for i, v in enumerate(ins)]}  # mean gap 0: noise
+    code = blinded_with_scores(services, "scored", deletion, insertion)
+    results = studies.study_results(services, "scored", code, faithfulness=False, n_boot=500)
+    rows = {row[0]: row[1:] for row in results.scores}
+    expected = format_interval(float(np.mean(base)), bootstrap_ci(base, n_resamples=500, seed=0), 3)
+    assert rows["m1"][0] == f"{expected} {BEST_MARK}"  # mean [low, high] of the stored per-image scores
+    assert rows["m2"][0].endswith(f" {WORSE_MARK}")  # the paired difference is -0.05 on every image
+    low, high = (float(x) for x in rows["m2"][0].split("[")[1].split("]")[0].split(","))
+    assert low <= np.mean(deletion["m2"]) <= high and low < high
+    assert not rows["m1"][1].endswith(WORSE_MARK) and not rows["m2"][1].endswith(WORSE_MARK)  # insertion: a tie
+    summary = results.summary
+    assert "**Faithfulness per method**" in summary and "8 images" in summary and expected in summary
+    assert "excludes 0" in summary  # the legend says what the marks mean
+
+
+def test_study_score_table_pairs_images_and_one_image_has_no_interval(services):
+    deletion = {"m1": [0.1, 0.2, 0.3], "m2": [0.2, None, 0.4]}  # m2 has no map of image 1: left out for both
+    insertion = {"m1": [0.5, 0.6, 0.7], "m2": [0.4, None, 0.6]}
+    code = blinded_with_scores(services, "paired", deletion, insertion)
+    results = studies.study_results(services, "paired", code, faithfulness=False, n_boot=200)
+    per_image, images = studies.faithfulness_scores(results.report)
+    assert images == 2 and per_image["m1"]["deletion"] == [0.1, 0.3] and per_image["m2"]["deletion"] == [0.2, 0.4]
+    assert "2 images (of 3" in results.summary
+    code = blinded_with_scores(services, "single", {"m1": [0.1], "m2": [0.3]}, {"m1": [0.5], "m2": [0.6]})
+    results = studies.study_results(services, "single", code, faithfulness=False, n_boot=200)
+    assert [row[1] for row in results.scores] == ["0.100", "0.300"]  # one image: the means, nothing marked
+    assert "[" not in "".join(row[1] for row in results.scores) and "excludes 0" not in results.summary
