@@ -62,14 +62,14 @@ def cmd_explain(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .evaluate import evaluate_methods, format_table
+    from .evaluate import evaluate_methods, format_table, split_method_specs
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle, rank = _load_distributed(args.model)
-    report = evaluate_methods(bundle, args.data, [m for m in args.methods.split(",") if m], split=args.split,
+    report = evaluate_methods(bundle, args.data, split_method_specs(args.methods), split=args.split,
                               limit=args.limit, steps=args.steps, reference=args.reference, seed=args.seed,
                               batch_size=args.batch_size, method_options=_method_options(args))
     if rank > 0:  # under torchrun, process 0 prints and writes the whole report
@@ -120,7 +120,7 @@ def cmd_gridpg(args) -> int:
     if args.mosaics < 1:
         raise ValueError("--mosaics must be at least 1")
     bundle, rank = _load_distributed(args.model)
-    report = run_gridpg(bundle, args.data, [m for m in args.methods.split(",") if m], n_mosaics=args.mosaics,
+    report = run_gridpg(bundle, args.data, split_method_specs(args.methods), n_mosaics=args.mosaics,
                         seed=args.seed, batch_size=args.batch_size, method_options=_method_options(args),
                         split=args.split)
     if rank > 0:  # under torchrun, process 0 prints and writes the whole report

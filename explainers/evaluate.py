@@ -66,6 +66,20 @@ def parse_method_spec(spec: str) -> tuple:
     return name, options, spec
 
 
+def split_method_specs(text: str) -> list:
+    """'gradskip:alpha=1,value_norm=false,rollout' -> ['gradskip:alpha=1,value_norm=false', 'rollout']: a
+    comma starts a new method unless what follows is another key=value of the method before it."""
+    specs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if specs and "=" in item and ":" not in item.split("=", 1)[0]:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
+
+
 def build_methods(bundle, specs, method_options: dict | None = None) -> list:
     """[(label, method)] for 'name:key=value' specs, each checked against the bundle (MethodNotApplicable with
     its message otherwise); `method_options` {name: {...}} are defaults a spec's own options override."""
