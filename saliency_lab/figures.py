@@ -214,3 +214,41 @@ def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:
     return FigureSpec(data, layout)
 
 
+
+# ------------------------------------------------------------------------------------------------
+# AHA training jobs
+# ------------------------------------------------------------------------------------------------
+AHA_SERIES = (("val_deletion_auc", "deletion AUC (lower is better)", "#D55E00", "solid"),
+              ("val_insertion_auc", "insertion AUC (higher is better)", "#0072B2", "dash"),
+              ("val_ins_minus_del", "insertion − deletion", "#009E73", "dot"))
+
+
+def aha_validation_figure(history: list, title: str = "AHA explainer: validation during training") -> FigureSpec:
+    """The fixed validation metric of an 'aha-train' job against the step (from JobRunner.history(): the points
+    that carry `val_deletion_auc`), and the training loss on a second axis; the best step so far is marked."""
+    data = []
+    points = [p for p in history if isinstance(p.get("val_deletion_auc"), (int, float))]
+    for key, label, colour, dash in AHA_SERIES:
+        data.append({"type": "scatter", "x": [p["step"] for p in points], "y": [p[key] for p in points],
+                     "mode": "lines+markers", "name": label, "marker": {"size": 6},
+                     "line": {"color": colour, "width": 2.5, "dash": dash},
+                     "hovertemplate": "step %{x}: %{y:.4f}<extra></extra>"})
+    losses = [p for p in history if isinstance(p.get("loss"), (int, float))]
+    if losses:
+        data.append({"type": "scatter", "x": [p["step"] for p in losses], "y": [p["loss"] for p in losses],
+                     "mode": "lines", "name": "training loss (right axis)", "yaxis": "y2",
+                     "line": {"color": "#999999", "width": 1.5}, "hovertemplate": "step %{x}: loss %{y:.4f}<extra></extra>"})
+    shapes, annotations = [], []
+    if points:
+        best = max(points, key=lambda p: p["val_ins_minus_del"])
+        shapes.append({"type": "line", "xref": "x", "x0": best["step"], "x1": best["step"], "yref": "paper", "y0": 0,
+                       "y1": 1, "line": {"color": "#009E73", "dash": "dot", "width": 1}})
+        annotations.append({"text": f"best so far: step {best['step']}", "xref": "x", "x": best["step"], "yref": "paper",
+                            "y": 1.0, "showarrow": False, "xanchor": "left", "yanchor": "bottom",
+                            "font": {"size": 11, "color": "#009E73"}})
+    layout = _layout(title, 360, xaxis=_axis(title={"text": "training step"}),
+                     yaxis=_axis(title={"text": "validation AUC (hard deletion / insertion)"}),
+                     yaxis2={"title": {"text": "loss"}, "overlaying": "y", "side": "right", "showgrid": False},
+                     margin={"l": 60, "r": 60, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25},
+                     shapes=shapes, annotations=annotations)
+    return FigureSpec(data, layout)
