@@ -1312,14 +1312,15 @@ def build_aha_training(services, light) -> dict:
     @friendly
     def poll(current):
         if not current:
-            return gr.skip(), gr.skip(), gr.skip(), gr.update(active=False), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.update(active=False), gr.skip(), gr.skip()
         report = aha_train.job_report(services, current)
         if not report.finished:
-            return report.text, report.percent, report.figure, gr.skip(), gr.skip()
+            return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip()
         models = gr.update(choices=aha_train.model_choices(services)) if report.status == "done" else gr.skip()
-        return report.text, report.percent, report.figure, gr.update(active=False), models
+        return report.text, report.percent, report.figure, gr.update(active=False), models, \
+            gr.update(choices=aha_train.job_choices(services))
 
-    aha_timer.tick(poll, aha_job, [aha_status, aha_percent, aha_plot, aha_timer, aha_model],
+    aha_timer.tick(poll, aha_job, [aha_status, aha_percent, aha_plot, aha_timer, aha_model, aha_pick],
                    api_name="aha_train_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
     aha_cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), aha_job, aha_status,
                      api_name="aha_train_cancel", queue=False)

@@ -173,13 +173,19 @@ def eta_text(step, total, history, now, minutes=None) -> str:
     if not total:
         return "starting…"
     line = f"step {step}/{total} ({100 * step / total:.0f}%)"
+    finishing = " · finishing: held-out figures, then the explainer is saved…"
+    if step >= total:
+        return line + finishing
     start = next((p for p in reversed(history) if p.get("phase") == "start"), None)
     if start is None or step <= int(start.get("step") or 0):
         return line + " · measuring the speed…"
     per_step = (now - start["t"]) / (step - int(start["step"]))
     left = per_step * (total - step)
     if minutes:
-        left = min(left, max(0.0, 60 * float(minutes) - float(start.get("elapsed_s") or 0) - (now - start["t"])))
+        budget_left = 60 * float(minutes) - float(start.get("elapsed_s") or 0) - (now - start["t"])
+        if budget_left <= 0:
+            return line + f" · the {float(minutes):g} min budget is spent" + finishing
+        left = min(left, budget_left)
     shown = f"{left:.0f} s" if left < 90 else f"{left / 60:.0f} min"
     return f"{line} · {per_step:.2f} s/step · about {shown} left (ETA {time.strftime('%H:%M', time.localtime(now + left))})"
 

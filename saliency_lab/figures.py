@@ -225,7 +225,8 @@ AHA_SERIES = (("val_deletion_auc", "deletion AUC (lower is better)", "#D55E00", 
 
 def aha_validation_figure(history: list, title: str = "AHA explainer: validation during training") -> FigureSpec:
     """The fixed validation metric of an 'aha-train' job against the step (from JobRunner.history(): the points
-    that carry `val_deletion_auc`), and the training loss on a second axis; the best step so far is marked."""
+    that carry `val_deletion_auc`); the best step so far (by ins - del: what is exported) is marked. The training
+    loss is left out: its temperature anneals, so its values are not comparable from step to step."""
     data = []
     points = [p for p in history if isinstance(p.get("val_deletion_auc"), (int, float))]
     for key, label, colour, dash in AHA_SERIES:
@@ -233,11 +234,6 @@ def aha_validation_figure(history: list, title: str = "AHA explainer: validation
                      "mode": "lines+markers", "name": label, "marker": {"size": 6},
                      "line": {"color": colour, "width": 2.5, "dash": dash},
                      "hovertemplate": "step %{x}: %{y:.4f}<extra></extra>"})
-    losses = [p for p in history if isinstance(p.get("loss"), (int, float))]
-    if losses:
-        data.append({"type": "scatter", "x": [p["step"] for p in losses], "y": [p["loss"] for p in losses],
-                     "mode": "lines", "name": "training loss (right axis)", "yaxis": "y2",
-                     "line": {"color": "#999999", "width": 1.5}, "hovertemplate": "step %{x}: loss %{y:.4f}<extra></extra>"})
     shapes, annotations = [], []
     if points:
         best = max(points, key=lambda p: p["val_ins_minus_del"])
@@ -246,9 +242,9 @@ def aha_validation_figure(history: list, title: str = "AHA explainer: validation
         annotations.append({"text": f"best so far: step {best['step']}", "xref": "x", "x": best["step"], "yref": "paper",
                             "y": 1.0, "showarrow": False, "xanchor": "left", "yanchor": "bottom",
                             "font": {"size": 11, "color": "#009E73"}})
-    layout = _layout(title, 360, xaxis=_axis(title={"text": "training step"}),
+    layout = _layout(title, 380, xaxis=_axis(title={"text": "training step", "standoff": 6}),
                      yaxis=_axis(title={"text": "validation AUC (hard deletion / insertion)"}),
-                     yaxis2={"title": {"text": "loss"}, "overlaying": "y", "side": "right", "showgrid": False},
-                     margin={"l": 60, "r": 60, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25},
+                     margin={"l": 60, "r": 20, "t": 50, "b": 80},
+                     legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0},
                      shapes=shapes, annotations=annotations)
     return FigureSpec(data, layout)
