@@ -356,8 +356,11 @@ def test_evaluate_cli_per_image_before_and_trained_after(data_dir, tmp_path):
     before = evaluate(tmp_path / "before.json")
     assert before["methods"]["aha"]["options"]["mode"] == "per-image"
     assert before["methods"]["aha"]["options"]["prior"] == "gradcam"
+    shipped = sorted(p.name for p in models.WEIGHTS_DIR.iterdir())
     train_aha(model=name, data=str(labelled_folder(tmp_path / "train", n=8)), steps=2, progress=False,
               checkpoint_every=1, **{k: v for k, v in FAST.items() if k not in ("val_track", "val_limit")})
+    assert (data_dir / "models" / f"aha-{name}.json").exists()  # the CLI's default: beside the imported model
+    assert sorted(p.name for p in models.WEIGHTS_DIR.iterdir()) == shipped  # never into the code's weights/
     after = evaluate(tmp_path / "after.json")
     assert after["methods"]["aha"]["options"]["mode"] == "trained"
     assert len(after["methods"]["aha"]["per_image"]["deletion"]) == 4

@@ -40,14 +40,14 @@ def explainer_stem(model_name: str, weights_dir=None) -> Path:
     exists: the user's models folder (beside an imported model's card; never the code's weights/), unless
     `weights_dir` is given."""
     from ..models import safe_name
+    from ..paths import user_models_dir
 
     if weights_dir is not None:
         return Path(weights_dir) / f"aha-{safe_name(model_name)}"
-    stems = explainer_locations(model_name)
-    for stem in stems:
+    for stem in explainer_locations(model_name):
         if Path(str(stem) + ".json").exists():
             return stem
-    return stems[-1]
+    return user_models_dir() / f"aha-{safe_name(model_name)}"
 
 
 def shipped_explainer(model_name: str):
