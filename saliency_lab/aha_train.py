@@ -134,6 +134,10 @@ def start_training(services, model_name, dataset, validation=HOLDOUT, steps=200,
         raise ValueError(f"Steps: between 1 and {MAX_STEPS}.")
     minutes = float(minutes) if minutes not in (None, "") and float(minutes) > 0 else None
     data = resolve_data(dataset)
+    from explainers.aha.train import check_labels
+    from explainers.data import open_dataset
+
+    check_labels([int(v) for v in open_dataset(data, split="train").labels], services.bundle(model_name), dataset)
     params = {"model": model_name, "data": str(data), "steps": steps, "seed": int(seed or 0),
               "val_every": max(1, steps // 10)}
     if minutes:

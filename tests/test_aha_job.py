@@ -279,6 +279,9 @@ def test_the_forms_service_functions(data_dir, tmp_path):
         for bad in ("../mini-cells", str(data_dir / "datasets" / "mini-cells"), "nope"):
             with pytest.raises(ValueError):
                 aha_train.start_training(services, name, bad)
+        with pytest.raises(ValueError, match="labels of bloodmnist-cells run from 0 to 7, but 'job-cnn' has 3 "
+                                             "classes"):  # 8 cell types for a 3-class model: refused before queueing
+            aha_train.start_training(services, name, "bloodmnist-cells")
         with pytest.raises(ValueError, match="Steps: between 1"):
             aha_train.start_training(services, name, "mini-cells", steps=0)
         with pytest.raises(ValueError, match="HuggingFace Jobs needs a token"):

@@ -56,6 +56,15 @@ def holdout_indices(total: int, fraction: float) -> tuple:
     return [i for i in range(total) if i not in chosen], held
 
 
+def check_labels(labels, bundle, data) -> None:
+    """The data set's labels must be classes of the model (the runner-up target falls back to the label)."""
+    labels = torch.as_tensor(labels)
+    if len(labels) and (int(labels.max()) >= bundle.num_classes or int(labels.min()) < 0):
+        raise ValueError(f"the labels of {data} run from {int(labels.min())} to {int(labels.max())}, but "
+                         f"'{bundle.name}' has {bundle.num_classes} classes (0-{bundle.num_classes - 1}): train on "
+                         "images labelled with this model's classes")
+
+
 def load_train_images(data, image_hw, *, photo: bool, subset: int | None = None, seed: int = 0,
                       indices: list | None = None):
     """uint8 N x 3 x S x S images in memory (photos: shorter side resized to input/0.875, centre square
@@ -364,6 +373,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         val_data, val_split = data, "train"  # the held-out images of the training file
     images, labels = load_train_images(data, image_hw, photo=mode == "photo", subset=subset, seed=seed,
                                        indices=train_indices)
+    check_labels(labels, bundle, data)
     per_rank = max(1, batch_size // world)
     global_batch = per_rank * world
     steps_per_epoch = max(1, len(images) // global_batch)
