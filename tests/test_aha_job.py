@@ -340,6 +340,42 @@ def test_hf_jobs_command_for_an_aha_job_stages_an_imported_model():
         cli_command("aha-train", {"model": "m", "data": "d"})
 
 
+def test_hf_jobs_backend_uploads_the_data_and_the_imported_model_and_brings_the_explainer_back(data_dir, tmp_path,
+                                                                                             monkeypatch):
+    from saliency_lab import aha_train, hf_jobs
+    from saliency_lab.services import Services
+    from test_jobs import FakeHub
+
+    hub = FakeHub(monkeypatch, tmp_path / "hub")
+    monkeypatch.setenv("SPACE_ID", "alice/saliency-lab")
+    name = import_cnn(tmp_path)
+    labelled_folder(data_dir / "datasets" / "mini-cells", n=12)
+    services = Services(models.load_model, models.list_models, tmp_path / "state", hf_token="hf_secret")
+    try:
+        job_id, _ = aha_train.start_training(services, name, "mini-cells", steps=30, backend="hf-jobs")
+        staged = f"alice/saliency-lab-job-{job_id}"
+        script = next(c[1] for c in hub.calls if c[0] == "run")["command"][2]
+        assert "export SALIENCY_DATA_DIR=/tmp/saliency-data" in script and "/inputs/model_files/*" in script
+        assert script.endswith(f"python -m explainers train-aha --model {name} --data /inputs/data --val-holdout 0.1 "
+                               f"--steps 30 --seed 0 --val-every 3 --out /tmp/out/aha-{name} --push-to alice/aha-{name}")
+        assert str(data_dir) not in script  # no local path reaches the container
+        uploaded = sorted(p.name for p in (tmp_path / "hub" / staged / "model_files").iterdir())
+        assert uploaded == [f"{name}.json", f"{name}.safetensors"]
+        assert (tmp_path / "hub" / staged / "data" / "labels.csv").exists()
+        # what --push-to does at the job's end; then the runner sees it finished and fetches the explainer
+        out = tmp_path / "remote-out"
+        out.mkdir()
+        (out / f"aha-{name}.json").write_text(json.dumps({"base_model": name}))
+        (out / f"aha-{name}.safetensors").write_bytes(b"weights")
+        hf_jobs.push_result(out / f"aha-{name}", f"alice/aha-{name}", token="hf_secret")
+        hub.stages["hf-1"] = ("COMPLETED", None)
+        services.runner().refresh()
+        assert services.runner().get(job_id)["status"] == "done"
+        assert (data_dir / "models" / f"aha-{name}.safetensors").read_bytes() == b"weights"  # beside the model
+    finally:
+        services.runner().shutdown()
+
+
 # ------------------------------------------------------------------------------------------------ (e) evaluate
 def test_evaluate_cli_per_image_before_and_trained_after(data_dir, tmp_path):
     from explainers.aha.train import train_aha
