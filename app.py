@@ -38,8 +38,8 @@ from explainers.engine import CURVE_NOTE
 from explainers.images import COLORMAPS, ImageError, load_image
 from explainers.methods import METHODS
 from saliency_lab import browse as browse_module
-from saliency_lab import (explain, figures, finetune, learn, masks, menus, models_tab, pictures, review,
-                          review_data, studies)
+from saliency_lab import (aha_train, explain, figures, finetune, learn, masks, menus, models_tab, pictures,
+                          review, review_data, studies)
 from explainers.review_report import SLOTS
 from saliency_lab.errors import is_user_error, user_message
 from saliency_lab.services import DEVICE, Services, configure_torch, default_loader
@@ -1308,7 +1308,104 @@ def build_models_tab(services, heavy, light) -> dict:
                                                imported_by, crop_pct], [status, table, to_remove], api_name="import_model",
                                    **heavy)
     removed = remove_button.click(do_remove, to_remove, [status, table, to_remove], api_name="remove_model", **light)
-    return {"changed": [imported, removed], "refresh": listing, "refresh_outputs": [table, to_remove]}
+    train = build_aha_training(services, light)
+    for event in (imported, removed):  # a new or removed model: the training form's model list follows
+        event.success(train["refresh"], None, train["refresh_outputs"], api_visibility="private", queue=False)
+
+    def refresh_all():
+        return (*listing(), *train["refresh"]())
+
+    return {"changed": [imported, removed], "refresh": refresh_all,
+            "refresh_outputs": [table, to_remove, *train["refresh_outputs"]]}
+
+
+def build_aha_training(services, light) -> dict:
+    """The Models tab's "Train an AHA explainer" section: an 'aha-train' job (saliency_lab.aha_train) with its
+    validation curve drawn live, cancel, and the AHA jobs with resume."""
+    gr.Markdown("### Train an AHA explainer\nAHA draws its map in **one pass** with an explainer trained for the "
+                "model; without one it optimises every image on its own (slower). Train one here for any model, "
+                "yours included: a background job (it survives a closed page and resumes after a restart). The "
+                "plot shows the fixed validation metric (hard deletion and insertion of the explainer's maps on "
+                "held-out images) as it trains; the best checkpoint is kept. The explainer is stored beside the "
+                "model in the data folder. Models that ship an explainer are not listed: import a copy under "
+                "another name to train your own.", elem_classes="help")
+    with gr.Row():
+        aha_model = gr.Dropdown(aha_train.model_choices(services), value=None, label="Model", scale=3,
+                                elem_id="aha-model", info="every model a job can load, imported ones included")
+        aha_data = gr.Dropdown(aha_train.dataset_choices(), value=None, label="Training data (labelled)", scale=3,
+                               elem_id="aha-data", info="the shipped cells and the data sets in the data folder")
+        aha_val = gr.Dropdown(aha_train.validation_choices(), value=aha_train.HOLDOUT, label="Validation data", scale=3,
+                              elem_id="aha-val", info="never trained on")
+    with gr.Row():
+        aha_steps = gr.Number(200, minimum=1, maximum=aha_train.MAX_STEPS, precision=0, label="Steps",
+                              elem_id="aha-steps")
+        aha_minutes = gr.Number(10, minimum=0, precision=1, label="Minutes at most (0 = no limit)",
+                                elem_id="aha-minutes")
+        aha_seed = gr.Number(0, precision=0, label="Seed", elem_id="aha-seed")
+        aha_backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs, GPU (needs HF_TOKEN)", "hf-jobs")],
+                               value="local", label="Run on", elem_id="aha-backend")
+    with gr.Row():
+        aha_start = gr.Button("Start training", variant="primary", elem_id="aha-start")
+        aha_cancel = gr.Button("Cancel", variant="stop", elem_id="aha-cancel")
+    aha_job = gr.State(None)
+    aha_status = gr.Markdown(elem_id="aha-status")
+    aha_percent = gr.Number(0, label="Progress (%)", precision=0, interactive=False, elem_id="aha-progress")
+    aha_plot = gr.Plot(label="Validation deletion and insertion over the training steps", elem_id="aha-plot")
+    aha_timer = gr.Timer(1.0, active=False)
+    with gr.Accordion("AHA training jobs on this server (all jobs: Masks & fine-tune tab)", open=False):
+        with gr.Row():
+            aha_pick = gr.Dropdown(aha_train.job_choices(services), label="Job", scale=3, elem_id="aha-job-pick")
+            aha_refresh = gr.Button("Refresh", size="sm", scale=1)
+            aha_resume = gr.Button("Resume (interrupted, failed, cancelled)", size="sm", scale=1, elem_id="aha-resume")
+            aha_open = gr.Button("Open", size="sm", scale=1, elem_id="aha-open")
+
+    @friendly
+    def start(model_name, dataset, validation, steps, minutes, seed, backend):
+        new_id, message = aha_train.start_training(services, model_name, dataset, validation, steps, minutes, seed,
+                                                   backend)
+        return new_id, message, gr.update(active=True), 0, gr.update(choices=aha_train.job_choices(services))
+
+    aha_start.click(start, [aha_model, aha_data, aha_val, aha_steps, aha_minutes, aha_seed, aha_backend],
+                    [aha_job, aha_status, aha_timer, aha_percent, aha_pick], api_name="aha_train_start", **light)
+
+    @friendly
+    def poll(current):
+        if not current:
+            return gr.skip(), gr.skip(), gr.skip(), gr.update(active=False), gr.skip(), gr.skip()
+        report = aha_train.job_report(services, current)
+        if not report.finished:
+            return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip()
+        models = gr.update(choices=aha_train.model_choices(services)) if report.status == "done" else gr.skip()
+        return report.text, report.percent, report.figure, gr.update(active=False), models, \
+            gr.update(choices=aha_train.job_choices(services))
+
+    aha_timer.tick(poll, aha_job, [aha_status, aha_percent, aha_plot, aha_timer, aha_model, aha_pick],
+                   api_name="aha_train_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
+    aha_cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), aha_job, aha_status,
+                     api_name="aha_train_cancel", queue=False)
+
+    def jobs():
+        return gr.update(choices=aha_train.job_choices(services))
+
+    aha_refresh.click(friendly(jobs), None, aha_pick, api_name="aha_train_jobs", **light)
+
+    @friendly
+    def follow(chosen):
+        return chosen, finetune.open_job(services, chosen), gr.update(active=True)
+
+    @friendly
+    def resume(chosen):
+        return chosen, finetune.resume_job(services, chosen), gr.update(active=True)
+
+    aha_open.click(follow, aha_pick, [aha_job, aha_status, aha_timer], api_name="aha_train_open", **light)
+    aha_resume.click(resume, aha_pick, [aha_job, aha_status, aha_timer], api_name="aha_train_resume", **light).then(
+        jobs, None, aha_pick, api_visibility="private", **light)
+
+    def refresh():
+        return (gr.update(choices=aha_train.model_choices(services)), gr.update(choices=aha_train.dataset_choices()),
+                gr.update(choices=aha_train.validation_choices()), gr.update(choices=aha_train.job_choices(services)))
+
+    return {"refresh": refresh, "refresh_outputs": [aha_model, aha_data, aha_val, aha_pick]}
 
 
 # ------------------------------------------------------------------------------------------------ Learn tab

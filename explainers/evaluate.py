@@ -172,7 +172,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             **method_intervals(stats["deletion"], stats["insertion"], seed=seed),
             "pointing_game": float(np.nanmean(stats["pointing"])) if stats["pointing"] else None,
             "ms_per_image": 1000.0 * stats["seconds"] / max(n, 1),
-            "options": method_obj.options,
+            "options": {**method_obj.options, **(getattr(method_obj, "resolved_options", None) or {})},
             "per_image": {"deletion": [float(v) for v in stats["deletion"]],
                           "insertion": [float(v) for v in stats["insertion"]]},
         }

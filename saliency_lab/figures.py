@@ -252,3 +252,37 @@ def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:
     return FigureSpec(data, layout)
 
 
+
+# ------------------------------------------------------------------------------------------------
+# AHA training jobs
+# ------------------------------------------------------------------------------------------------
+AHA_SERIES = (("val_deletion_auc", "deletion AUC (lower is better)", "#D55E00", "solid"),
+              ("val_insertion_auc", "insertion AUC (higher is better)", "#0072B2", "dash"),
+              ("val_ins_minus_del", "insertion − deletion", "#009E73", "dot"))
+
+
+def aha_validation_figure(history: list, title: str = "AHA explainer: validation during training") -> FigureSpec:
+    """The fixed validation metric of an 'aha-train' job against the step (from JobRunner.history(): the points
+    that carry `val_deletion_auc`); the best step so far (by ins - del: what is exported) is marked. The training
+    loss is left out: its temperature anneals, so its values are not comparable from step to step."""
+    data = []
+    points = [p for p in history if isinstance(p.get("val_deletion_auc"), (int, float))]
+    for key, label, colour, dash in AHA_SERIES:
+        data.append({"type": "scatter", "x": [p["step"] for p in points], "y": [p[key] for p in points],
+                     "mode": "lines+markers", "name": label, "marker": {"size": 6},
+                     "line": {"color": colour, "width": 2.5, "dash": dash},
+                     "hovertemplate": "step %{x}: %{y:.4f}<extra></extra>"})
+    shapes, annotations = [], []
+    if points:
+        best = max(points, key=lambda p: p["val_ins_minus_del"])
+        shapes.append({"type": "line", "xref": "x", "x0": best["step"], "x1": best["step"], "yref": "paper", "y0": 0,
+                       "y1": 1, "line": {"color": "#009E73", "dash": "dot", "width": 1}})
+        annotations.append({"text": f"best so far: step {best['step']}", "xref": "x", "x": best["step"], "yref": "paper",
+                            "y": 1.0, "showarrow": False, "xanchor": "left", "yanchor": "bottom",
+                            "font": {"size": 11, "color": "#009E73"}})
+    layout = _layout(title, 380, xaxis=_axis(title={"text": "training step", "standoff": 6}),
+                     yaxis=_axis(title={"text": "validation AUC (hard deletion / insertion)"}),
+                     margin={"l": 60, "r": 20, "t": 50, "b": 80},
+                     legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0},
+                     shapes=shapes, annotations=annotations)
+    return FigureSpec(data, layout)

@@ -259,6 +259,8 @@ def job_rows(services, limit: int = 30) -> list:
         progress = job["progress"]
         done = f"{progress['step'] or 0}/{progress['total']}" if progress.get("total") else ""
         model = Path(str((job.get("params") or {}).get("model", ""))).name.removesuffix(".json")
+        if job["kind"] == "aha-train":
+            model += " (AHA explainer)"
         rows.append([job["id"], job["status"], done, model, _when(job["started"]), _when(job["finished"]),
                      (job.get("error") or "")[:200]])
     return rows

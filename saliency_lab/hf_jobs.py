@@ -26,7 +26,18 @@ CODE_MOUNT, INPUT_MOUNT = "/code", "/inputs"
 COMMANDS = {
     "camal": ("camal", [("model", "--model"), ("data", "--data"), ("epochs", "--epochs"),
                         ("lambda", "--lambda"), ("out", "--out")], ("model", "data"), ("data",)),
+    # model_files: an imported model's card and weights (the container has no data folder of ours), no flag
+    "aha-train": ("train-aha", [("model", "--model"), ("data", "--data"), ("val_data", "--val-data"),
+                                ("val_holdout", "--val-holdout"), ("steps", "--steps"),
+                                ("minutes", "--time-budget-minutes"), ("seed", "--seed"),
+                                ("batch_size", "--batch-size"), ("fraction_samples", "--fraction-samples"),
+                                ("val_every", "--val-every"), ("val_track", "--val-track"),
+                                ("val_limit", "--val-limit"), ("out", "--out"), ("model_files", None)],
+                  ("model", "data", "out"), ("data", "val_data", "model_files")),
 }
+# a staged model folder becomes the container's own data folder, so the model loads by its name
+MODEL_FILES_SETUP = ("mkdir -p /tmp/saliency-data/models && cp {inputs}/model_files/* /tmp/saliency-data/models/ && "
+                     "export SALIENCY_DATA_DIR=/tmp/saliency-data")
 STAGES = {"COMPLETED": "done", "ERROR": "failed", "CANCELED": "cancelled", "DELETED": "cancelled"}
 # torch comes with the job image (CUDA build); the rest of requirements.txt is installed in the container
 SETUP = ("cp -r {code} /tmp/app && cd /tmp/app && grep -v -i -E '^(torch|torchvision)([=<> ]|$)' requirements.txt "
@@ -56,7 +67,7 @@ def cli_command(kind: str, params: dict) -> list[str]:
         raise ValueError(f"{kind} on HF Jobs: missing params {missing}, unsupported params {sorted(unknown)}")
     command = ["python", "-m", "explainers", subcommand]
     for name, flag in flags:
-        if params.get(name) is not None:
+        if flag and params.get(name) is not None:
             command += [flag, str(params[name])]
     return command
 
@@ -108,7 +119,10 @@ def prepare(kind: str, params: dict, job_id: str, token: str) -> RemoteJob:
     command = cli_command(kind, remote)
     if result_repo:
         command += ["--push-to", result_repo]
-    script = SETUP.format(code=CODE_MOUNT) + " && " + shlex.join(command)
+    script = SETUP.format(code=CODE_MOUNT) + " && "
+    if remote.get("model_files"):
+        script += MODEL_FILES_SETUP.format(inputs=INPUT_MOUNT) + " && "
+    script += shlex.join(command)
     return RemoteJob(command=["bash", "-c", script], volumes=volumes, result_repo=result_repo, staged_repo=staged)
 
 

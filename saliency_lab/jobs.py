@@ -1,4 +1,4 @@
-"""Background jobs: long work (fine-tunes, training) in a separate process, tracked in SQLite.
+"""Background jobs: long work (fine-tunes, AHA explainers) in a separate process, tracked in SQLite.
 
     runner = JobRunner("runs/jobs")                    # one per app; a background thread starts queued jobs
     job_id = runner.submit("tiny-train", {"steps": 50}, timeout_s=600)
@@ -493,6 +493,14 @@ def camal(params: dict, context: JobContext) -> dict:
     from explainers.camal import run_camal_job
 
     return run_camal_job(params, context)
+
+
+@register_job_kind("aha-train")
+def aha_train(params: dict, context: JobContext) -> dict:
+    """Training an AHA explainer for a model (`explainers.aha.train.run_aha_job`), registered here as camal is."""
+    from explainers.aha.train import run_aha_job
+
+    return run_aha_job(params, context)
 
 
 def main(argv=None) -> int:

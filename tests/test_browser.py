@@ -488,4 +488,45 @@ def test_learn_gridpg_mosaic_then_one_class(page, shots):
     wait_js(page, "document.querySelectorAll('#grid-gallery img').length === 3", timeout=120_000)
     page.locator("#grid-gallery").scroll_into_view_if_needed()
     page.screenshot(path=str(shots / "learn-gridpg.png"), full_page=True)
+
+
+def test_models_tab_trains_an_aha_explainer_for_the_imported_model(page, shots):
+    """(After the import test: it uses page-resnet.) Start a 3-step AHA job from the Models tab on the shipped
+    cells; the validation curve appears, the job ends done and AHA is one-pass for the model."""
+    if os.environ.get("SALIENCY_LAB_URL"):
+        pytest.skip("trains for the model the import test imported: only against the in-process test app")
+    import csv
+
+    from explainers.paths import user_dir
+
+    folder = user_dir("datasets") / "three-cells"  # the imported model has 3 classes: 12 shipped cells as 0-2
+    folder.mkdir(exist_ok=True)
+    with open(ROOT / "assets" / "bloodmnist" / "labels.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))[:12]
+    lines = ["file,class_index"]
+    for i, row in enumerate(rows):
+        (folder / row["file"]).write_bytes((ROOT / "assets" / "bloodmnist" / row["file"]).read_bytes())
+        lines.append(f"{row['file']},{i % 3}")
+    (folder / "labels.csv").write_text("\n".join(lines) + "\n")
+    page.get_by_role("tab", name="Models").click()  # its lists are refreshed when the tab opens
+    page.locator("#aha-model input").click()
+    page.locator("ul[role=listbox] li", has_text="page-resnet").first.click()
+    page.locator("#aha-data input").click()
+    page.locator("ul[role=listbox] li", has_text="three-cells").first.click()
+    steps = page.locator("#aha-steps input")
+    steps.fill("3")
+    steps.press("Tab")
+    page.locator("#aha-start").click()
+    deadline, text = time.monotonic() + 300, ""
+    while time.monotonic() < deadline:  # the status line: queued, running (with an ETA), then done
+        text = page.locator("#aha-status").inner_text()
+        if any(f"): {end}" in text for end in ("done", "failed", "cancelled", "interrupted")):
+            break
+        time.sleep(1)
+    assert "): done" in text and "one pass" in text, text
+    wait_js(page, "document.querySelectorAll('#aha-plot .scatterlayer .trace').length >= 3")
+    points = page.evaluate("document.querySelectorAll('#aha-plot .scatterlayer .trace')[0]"
+                           ".querySelectorAll('.point').length")
+    assert points == 4  # the untrained explainer, then every step (3 steps: every max(1, 3 // 10))
+    page.screenshot(path=str(shots / "models-aha-train.png"), full_page=True)
     assert not page.errors, page.errors

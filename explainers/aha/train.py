@@ -14,6 +14,7 @@ ends a run cleanly (checkpoint + export) when the budget is spent. bf16 autocast
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -40,15 +41,40 @@ AUGMENTS = ("auto", "photo", "cells", "none")
 
 # --- data ---------------------------------------------------------------------------------------------
 
-def load_train_images(data, image_hw, *, photo: bool, subset: int | None = None, seed: int = 0):
+def holdout_indices(total: int, fraction: float) -> tuple:
+    """(train indices, held-out indices) of a data set of `total` images: the held-out part is `fraction` of it
+    (at least 1 image, at least 1 left to train on), spread evenly over the file (every k-th image: all classes of
+    a class-sorted labels.csv in proportion), deterministic."""
+    from ..data import spread_indices
+
+    if not 0 < fraction < 1:
+        raise ValueError(f"the held-out fraction must lie between 0 and 1, got {fraction}")
+    if total < 2:
+        raise ValueError(f"{total} image(s): too few to hold some out for validation; give validation data")
+    held = spread_indices(total, min(total - 1, max(1, int(round(total * fraction)))))
+    chosen = set(held)
+    return [i for i in range(total) if i not in chosen], held
+
+
+def check_labels(labels, bundle, data) -> None:
+    """The data set's labels must be classes of the model (the runner-up target falls back to the label)."""
+    labels = torch.as_tensor(labels)
+    if len(labels) and (int(labels.max()) >= bundle.num_classes or int(labels.min()) < 0):
+        raise ValueError(f"the labels of {data} run from {int(labels.min())} to {int(labels.max())}, but "
+                         f"'{bundle.name}' has {bundle.num_classes} classes (0-{bundle.num_classes - 1}): train on "
+                         "images labelled with this model's classes")
+
+
+def load_train_images(data, image_hw, *, photo: bool, subset: int | None = None, seed: int = 0,
+                      indices: list | None = None):
     """uint8 N x 3 x S x S images in memory (photos: shorter side resized to input/0.875, centre square
-    kept, so random resized crops have room) and their labels."""
+    kept, so random resized crops have room) and their labels. `indices`: only these images of the file."""
     from PIL import Image
 
     from ..data import open_dataset, pil_to_tensor
 
     dataset = open_dataset(data, split="train")
-    indices = list(range(len(dataset)))
+    indices = list(range(len(dataset))) if indices is None else list(indices)
     if subset and subset < len(indices):
         indices = sorted(random.Random(seed).sample(indices, subset))
     side = int(round(max(image_hw) / 0.875)) if photo else None
@@ -141,14 +167,19 @@ def replicas_identical(module: torch.nn.Module) -> bool:
 
 # --- held-out figures ---------------------------------------------------------------------------------
 
-def load_eval_images(bundle, data, limit: int | None, split: str = "val"):
-    from ..data import open_dataset
+def load_eval_images(bundle, data, limit: int | None, split: str = "val", indices: list | None = None):
+    """Model inputs and labels of `limit` images spread evenly over the file (or over `indices` of it)."""
+    from ..data import open_dataset, spread_indices
     from ..images import prepare_for_model
 
-    dataset = open_dataset(data, split=split, limit=limit)  # an even spread over the (class-sorted) file
-    count = len(dataset)
-    images = torch.cat([prepare_for_model(dataset.image(i), bundle)[0] for i in range(count)])
-    return images, torch.tensor([int(dataset.labels[i]) for i in range(count)])
+    if indices is None:
+        dataset = open_dataset(data, split=split, limit=limit)  # an even spread over the (class-sorted) file
+        chosen = list(range(len(dataset)))
+    else:
+        dataset = open_dataset(data, split=split)
+        chosen = [indices[i] for i in spread_indices(len(indices), limit)]
+    images = torch.cat([prepare_for_model(dataset.image(i), bundle)[0] for i in chosen])
+    return images, torch.tensor([int(dataset.labels[i]) for i in chosen])
 
 
 def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torch.Tensor, *,
@@ -270,10 +301,20 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               width: int = DEFAULT_ARCH["width"], embed_dim: int = DEFAULT_ARCH["embed_dim"],
               gain_init: float = DEFAULT_ARCH["gain_init"], fusion_units: int = 2, time_budget_minutes: float | None = None,
               checkpoint_every: int = 25, log_every: int = 5, compare: tuple = ("gradcam", "random"),
-              val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None) -> dict:
+              val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None,
+              val_holdout: float | None = None, checkpoint=None, report=None, cancelled=None,
+              card_extra: dict | None = None) -> dict:
     """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0).
     `val_every` > 0 measures the fixed validation metric (hard AUCs on `val_track` images of `val_data`)
-    every that many steps, logs it, and exports the best checkpoint by ins-del instead of the last."""
+    every that many steps, logs it, and exports the best checkpoint by ins-del instead of the last.
+
+    `val_holdout` (a fraction, only without `val_data`): hold that share of `data` out of training (spread evenly
+    over the file) and validate on it. `checkpoint`: the resume file (default `<out>.ckpt`). The job runner's
+    hooks: `report(step, total, **metrics)` after every step (metrics: the running loss every `log_every` steps;
+    `val_deletion_auc`, `val_insertion_auc`, `val_ins_minus_del` each time the validation metric is measured;
+    `phase="start"` with `resumed_from` and `elapsed_s` just before the first step of this run) and
+    `cancelled()`, checked after every step: when it is true the run saves its checkpoint and returns
+    {"cancelled": True, "step": ..., "total_steps": ...} without exporting. `card_extra` is merged into the card."""
     from ..models import load_model
 
     options = dict(data=data, out=out, val_data=val_data, val_limit=val_limit, steps=steps, epochs=epochs,
@@ -283,12 +324,15 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
                    augment=augment, subset=subset, seed=seed, width=width, embed_dim=embed_dim, gain_init=gain_init,
                    fusion_units=fusion_units, time_budget_minutes=time_budget_minutes,
                    checkpoint_every=checkpoint_every, log_every=log_every, compare=compare, val_every=val_every,
-                   val_track=val_track, progress=progress, command=command)
+                   val_track=val_track, progress=progress, command=command, val_holdout=val_holdout,
+                   checkpoint=checkpoint, report=report, cancelled=cancelled, card_extra=card_extra)
 
     if targets not in TARGET_MODES:
         raise ValueError(f"targets must be one of {TARGET_MODES}")
     if augment not in AUGMENTS:
         raise ValueError(f"augment must be one of {AUGMENTS}")
+    if val_holdout is not None and val_data:
+        raise ValueError("give either validation data or a held-out fraction of the training data, not both")
     rank, world, device = distributed_setup()
     if device.type == "cpu" and world > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -310,10 +354,10 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                   weight_decay, warmup, clip, targets, fractions, fraction_samples, peak_weight, tau_start, tau_end,
                   grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
                   fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
-                  progress, command) -> dict:
+                  progress, command, val_holdout, checkpoint, report, cancelled, card_extra) -> dict:
     model = bundle.name
     stem = stem_from_out(out) if out else explainer_stem(model)
-    checkpoint_path = Path(str(stem) + ".ckpt")
+    checkpoint_path = Path(checkpoint) if checkpoint else Path(str(stem) + ".ckpt")
     if rank == 0:
         checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     image_hw = tuple(bundle.input_size)
@@ -321,7 +365,15 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     low, high = grid_range(image_hw)
     low, high = grid_min or low, grid_max or high
 
-    images, labels = load_train_images(data, image_hw, photo=mode == "photo", subset=subset, seed=seed)
+    train_indices, held_indices, val_split = None, None, "val"
+    if val_holdout is not None:
+        from ..data import open_dataset
+
+        train_indices, held_indices = holdout_indices(len(open_dataset(data, split="train")), float(val_holdout))
+        val_data, val_split = data, "train"  # the held-out images of the training file
+    images, labels = load_train_images(data, image_hw, photo=mode == "photo", subset=subset, seed=seed,
+                                       indices=train_indices)
+    check_labels(labels, bundle, data)
     per_rank = max(1, batch_size // world)
     global_batch = per_rank * world
     steps_per_epoch = max(1, len(images) // global_batch)
@@ -345,7 +397,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     validation, best = [], None  # best: {"step", "ins_minus_del", "state"} by the fixed validation metric
     x_track = None
     if val_every and val_data and rank == 0:
-        x_track, _ = load_eval_images(bundle, val_data, val_track)
+        x_track, _ = load_eval_images(bundle, val_data, val_track, split=val_split, indices=held_indices)
     if checkpoint_path.exists():
         state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
         if state["total_steps"] != total_steps:
@@ -367,7 +419,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     started = time.time()
     bar = tqdm(total=total_steps, initial=step, desc=f"aha-{model}", file=sys.stderr, disable=not progress or rank)
     running = None
-    stopped_early = False
+    stopped_early = stopped_by_cancel = False
 
     def save_checkpoint():
         if rank == 0:
@@ -389,11 +441,16 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         if best is None or scores["ins_minus_del"] > best["ins_minus_del"]:
             best = {"step": step, "ins_minus_del": scores["ins_minus_del"],
                     "state": {k: v.detach().clone().cpu() for k, v in explainer.state_dict().items()}}
+        if report is not None and rank == 0:
+            report(step, total_steps, val_deletion_auc=scores["deletion_auc"], val_insertion_auc=scores["insertion_auc"],
+                   val_ins_minus_del=scores["ins_minus_del"], best_step=best["step"])
         bar.write(f"step {step}: validation deletion {scores['deletion_auc']:.4f} insertion "
                   f"{scores['insertion_auc']:.4f} ins-del {scores['ins_minus_del']:.4f} (best at step {best['step']})")
 
     if x_track is not None and step == 0:
         track_validation()  # the untrained explainer (its prior) is a candidate too
+    if report is not None and rank == 0:
+        report(step, total_steps, phase="start", resumed_from=step, elapsed_s=round(elapsed_before, 1))
     while step < total_steps:
         epoch, position = divmod(step, steps_per_epoch)
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
@@ -432,10 +489,22 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                             "peak": round(float(terms.peak.mean()), 4), "tau": round(tau, 4), "grid": grid,
                             "grad_norm": round(float(grad_norm), 4),
                             "seconds": round(elapsed_before + time.time() - started, 1)})
+        if report is not None and rank == 0:
+            if step % log_every == 0 or step == total_steps:
+                report(step, total_steps, loss=round(running, 5))
+            else:
+                report(step, total_steps)  # the step alone: an exact progress bar, a cheap write
         if x_track is not None and (step % val_every == 0 or step == total_steps):
             track_validation()
         if step % checkpoint_every == 0:
             save_checkpoint()
+        if cancelled is not None:
+            stop = torch.tensor(float(bool(cancelled()) if rank == 0 else 0.0))
+            if world > 1:
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() and step < total_steps:
+                stopped_by_cancel = True
+                break
         if time_budget_minutes is not None:
             over = torch.tensor(float(elapsed_before + time.time() - started > 60 * time_budget_minutes))
             if world > 1:
@@ -446,6 +515,11 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     bar.close()
     save_checkpoint()
     train_seconds = elapsed_before + time.time() - started
+    if stopped_by_cancel:
+        if rank == 0:
+            print(f"aha-{model}: cancelled at step {step}/{total_steps}; checkpoint {checkpoint_path}", file=sys.stderr)
+        return {"cancelled": True, "step": step, "total_steps": total_steps, "checkpoint": str(checkpoint_path),
+                "train_seconds": round(train_seconds, 1)}
     identical = replicas_identical(explainer)
     if not identical:
         raise RuntimeError("DDP replicas diverged: ranks hold different explainer weights")
@@ -467,30 +541,122 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             "lr": lr, "weight_decay": weight_decay, "warmup_fraction": warmup, "schedule": "linear warm-up, cosine",
             "grad_clip": clip, "peak_weight": peak_weight, "seed": seed,
         }
+        if held_indices is not None:
+            recipe["validation_data"] = (f"held out of {data}: {len(held_indices)} of {len(held_indices) + len(images)} "
+                                         f"images ({val_holdout:g}), spread evenly over the file, never trained on")
+            recipe["held_out_indices"] = held_indices
+        elif val_data:
+            recipe["validation_data"] = str(val_data)
         if validation:
+            source = (f"the {len(held_indices)} held-out images" if held_indices is not None else str(val_data))
             recipe["validation_metric"] = (f"hard deletion/insertion (engine, K=20, mean reference) of top-1 maps on "
-                                           f"{len(x_track)} images of {val_data} spread over the file, every "
+                                           f"{len(x_track)} images of {source} spread over the file, every "
                                            f"{val_every} steps; the exported weights are the best by ins-del")
         card = {"base_model": model, "recipe": recipe, "train_seconds": round(train_seconds, 1),
                 "exported_step": exported_step, "validation": validation,
                 "training_command": command or " ".join(["python -m explainers"] + sys.argv[1:]),
                 "history": history, "ddp_replicas_identical": identical,
-                "software": {"torch": torch.__version__, "python": platform.python_version()}}
+                "software": {"torch": torch.__version__, "python": platform.python_version()},
+                "device": str(device), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        card.update(card_extra or {})
         if val_data:
-            x_val, y_val = load_eval_images(bundle, val_data, val_limit)
+            x_val, y_val = load_eval_images(bundle, val_data, val_limit, split=val_split, indices=held_indices)
             figures = held_out_figures(explainer, x_val, y_val, compare=tuple(compare))
-            figures["data"] = str(val_data)
+            figures["data"] = str(val_data) if held_indices is None else recipe["validation_data"]
             card["held_out"] = figures
         if validation:
             from .plot import validation_plot
 
             plot = validation_plot(validation, Path(str(stem) + ".validation.png"), exported_step=exported_step,
-                                   title=f"aha-{model}: validation during training ({len(x_track)} images of {val_data})")
+                                   title=f"aha-{model}: validation during training ({len(x_track)} images"
+                                         f"{' held out' if held_indices is not None else ' of ' + str(val_data)})")
             card["validation_plot"] = plot.name
         card = save_explainer(explainer, stem, card)
     if world > 1:
         dist.barrier()
     return card
+
+
+# --- the job kind -------------------------------------------------------------------------------------
+
+JOB_PARAMS = ("model", "data", "val_data", "val_holdout", "steps", "minutes", "seed", "batch_size", "val_every",
+              "val_track", "val_limit", "fraction_samples", "lr", "width", "checkpoint_every", "log_every", "compare",
+              "out", "data_name", "val_name", "subset")
+JOB_DEFAULTS = {"steps": 200, "batch_size": 16, "fraction_samples": 6, "val_track": 64, "val_limit": 128,
+                "checkpoint_every": 10, "log_every": 5, "seed": 0, "compare": ["gradcam"]}
+DEFAULT_HOLDOUT = 0.1
+
+
+def job_out_stem(model: str, out=None) -> Path:
+    """Where an 'aha-train' job writes: `out` if given (never inside the code's weights/), else the user's models
+    folder (`store.user_explainer_stem`, which refuses models that ship an explainer)."""
+    from ..models import WEIGHTS_DIR
+    from .store import user_explainer_stem
+
+    if not out:
+        return user_explainer_stem(model)
+    stem = stem_from_out(out)
+    weights = Path(WEIGHTS_DIR).resolve()
+    if stem.resolve().parent == weights or weights in stem.resolve().parents:
+        raise ValueError(f"an AHA job never writes into the code's weights folder ({WEIGHTS_DIR}); leave 'out' "
+                         "empty (the user's models folder) or name another folder")
+    return stem
+
+
+def run_aha_job(params: dict, context) -> dict:
+    """The 'aha-train' job kind (registered in the app's job runner, `saliency_lab.jobs`): train an AHA explainer
+    for `params["model"]` on `params["data"]` with `steps` and/or `minutes` (whichever ends first), validating on
+    `val_data` or, without it, on `val_holdout` (default 10%) of the data held out of training. Progress every
+    step, the validation deletion / insertion / ins-del as metrics each time they are measured, cancellation
+    checked after every step, resumable from the checkpoint in the job folder. On success the explainer is stored
+    beside the model (the user's models folder) and AHA runs in one pass for it."""
+    unknown = set(params) - set(JOB_PARAMS)
+    if unknown:
+        raise ValueError(f"unknown aha-train job params {sorted(unknown)}; known: {', '.join(JOB_PARAMS)}")
+    for required in ("model", "data"):
+        if not params.get(required):
+            raise ValueError(f"an aha-train job needs '{required}'")
+    options = {**JOB_DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+    model = str(options["model"])
+    stem = job_out_stem(model, options.get("out"))
+    steps = int(options["steps"])
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    minutes = float(options["minutes"]) if options.get("minutes") else None
+    val_data = options.get("val_data") or None
+    holdout = None if val_data else float(options.get("val_holdout") or DEFAULT_HOLDOUT)
+    val_every = int(options.get("val_every") or max(1, steps // 10))
+    checkpoint = context.checkpoint_path("aha.ckpt")
+    described = {k: options[k] for k in ("data_name", "val_name") if options.get(k)}
+    card_extra = {"trained_by": "aha-train job", "job_id": getattr(context, "job_id", None),
+                  "job_params": {k: v for k, v in params.items()}, **described}
+    command = ("aha-train job " + json.dumps({k: v for k, v in params.items()}, default=str))
+
+    def report(step, total, **metrics):
+        context.progress(step, total, **metrics)
+
+    card = train_aha(model=model, data=str(options["data"]), out=str(stem), val_data=val_data, val_holdout=holdout,
+                     val_limit=int(options["val_limit"]), steps=steps, batch_size=int(options["batch_size"]),
+                     fraction_samples=options.get("fraction_samples"), lr=float(options.get("lr", 3e-4)),
+                     width=int(options.get("width", DEFAULT_ARCH["width"])), subset=options.get("subset"),
+                     seed=int(options["seed"]), time_budget_minutes=minutes,
+                     checkpoint_every=int(options["checkpoint_every"]), log_every=int(options["log_every"]),
+                     compare=tuple(options.get("compare") or ()), val_every=val_every,
+                     val_track=int(options["val_track"]), progress=False, command=command, checkpoint=checkpoint,
+                     report=report, cancelled=context.cancelled, card_extra=card_extra)
+    if card is None or card.get("cancelled"):
+        return json.loads(json.dumps(card or {"cancelled": True}, default=str))
+    if checkpoint.exists():
+        checkpoint.unlink()  # done: the explainer is exported (a done job is never resumed)
+    summary = {"model": model, "explainer": str(stem), "card": str(stem) + ".json",
+               "weights": str(stem.parent / card["weights_file"]), "exported_step": card.get("exported_step"),
+               "steps": card["recipe"]["steps"], "planned_steps": card["recipe"]["planned_steps"],
+               "stopped_by_time_budget": card["recipe"]["stopped_by_time_budget"],
+               "train_seconds": card["train_seconds"], "device": card["recipe"]["device"],
+               "validation": card.get("validation"), "held_out": card.get("held_out"),
+               "validation_data": card["recipe"].get("validation_data"),
+               "validation_plot": str(stem.parent / card["validation_plot"]) if card.get("validation_plot") else None}
+    return json.loads(json.dumps(summary, default=str))
 
 
 # --- command line -------------------------------------------------------------------------------------
@@ -536,7 +702,10 @@ def add_train_aha_parser(commands) -> None:
     p.add_argument("--val-every", type=int, default=0,
                    help="measure the validation metric every N steps and export the best checkpoint (needs --val-data)")
     p.add_argument("--val-track", type=int, default=64, help="validation images tracked during training")
+    p.add_argument("--val-holdout", type=float, default=None,
+                   help="without --val-data: hold this fraction of --data out of training and validate on it")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--push-to", default=None, help=argparse.SUPPRESS)  # an HF Jobs run: the explainer goes back
     p.set_defaults(handler=cmd_train_aha)
 
 
@@ -548,9 +717,15 @@ def cmd_train_aha(args) -> int:
                      grid_min=args.grid_min, grid_max=args.grid_max, augment=args.augment, subset=args.subset,
                      width=args.width, fusion_units=args.fusion_units, time_budget_minutes=args.time_budget_minutes,
                      checkpoint_every=args.checkpoint_every, seed=args.seed, val_every=args.val_every,
-                     val_track=args.val_track)
+                     val_track=args.val_track, val_holdout=args.val_holdout)
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")
         print(json.dumps(summary, indent=2))
+        if args.push_to:  # inside an HF Job: hand the explainer (weights, card, plot) back through the hub
+            from ..hub import push_result
+
+            stem = stem_from_out(args.out) if args.out else explainer_stem(args.model)
+            push_result(stem, args.push_to)
+            print(f"[train-aha] pushed {stem.name} to {args.push_to}", file=sys.stderr, flush=True)
     return 0

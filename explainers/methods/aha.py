@@ -60,7 +60,7 @@ class AHA(Method):
     @classmethod
     def menu_note(cls, bundle) -> str | None:
         if cls.has_trained_explainer(bundle):
-            return None
+            return "one pass (trained explainer)"
         return (f"per-image optimisation ({PER_IMAGE_STEPS} steps from {prior_method(bundle)}): no trained "
                 "explainer for this model")
 
