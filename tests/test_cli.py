@@ -187,3 +187,12 @@ def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
                  "--limit", "2", "--steps", "4", "--reference", "road", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["protocol"]["reference"] == "road" and len(report["methods"]["gradcam"]["per_image"]["deletion"]) == 2
+
+
+def test_method_specs_keep_several_options_of_one_method_together():
+    from explainers.evaluate import parse_method_spec, split_method_specs
+
+    specs = split_method_specs("gradskip:attention_weighting=gradient,alpha=1,rollout, aha:refine_steps=3,gradcam")
+    assert specs == ["gradskip:attention_weighting=gradient,alpha=1", "rollout", "aha:refine_steps=3", "gradcam"]
+    assert parse_method_spec(specs[0])[1] == {"attention_weighting": "gradient", "alpha": 1}
+    assert split_method_specs("random,,chefer") == ["random", "chefer"]
