@@ -111,6 +111,7 @@ def _write_report(report: dict, out) -> None:
 
 
 def cmd_gridpg(args) -> int:
+    from .evaluate import split_method_specs
     from .gridpg import format_gridpg, run_gridpg
 
     if args.threads:
