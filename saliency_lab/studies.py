@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from explainers import engine
 from explainers.data import class_names_for, open_dataset, spread_indices
-from explainers.review_report import LIKERT, SLOTS, study_report, study_rows
-from explainers.review_report import EXPORT_COLUMNS
+from explainers.review_report import LIKERT, SLOTS, study_report, write_rows
 
 from . import menus, pictures
 from .errors import is_skippable
@@ -366,14 +365,7 @@ def export_study(services, name, code, fmt="csv") -> str:
         path = services.downloads / f"study-{study['name']}-{stamp}.json"
         path.write_text(json.dumps(study_report(services.store.path, study["name"]), indent=2))
         return str(path)
-    import csv
-
-    path = services.downloads / f"study-{study['name']}-{stamp}.csv"
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=EXPORT_COLUMNS)
-        writer.writeheader()
-        writer.writerows(study_rows(services.store.path, study["name"]))
-    return str(path)
+    return str(write_rows(services.store.path, study["name"], services.downloads / f"study-{study['name']}-{stamp}.csv"))
 
 
 RATING_VALUES = list(LIKERT)
