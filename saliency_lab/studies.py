@@ -315,7 +315,26 @@ def summary_markdown(report: dict) -> str:
         if by:
             lines += ["", "Mean insertion AUC of the shown maps, by the reviewers' majority verdict: " +
                       ", ".join(f"{v} {x['insertion_auc']:.3f} ({x['images']} images)" for v, x in by.items()) + "."]
+    lines += per_class_markdown(report)
     return "\n".join(lines)
+
+
+def per_class_markdown(report: dict) -> list:
+    """The per-class table of the results: images, how many the model got right, and the verdicts (open) or
+    each method's mean rating (blinded)."""
+    per_class = report.get("per_class") or []
+    if not per_class:
+        return []
+    blinded = report["study"]["protocol"] == "blinded"
+    methods = [m["method"] for m in report["methods"]] if blinded else []
+    head = [engine.method_label(m) for m in methods] if blinded else ["plausible", "implausible", "unsure"]
+    lines = ["", "**Per class** (true class):", "", "| class | images | model right | " + " | ".join(head) + " |",
+             "|" + "---|" * (3 + len(head))]
+    for entry in per_class:
+        cells = ([_fmt(entry["mean_rating"].get(m)) for m in methods] if blinded else
+                 [str(entry["verdicts"].get(v, 0)) for v in ("plausible", "implausible", "unsure")])
+        lines.append(f"| {entry['class']} | {entry['images']} | {entry['model_correct']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def ratings_figure(report: dict) -> FigureSpec | None:

@@ -387,3 +387,41 @@ def test_models_tab_import_then_explain(page, shots, tmp_path):
     wait_js(page, "document.querySelectorAll('#overlays img').length >= 1")
     assert any(name in page.locator("#top5").inner_text() for name in ("healthy cell", "atypical cell", "artefact"))
     page.screenshot(path=str(shots / "models-explain.png"), full_page=True)
+
+
+def test_review_study_open_protocol_end_to_end_in_the_page(app_url, page):
+    """The open protocol through the page only (bench/review_study_e2e.py, small): a creator picks the shipped
+    cells and creates a study in the Create panel (its code read from the page), two reviewers in two contexts
+    give seeded verdicts and notes (a formula and a comma/quote/newline among them) on 4 images, then the
+    results table, the kappa matrix and the CSV/JSON exports are checked against a hand computation."""
+    from bench.review_study_e2e import (Checks, go_review_tab, method_labels, new_context, open_accordion,
+                                        pick_dropdown, run_study)
+
+    external = bool(os.environ.get("SALIENCY_LAB_URL"))
+    browser = page.context.browser
+    creator_context = new_context(browser)
+    try:
+        creator = creator_context.new_page()
+        go_review_tab(creator, app_url)
+        open_accordion(creator, "2 · Create a study")
+        pick_dropdown(creator, "study-dataset", "bloodmnist-cells")
+        checks, timings = Checks(), {}
+        methods = ["gradcam", "rollout"]
+        result = run_study(browser, app_url, protocol="open", name=f"browser-open-{int(time.time())}",
+                           dataset="bloodmnist-cells", model="bloodmnist-vit" if external else "tiny-vit",
+                           methods=methods, reviewers=["dr-a", "dr-b"], n_images=4, seed=9, creator=creator,
+                           creator_context=creator_context, timings=timings, checks=checks,
+                           labels=method_labels(methods))
+    finally:
+        creator_context.close()
+    assert not checks.failed, checks.failed
+    names = {c["check"] for c in checks.items}
+    for needed in ("open json: dr-a|dr-b kappa", "open json: Fleiss kappa", "page open: dr-a – dr-b kappa",
+                   "open csv: every note as typed (a formula behind an apostrophe)", "open csv: every verdict as given"):
+        assert needed in names
+    assert result["images"] == 4 and len(timings["save_verdict"]) == 8 and len(timings["open_image"]) == 6
+    # seed 9 gives dr-a: unsure, implausible, plausible, plausible; dr-b: unsure, unsure, plausible, plausible.
+    # By hand: p_o = 3/4, p_e = 2/4*2/4 + 1/4*0 + 1/4*2/4 = 3/8, so kappa = (3/4 - 3/8) / (5/8) = 0.6; Fleiss:
+    # P = 3/4, P_e = (4/8)^2 + (1/8)^2 + (3/8)^2 = 13/32, kappa = (3/4 - 13/32) / (19/32) = 11/19
+    assert result["report_agreement"]["pairs"][0]["kappa"] == pytest.approx(0.6, abs=1e-4)
+    assert result["report_agreement"]["fleiss"]["kappa"] == pytest.approx(11 / 19, abs=1e-4)
