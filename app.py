@@ -592,6 +592,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
 
         demo.load(model_change_handler(services), [model, methods], [methods, *sliders, model_info],
                   api_visibility="private")
+        # A BrowserState inside a tab the page does not open first is mounted late (tabs render lazily), so the
+        # load below would read nothing: both reviewer names live at the top of the page.
+        reviewer_saved.render()
+        study_parts["saved"].render()
         demo.load(lambda saved: saved or gr.skip(), reviewer_saved, reviewer, api_visibility="private", queue=False)
         demo.load(lambda saved: saved or gr.skip(), study_parts["saved"], study_parts["reviewer"], api_visibility="private",
                   queue=False)
@@ -868,7 +872,7 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
 def build_review_tab(services, names, first_model, data_dir, heavy, light):
     gr.Markdown("Review explanations image by image. Verdicts and notes are saved **the moment you make them** "
                 "(SQLite on the server): a refresh or a crash loses nothing.", elem_classes="help")
-    reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-reviewer")
+    reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-reviewer", render=False)  # rendered by build_app
     review_state = gr.State(None)
     with gr.Row():
         folder = gr.Textbox(data_dir, label="Labelled folder (labels.csv) or .npz", scale=4, elem_id="review-folder")
@@ -992,7 +996,7 @@ def build_study_panel(services, names, first_model, heavy, light):
                 "C… in a random order, rated 1-5), agreement statistics. A study is opened with its name and the "
                 "**study code** shown once to its creator.", elem_classes="help")
     study_state = gr.State(None)
-    study_reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-study-reviewer")
+    study_reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-study-reviewer", render=False)  # build_app
     with gr.Accordion("1 · Data set: pick one or upload", open=False):
         with gr.Row():
             upload_files = gr.File(label="A zip with labels.csv (file,class_index), a MedMNIST .npz, or images "

@@ -290,6 +290,8 @@ def summary_markdown(report: dict) -> str:
         else:
             tail = f"{entry['ratings']} | {_fmt(entry['mean_rating'])} | {entry['best_picks']} |"
         lines.append(f"| {who} | {entry['done']} of {entry['total']} | {tail}")
+    overall = counts["overall"]
+    lines += ["", f"Done by every reviewer: **{overall['complete_images']} of {overall['images']}** images."]
     lines += ["", f"**Agreement** ({agreement['measure']}; 95% bootstrap intervals over images):", "",
               "| pair | images | kappa | 95% interval | raw agreement |", "|---|---|---|---|---|"]
     for pair in agreement["pairs"]:

@@ -425,3 +425,26 @@ def test_review_study_open_protocol_end_to_end_in_the_page(app_url, page):
     # P = 3/4, P_e = (4/8)^2 + (1/8)^2 + (3/8)^2 = 13/32, kappa = (3/4 - 13/32) / (19/32) = 11/19
     assert result["report_agreement"]["pairs"][0]["kappa"] == pytest.approx(0.6, abs=1e-4)
     assert result["report_agreement"]["fleiss"]["kappa"] == pytest.approx(11 / 19, abs=1e-4)
+
+
+def test_study_reviewer_name_is_restored_after_a_reload(app_url, page):
+    """A reviewer types their name once: it comes back after a reload (browser storage), in the study panel and in
+    the image list. Both failed before: a BrowserState inside a tab not shown first is mounted too late for the
+    page's load event."""
+    from bench.review_study_e2e import go_review_tab, new_context
+
+    context = new_context(page.context.browser)
+    try:
+        mine = context.new_page()
+        go_review_tab(mine, app_url)
+        for elem_id, name in (("study-reviewer", "dr-okafor"), ("reviewer", "dr-lee")):  # study panel, image list
+            box = mine.locator(f"#{elem_id} textarea, #{elem_id} input").first
+            box.press_sequentially(name)
+            box.press("Tab")
+        mine.wait_for_timeout(1500)  # the change events write browser storage
+        go_review_tab(mine, app_url)  # a reload
+        for elem_id, name in (("study-reviewer", "dr-okafor"), ("reviewer", "dr-lee")):
+            wait_js(mine, f"() => [...document.querySelectorAll('#{elem_id} textarea, #{elem_id} input')]"
+                          f".some(e => e.value === '{name}')", timeout=60_000)
+    finally:
+        context.close()
