@@ -1002,6 +1002,8 @@ def build_study_panel(services, names, first_model, heavy, light):
             upload_files = gr.File(label="A zip with labels.csv (file,class_index), a MedMNIST .npz, or images "
                                          "(no labels: predictions only)", file_count="multiple", scale=3,
                                    elem_id="study-upload")
+            upload_folder = gr.File(label="…or a whole folder (images, with its labels.csv if it has one)",
+                                    file_count="directory", scale=2, elem_id="study-upload-folder")
             with gr.Column(scale=2):
                 upload_name = gr.Textbox(label="Name of the data set", placeholder="e.g. ward-7-smears",
                                          elem_id="study-upload-name")
@@ -1071,12 +1073,12 @@ def build_study_panel(services, names, first_model, heavy, light):
 
     # ---- data in
     @friendly
-    def upload(files, name):
-        result = review_data.import_upload(files, name)
+    def upload(files, name, folder=None):
+        result = review_data.import_upload(list(files or []) + list(folder or []), name)
         return result.message(), gr.update(choices=review_data.named_datasets(), value=result.name)
 
-    upload_button.click(upload, [upload_files, upload_name], [upload_info, study_dataset], api_name="review_upload",
-                        **light)
+    upload_button.click(upload, [upload_files, upload_name, upload_folder], [upload_info, study_dataset],
+                        api_name="review_upload", **light)
 
     # ---- create
     def methods_for(model_name):

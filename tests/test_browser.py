@@ -448,3 +448,32 @@ def test_study_reviewer_name_is_restored_after_a_reload(app_url, page):
                           f".some(e => e.value === '{name}')", timeout=60_000)
     finally:
         context.close()
+
+
+def test_study_data_set_from_a_picked_folder(app_url, page, tmp_path):
+    """A folder picked in the study panel (a directory input): its images and labels.csv become a data set."""
+    import shutil
+
+    from bench.review_study_e2e import go_review_tab, new_context, open_accordion
+
+    folder = tmp_path / "smears"
+    folder.mkdir()
+    cells = sorted((ROOT / "assets" / "bloodmnist").glob("*.jpg"))[:3]
+    for cell in cells:
+        shutil.copy(cell, folder / cell.name)
+    (folder / "labels.csv").write_text("file,class_index\n" + "".join(f"{c.name},{k}\n" for k, c in enumerate(cells)))
+    context = new_context(page.context.browser)
+    try:
+        mine = context.new_page()
+        go_review_tab(mine, app_url)
+        open_accordion(mine, "1 · Data set")
+        mine.locator("#study-upload-folder input[type=file]").set_input_files(str(folder))
+        wait_js(mine, "() => document.querySelectorAll('#study-upload-folder a[download]').length >= 4")
+        name = f"folder-{int(time.time())}"
+        mine.locator("#study-upload-name textarea, #study-upload-name input").first.fill(name)
+        mine.locator("#study-upload-button").click()
+        mine.wait_for_function("n => __text('#study-upload-info').includes(n)", arg=name, timeout=60_000)
+        message = mine.evaluate("() => __text('#study-upload-info')")
+    finally:
+        context.close()
+    assert "3 images loaded" in message and "no labels" not in message and "skipped" not in message, message

@@ -262,6 +262,22 @@ def test_spreadsheet_cell_neutralises_formulas_only():
 
 
 # ------------------------------------------------------------------------------------------------ uploads
+def test_a_picked_folder_uses_its_labels_and_class_names_and_ignores_hidden_files(tmp_path, data_dir):
+    """What a browser sends for a picked folder: every file in it, labels.csv, classes.txt and .DS_Store too."""
+    folder = tmp_path / "picked"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(png(colour=(10, 20, 30)))
+    (folder / "b.png").write_bytes(png(colour=(200, 20, 30)))
+    (folder / ".DS_Store").write_bytes(b"\x00\x01binary")
+    (folder / "labels.csv").write_text("file,class_index\na.png,1\nb.png,0\n")
+    (folder / "classes.txt").write_text("red cell\nblue cell\n")
+    result = review_data.import_upload(sorted(folder.iterdir()), "picked-folder")
+    assert (result.loaded, result.skipped, result.labelled) == (2, [], True)
+    assert (result.folder / "classes.txt").read_text().split("\n")[:2] == ["red cell", "blue cell"]
+    with open(result.folder / "labels.csv") as handle:
+        assert sorted(r["class_index"] for r in csv.DictReader(handle)) == ["0", "1"]
+
+
 def test_zip_upload_skips_bad_files_and_lands_in_the_data_folder(tmp_path, data_dir):
     archive = tmp_path / "cells.zip"
     with zipfile.ZipFile(archive, "w") as z:
