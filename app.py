@@ -638,6 +638,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
 
         demo.load(model_change_handler(services), [model, methods], [methods, *sliders, model_info],
                   api_visibility="private")
+        # A BrowserState inside a tab the page does not open first is mounted late (tabs render lazily), so the
+        # load below would read nothing: both reviewer names live at the top of the page (the review list's is
+        # made there; the study panel's is rendered here).
+        study_parts["saved"].render()
         demo.load(lambda saved: saved or gr.skip(), reviewer_saved, reviewer, api_visibility="private", queue=False)
         demo.load(lambda saved: saved or gr.skip(), study_parts["saved"], study_parts["reviewer"], api_visibility="private",
                   queue=False)
@@ -1051,12 +1055,14 @@ def build_study_panel(services, names, first_model, heavy, light):
                 "C… in a random order, rated 1-5), agreement statistics. A study is opened with its name and the "
                 "**study code** shown once to its creator.", elem_classes="help")
     study_state = gr.State(None)
-    study_reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-study-reviewer")
+    study_reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-study-reviewer", render=False)  # build_app
     with gr.Accordion("1 · Data set: pick one or upload", open=False):
         with gr.Row():
             upload_files = gr.File(label="A zip with labels.csv (file,class_index), a MedMNIST .npz, or images "
                                          "(no labels: predictions only)", file_count="multiple", scale=3,
                                    elem_id="study-upload")
+            upload_folder = gr.File(label="…or a whole folder (images, with its labels.csv if it has one)",
+                                    file_count="directory", scale=2, elem_id="study-upload-folder")
             with gr.Column(scale=2):
                 upload_name = gr.Textbox(label="Name of the data set", placeholder="e.g. ward-7-smears",
                                          elem_id="study-upload-name")
@@ -1126,12 +1132,12 @@ def build_study_panel(services, names, first_model, heavy, light):
 
     # ---- data in
     @friendly
-    def upload(files, name):
-        result = review_data.import_upload(files, name)
+    def upload(files, name, folder=None):
+        result = review_data.import_upload(list(files or []) + list(folder or []), name)
         return result.message(), gr.update(choices=review_data.named_datasets(), value=result.name)
 
-    upload_button.click(upload, [upload_files, upload_name], [upload_info, study_dataset], api_name="review_upload",
-                        **light)
+    upload_button.click(upload, [upload_files, upload_name, upload_folder], [upload_info, study_dataset],
+                        api_name="review_upload", **light)
 
     # ---- create
     def methods_for(model_name):

@@ -189,14 +189,17 @@ def cmd_camal(args) -> int:
 
 
 def cmd_review_report(args) -> int:
-    from .review_report import StudyNotFound, write_report
+    from .review_report import StudyNotFound, write_report, write_rows
 
     try:
         out = write_report(args.db, args.study, args.out, n_boot=args.bootstrap, seed=args.seed)
+        if args.csv:
+            write_rows(args.db, args.study, args.csv)
     except StudyNotFound as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote the results of study '{args.study}' to {out}")
+    print(f"wrote the results of study '{args.study}' to {out}" + (f" and its responses to {args.csv}" if args.csv
+                                                                    else ""))
     return 0
 
 
@@ -332,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--db", required=True, help="the review store's SQLite file (review.sqlite)")
     report.add_argument("--study", required=True, help="the study's name")
     report.add_argument("--out", required=True, help="report.json")
+    report.add_argument("--csv", default=None, help="also write the responses as a spreadsheet-safe CSV (as the app)")
     report.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
     report.add_argument("--seed", type=int, default=0)
     report.set_defaults(handler=cmd_review_report)

@@ -436,6 +436,45 @@ def study_rows(db, name: str) -> list:
     return rows
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_cell(value):
+    """One CSV cell as a spreadsheet should read it: '' for None, numbers as they are, and text that starts
+    like a formula (= + - @, tab, carriage return) behind an apostrophe, so Excel/LibreOffice/Sheets show it as
+    text and never run it (CSV injection)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else ""
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return value
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def write_rows_csv(out, columns, rows) -> Path:
+    """Rows (dicts) as a CSV spreadsheets open cleanly: UTF-8 with a byte-order mark (Excel on Windows reads a
+    BOM-less file in the local code page and garbles names like 'Müller'; pandas and LibreOffice strip the mark;
+    Python's csv module reads it with encoding='utf-8-sig'), one header row, RFC 4180 quoting and CRLF line
+    ends, every cell through `spreadsheet_cell`."""
+    import csv
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="", encoding="utf-8-sig") as handle:
+        writer = csv.writer(handle, quoting=csv.QUOTE_MINIMAL, lineterminator="\r\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([spreadsheet_cell(row.get(c)) for c in columns])
+    return out
+
+
+def write_rows(db, name: str, out) -> Path:
+    """The study's responses (`study_rows`) as a spreadsheet-safe CSV file; its path."""
+    return write_rows_csv(out, EXPORT_COLUMNS, study_rows(db, name))
+
+
 def write_report(db, name: str, out, *, n_boot: int = 1000, seed: int = 0) -> Path:
     """`study_report` as an indented JSON file (written atomically); its path."""
     from ._io import atomic_write_text

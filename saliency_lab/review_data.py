@@ -265,7 +265,7 @@ def import_upload(files, name: str, limits: UploadLimits | None = None) -> Impor
     """Store an upload as the data set `name`: one .zip (images + labels.csv), one MedMNIST .npz, or image files
     (with a labels.csv among them, or without: predictions only). ReviewError for what cannot be used at all."""
     limits = limits or UploadLimits()
-    paths = [Path(getattr(f, "name", f)) for f in (files or []) if f]
+    paths = [Path(f) if isinstance(f, (str, os.PathLike)) else Path(f.name) for f in (files or []) if f]
     if not paths:
         raise ReviewError("Choose the files to upload: a zip with labels.csv, a MedMNIST .npz or images.")
     total = sum(p.stat().st_size for p in paths)
@@ -278,6 +278,14 @@ def import_upload(files, name: str, limits: UploadLimits | None = None) -> Impor
             if len(paths) != 1:
                 raise ReviewError("Upload one zip or one .npz at a time (or image files without an archive).")
             return (_import_zip if archives[0].suffix.lower() == ".zip" else _import_npz)(archives[0], writer)
+        # a picked folder brings its labels.csv, classes.txt and hidden files (.DS_Store) along with the images
+        paths = [p for p in paths if not p.name.startswith(".")]
+        names_files = [p for p in paths if p.name.lower() == "classes.txt"]
+        class_names = None
+        if names_files:
+            class_names = [x.strip() for x in names_files[0].read_text(encoding="utf-8-sig", errors="replace")
+                           .splitlines() if x.strip()] or None
+            paths = [p for p in paths if p not in names_files]
         csv_files = [p for p in paths if p.name.lower().endswith(".csv")]
         if len(paths) - len(csv_files) > limits.max_files:
             raise ReviewError(f"{len(paths) - len(csv_files)} images is over the limit of {limits.max_files} "
@@ -300,7 +308,7 @@ def import_upload(files, name: str, limits: UploadLimits | None = None) -> Impor
                                                 f"{limits.max_image_bytes / 1e6:.0f} MB per image"))
                 continue
             writer.add(display, path.read_bytes(), labels[display] if labels is not None else -1)
-        return writer.finish(labels is not None)
+        return writer.finish(labels is not None, class_names if labels is not None else None)
     except BaseException:
         writer.abort()
         raise

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 
 from explainers import engine
 from explainers.data import class_names_for, open_dataset, spread_indices
-from explainers.review_report import LIKERT, SLOTS, study_report, study_rows
-from explainers.review_report import EXPORT_COLUMNS
+from explainers.review_report import LIKERT, SLOTS, study_report, write_rows
 
 from . import menus, pictures
 from .errors import is_skippable
@@ -329,6 +328,8 @@ def summary_markdown(report: dict) -> str:
         else:
             tail = f"{entry['ratings']} | {_fmt(entry['mean_rating'])} | {entry['best_picks']} |"
         lines.append(f"| {who} | {entry['done']} of {entry['total']} | {tail}")
+    overall = counts["overall"]
+    lines += ["", f"Done by every reviewer: **{overall['complete_images']} of {overall['images']}** images."]
     lines += ["", f"**Agreement** ({agreement['measure']}; 95% bootstrap intervals over images):", "",
               "| pair | images | kappa | 95% interval | raw agreement |", "|---|---|---|---|---|"]
     for pair in agreement["pairs"]:
@@ -355,7 +356,26 @@ def summary_markdown(report: dict) -> str:
         if by:
             lines += ["", "Mean insertion AUC of the shown maps, by the reviewers' majority verdict: " +
                       ", ".join(f"{v} {x['insertion_auc']:.3f} ({x['images']} images)" for v, x in by.items()) + "."]
+    lines += per_class_markdown(report)
     return "\n".join(lines)
+
+
+def per_class_markdown(report: dict) -> list:
+    """The per-class table of the results: images, how many the model got right, and the verdicts (open) or
+    each method's mean rating (blinded)."""
+    per_class = report.get("per_class") or []
+    if not per_class:
+        return []
+    blinded = report["study"]["protocol"] == "blinded"
+    methods = [m["method"] for m in report["methods"]] if blinded else []
+    head = [engine.method_label(m) for m in methods] if blinded else ["plausible", "implausible", "unsure"]
+    lines = ["", "**Per class** (true class):", "", "| class | images | model right | " + " | ".join(head) + " |",
+             "|" + "---|" * (3 + len(head))]
+    for entry in per_class:
+        cells = ([_fmt(entry["mean_rating"].get(m)) for m in methods] if blinded else
+                 [str(entry["verdicts"].get(v, 0)) for v in ("plausible", "implausible", "unsure")])
+        lines.append(f"| {entry['class']} | {entry['images']} | {entry['model_correct']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def ratings_figure(report: dict) -> FigureSpec | None:
@@ -405,14 +425,7 @@ def export_study(services, name, code, fmt="csv") -> str:
         path = services.downloads / f"study-{study['name']}-{stamp}.json"
         path.write_text(json.dumps(study_report(services.store.path, study["name"]), indent=2))
         return str(path)
-    import csv
-
-    path = services.downloads / f"study-{study['name']}-{stamp}.csv"
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=EXPORT_COLUMNS)
-        writer.writeheader()
-        writer.writerows(study_rows(services.store.path, study["name"]))
-    return str(path)
+    return str(write_rows(services.store.path, study["name"], services.downloads / f"study-{study['name']}-{stamp}.csv"))
 
 
 RATING_VALUES = list(LIKERT)

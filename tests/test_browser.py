@@ -447,6 +447,67 @@ def test_review_name_survives_a_reload_and_the_set_verdict_is_selected(app_url, 
         context.close()
 
 
+def test_review_study_open_protocol_end_to_end_in_the_page(app_url, page):
+    """The open protocol through the page only (bench/review_study_e2e.py, small): a creator picks the shipped
+    cells and creates a study in the Create panel (its code read from the page), two reviewers in two contexts
+    give seeded verdicts and notes (a formula and a comma/quote/newline among them) on 4 images, then the
+    results table, the kappa matrix and the CSV/JSON exports are checked against a hand computation."""
+    from bench.review_study_e2e import (Checks, go_review_tab, method_labels, new_context, open_accordion,
+                                        pick_dropdown, run_study)
+
+    external = bool(os.environ.get("SALIENCY_LAB_URL"))
+    browser = page.context.browser
+    creator_context = new_context(browser)
+    try:
+        creator = creator_context.new_page()
+        go_review_tab(creator, app_url)
+        open_accordion(creator, "2 · Create a study")
+        pick_dropdown(creator, "study-dataset", "bloodmnist-cells")
+        checks, timings = Checks(), {}
+        methods = ["gradcam", "rollout"]
+        result = run_study(browser, app_url, protocol="open", name=f"browser-open-{int(time.time())}",
+                           dataset="bloodmnist-cells", model="bloodmnist-vit" if external else "tiny-vit",
+                           methods=methods, reviewers=["dr-a", "dr-b"], n_images=4, seed=9, creator=creator,
+                           creator_context=creator_context, timings=timings, checks=checks,
+                           labels=method_labels(methods))
+    finally:
+        creator_context.close()
+    assert not checks.failed, checks.failed
+    names = {c["check"] for c in checks.items}
+    for needed in ("open json: dr-a|dr-b kappa", "open json: Fleiss kappa", "page open: dr-a – dr-b kappa",
+                   "open csv: every note as typed (a formula behind an apostrophe)", "open csv: every verdict as given"):
+        assert needed in names
+    assert result["images"] == 4 and len(timings["save_verdict"]) == 8 and len(timings["open_image"]) == 6
+    # seed 9 gives dr-a: unsure, implausible, plausible, plausible; dr-b: unsure, unsure, plausible, plausible.
+    # By hand: p_o = 3/4, p_e = 2/4*2/4 + 1/4*0 + 1/4*2/4 = 3/8, so kappa = (3/4 - 3/8) / (5/8) = 0.6; Fleiss:
+    # P = 3/4, P_e = (4/8)^2 + (1/8)^2 + (3/8)^2 = 13/32, kappa = (3/4 - 13/32) / (19/32) = 11/19
+    assert result["report_agreement"]["pairs"][0]["kappa"] == pytest.approx(0.6, abs=1e-4)
+    assert result["report_agreement"]["fleiss"]["kappa"] == pytest.approx(11 / 19, abs=1e-4)
+
+
+def test_study_reviewer_name_is_restored_after_a_reload(app_url, page):
+    """A reviewer types their name once: it comes back after a reload (browser storage), in the study panel and in
+    the image list. Both failed before: a BrowserState inside a tab not shown first is mounted too late for the
+    page's load event."""
+    from bench.review_study_e2e import go_review_tab, new_context
+
+    context = new_context(page.context.browser)
+    try:
+        mine = context.new_page()
+        go_review_tab(mine, app_url)
+        for elem_id, name in (("study-reviewer", "dr-okafor"), ("reviewer", "dr-lee")):  # study panel, image list
+            box = mine.locator(f"#{elem_id} textarea, #{elem_id} input").first
+            box.press_sequentially(name)
+            box.press("Tab")
+        mine.wait_for_timeout(1500)  # the change events write browser storage
+        go_review_tab(mine, app_url)  # a reload
+        for elem_id, name in (("study-reviewer", "dr-okafor"), ("reviewer", "dr-lee")):
+            wait_js(mine, f"() => [...document.querySelectorAll('#{elem_id} textarea, #{elem_id} input')]"
+                          f".some(e => e.value === '{name}')", timeout=60_000)
+    finally:
+        context.close()
+
+
 def test_browse_gallery_fits_its_column_with_whole_labels(app_url, page):
     """Issue 11.14: at 1280 x 800 the BloodMNIST browser's gallery is not clipped on the right and no label is
     cut; the data set is picked by name (no server path shown)."""
@@ -530,3 +591,32 @@ def test_models_tab_trains_an_aha_explainer_for_the_imported_model(page, shots):
     assert points == 4  # the untrained explainer, then every step (3 steps: every max(1, 3 // 10))
     page.screenshot(path=str(shots / "models-aha-train.png"), full_page=True)
     assert not page.errors, page.errors
+
+
+def test_study_data_set_from_a_picked_folder(app_url, page, tmp_path):
+    """A folder picked in the study panel (a directory input): its images and labels.csv become a data set."""
+    import shutil
+
+    from bench.review_study_e2e import go_review_tab, new_context, open_accordion
+
+    folder = tmp_path / "smears"
+    folder.mkdir()
+    cells = sorted((ROOT / "assets" / "bloodmnist").glob("*.jpg"))[:3]
+    for cell in cells:
+        shutil.copy(cell, folder / cell.name)
+    (folder / "labels.csv").write_text("file,class_index\n" + "".join(f"{c.name},{k}\n" for k, c in enumerate(cells)))
+    context = new_context(page.context.browser)
+    try:
+        mine = context.new_page()
+        go_review_tab(mine, app_url)
+        open_accordion(mine, "1 · Data set")
+        mine.locator("#study-upload-folder input[type=file]").set_input_files(str(folder))
+        wait_js(mine, "() => document.querySelectorAll('#study-upload-folder a[download]').length >= 4")
+        name = f"folder-{int(time.time())}"
+        mine.locator("#study-upload-name textarea, #study-upload-name input").first.fill(name)
+        mine.locator("#study-upload-button").click()
+        mine.wait_for_function("n => __text('#study-upload-info').includes(n)", arg=name, timeout=60_000)
+        message = mine.evaluate("() => __text('#study-upload-info')")
+    finally:
+        context.close()
+    assert "3 images loaded" in message and "no labels" not in message and "skipped" not in message, message

@@ -17,7 +17,7 @@ from PIL import Image
 
 from conftest import tiny_vit
 from explainers.methods import METHODS
-from explainers.review_report import study_report, study_rows
+from explainers.review_report import EXPORT_COLUMNS, study_report, study_rows
 from saliency_lab import review_data, studies
 from saliency_lab.review_store import ReviewError, ReviewStore
 
@@ -183,10 +183,12 @@ def test_cli_review_report(tmp_path):
     store = open_study_with(tmp_path, ["plausible", "unsure", "implausible"], ["plausible", "unsure", "plausible"])
     out = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "explainers", "review-report", "--db", str(store.path), "--study",
-                           "open", "--out", str(out), "--bootstrap", "100"], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           "open", "--out", str(out), "--bootstrap", "100", "--csv", str(tmp_path / "r.csv")],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text()) == study_report(store.path, "open", n_boot=100)
+    with open(tmp_path / "r.csv", newline="", encoding="utf-8-sig") as handle:
+        assert [r["verdict"] for r in csv.DictReader(handle)] == [r["verdict"] for r in study_rows(store.path, "open")]
     missing = subprocess.run([sys.executable, "-m", "explainers", "review-report", "--db", str(store.path),
                               "--study", "nope", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -209,13 +211,73 @@ def test_open_protocol_end_to_end_and_exports(services):
     assert results.report["methods"][0]["faithfulness_images"] == 4
     assert "a – b" in results.summary and results.kappa_figure is not None
     path = studies.export_study(services, "o", code, "csv")
-    with open(path, newline="") as handle:
+    with open(path, newline="", encoding="utf-8-sig") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 8 and rows[0]["note"] == "n0"
     assert json.loads(Path(studies.export_study(services, "o", code, "json")).read_text())["study"]["name"] == "o"
 
 
+def test_csv_export_opens_cleanly_in_a_spreadsheet(services):
+    """The CSV: a UTF-8 byte-order mark, one header row, RFC 4180 quoting with CRLF, ISO timestamps, no Python
+    reprs; a note that is a formula is neutralised, one with a comma, quotes and a newline comes back whole."""
+    import re
+
+    code, _ = studies.create_study(services, "sheet", "bloodmnist-cells", "tiny-vit", ["gradcam", "rollout"],
+                                   "Dr. Müller, -b", "blinded", count=2, seed=3)
+    tricky = 'nucleus, not "membrane"\nsecond line'
+    for reviewer, note in (("Dr. Müller", "=SUM(A1)"), ("-b", tricky)):
+        state, _ = studies.open_study(services, "sheet", code, reviewer)
+        for position in range(2):
+            state = studies.show_item(services, state, position, reviewer).state
+            studies.rate(services, state, reviewer, "A", 4)
+            studies.rate(services, state, reviewer, "B", 2)
+            studies.pick_best(services, state, reviewer, "A")
+            studies.save_note(services, state, reviewer, note)
+    raw = Path(studies.export_study(services, "sheet", code, "csv")).read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbf") and raw.count(b"\xef\xbb\xbf") == 1
+    assert raw.split(b"\r\n")[0].decode("utf-8-sig").split(",") == list(EXPORT_COLUMNS)
+    text = raw.decode("utf-8-sig")
+    assert "None" not in text and "{" not in text and "[" not in text and "nan" not in text.lower()
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert len(rows) == 2 * 2 * 2  # reviewers x images x maps
+    by = {r["reviewer"]: r for r in rows}
+    assert set(by) == {"Dr. Müller", "'-b"}  # a name that starts like a formula is neutralised too
+    assert by["Dr. Müller"]["note"] == "'=SUM(A1)" and by["'-b"]["note"] == tricky
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["updated_utc"]) for r in rows)
+    assert {r["rating"] for r in rows} == {"4", "2"} and {r["method"] for r in rows} == {"gradcam", "rollout"}
+    assert sorted(r["picked_best"] for r in rows) == [""] * 4 + ["yes"] * 4
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.read_csv(io.BytesIO(raw))
+    assert list(frame.columns) == list(EXPORT_COLUMNS) and len(frame) == 8  # pandas strips the BOM itself
+    assert sorted(frame["note"].unique()) == sorted(["'=SUM(A1)", tricky])
+    assert frame["rating"].dtype.kind == "i" and frame["confidence"].between(0, 1).all()
+
+
+def test_spreadsheet_cell_neutralises_formulas_only():
+    from explainers.review_report import spreadsheet_cell
+
+    assert [spreadsheet_cell(v) for v in ("=1+1", "+1", "-x", "@SUM(A1)", "\tx", "plain", "a=b")] == \
+        ["'=1+1", "'+1", "'-x", "'@SUM(A1)", "'\tx", "plain", "a=b"]
+    assert spreadsheet_cell(None) == "" and spreadsheet_cell(-0.5) == -0.5 and spreadsheet_cell(3) == 3
+
+
 # ------------------------------------------------------------------------------------------------ uploads
+def test_a_picked_folder_uses_its_labels_and_class_names_and_ignores_hidden_files(tmp_path, data_dir):
+    """What a browser sends for a picked folder: every file in it, labels.csv, classes.txt and .DS_Store too."""
+    folder = tmp_path / "picked"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(png(colour=(10, 20, 30)))
+    (folder / "b.png").write_bytes(png(colour=(200, 20, 30)))
+    (folder / ".DS_Store").write_bytes(b"\x00\x01binary")
+    (folder / "labels.csv").write_text("file,class_index\na.png,1\nb.png,0\n")
+    (folder / "classes.txt").write_text("red cell\nblue cell\n")
+    result = review_data.import_upload(sorted(folder.iterdir()), "picked-folder")
+    assert (result.loaded, result.skipped, result.labelled) == (2, [], True)
+    assert (result.folder / "classes.txt").read_text().split("\n")[:2] == ["red cell", "blue cell"]
+    with open(result.folder / "labels.csv") as handle:
+        assert sorted(r["class_index"] for r in csv.DictReader(handle)) == ["0", "1"]
+
+
 def test_zip_upload_skips_bad_files_and_lands_in_the_data_folder(tmp_path, data_dir):
     archive = tmp_path / "cells.zip"
     with zipfile.ZipFile(archive, "w") as z:
