@@ -103,6 +103,28 @@ def test_rise_finds_the_quadrant_and_is_deterministic():
     assert torch.allclose(maps, again, atol=1e-5)  # chunking does not change the result
 
 
+def test_rise_classifies_a_repeated_image_once_for_all_its_classes():
+    """One image asked for several classes (GridPG's four, repeated) runs its masks once: the same maps as
+    separate calls, half the forward passes."""
+    bundle = quadrant_bundle(scale=4.0)
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3)) * 0.2 + 0.5
+    other = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(4)) * 0.2 + 0.5
+    images, targets = torch.cat([image, image, other, other]), torch.tensor([0, 1, 1, 0])
+    calls = []
+    handle = bundle.network.register_forward_hook(lambda module, args, output: calls.append(args[0].shape[0]))
+    try:
+        method = get_method("rise", n_masks=200, cells=4, batch_size=100)
+        together = method.attribute(bundle, images, targets)
+        shared_calls = len(calls)
+        alone = torch.cat([method.attribute(bundle, images[i:i + 1], targets[i:i + 1]) for i in range(4)])
+    finally:
+        handle.remove()
+    assert shared_calls == 2 * 2  # 2 distinct images x 2 mask chunks
+    assert len(calls) - shared_calls == 4 * 2
+    assert torch.allclose(together, alone, atol=1e-6)
+    assert not torch.allclose(together[0], together[1])  # a different class, a different map
+
+
 @pytest.mark.parametrize("variant", [
     dict(),  # class token
     dict(timm_name="deit_tiny_distilled_patch16_224"),  # class + distillation token

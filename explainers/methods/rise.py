@@ -75,6 +75,9 @@ class RISE(Method):
         saliency = torch.zeros(b, height * width, device=images.device)
         cell_hw = (math.ceil(height / self.cells), math.ceil(width / self.cells))
         grids, shifts_y, shifts_x = rise_mask_plan(self.n_masks, self.cells, cell_hw, self.keep_probability, self.seed)
+        # one image explained for several classes (the grid pointing game's four, a class picker) is masked and
+        # classified once: the masks' forward passes give every class's score
+        same_as_previous = [index > 0 and torch.equal(images[index], images[index - 1]) for index in range(b)]
         done = 0
         while done < self.n_masks:
             count = min(self.batch_size, self.n_masks - done)
@@ -84,9 +87,10 @@ class RISE(Method):
             flat_masks = masks.view(count, -1)
             masks = masks.unsqueeze(1)
             for index in range(b):
-                masked = images[index:index + 1] * masks + reference * (1 - masks)
-                probabilities = bundle(masked).softmax(dim=1)[:, targets[index]]
-                saliency[index] += probabilities @ flat_masks
+                if not same_as_previous[index]:
+                    masked = images[index:index + 1] * masks + reference * (1 - masks)
+                    probabilities = bundle(masked).softmax(dim=1)  # every class: the next image may be this one
+                saliency[index] += probabilities[:, targets[index]] @ flat_masks
             done += count
             if progress is not None:
                 progress(done / self.n_masks)
