@@ -493,3 +493,15 @@ def test_validation_plot_draws_every_series(tmp_path):
         assert (pixels == np.array(colour)).all(axis=1).sum() > 50  # each line is drawn
     with pytest.raises(ValueError):
         validation_plot([], tmp_path / "none.png")
+
+
+def test_mosaic_batch_puts_four_cells_in_quadrants_and_names_one_label():
+    from explainers.aha.train import mosaic_batch
+
+    cells = torch.arange(9, dtype=torch.float32).view(9, 1, 1, 1).expand(9, 3, 2, 2).contiguous()
+    labels = torch.tensor([10, 11, 12, 13, 20, 21, 22, 23, 99])
+    mosaics, chosen = mosaic_batch(cells, labels, torch.Generator().manual_seed(0))
+    assert mosaics.shape == (2, 3, 4, 4)  # the ninth cell is left out
+    assert mosaics[0, 0, 0, 0] == 0 and mosaics[0, 0, 0, 3] == 1 and mosaics[0, 0, 3, 0] == 2 and mosaics[0, 0, 3, 3] == 3
+    assert mosaics[1, 0, 0, 0] == 4 and mosaics[1, 0, 3, 3] == 7
+    assert chosen[0].item() in (10, 11, 12, 13) and chosen[1].item() in (20, 21, 22, 23)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .network import AHAExplainer, DEFAULT_ARCH
+from .network import AHAExplainer, DEFAULT_ARCH, _pools_class_token
 from .objective import (NUM_FRACTIONS, PEAK_WEIGHT, REFERENCE_KINDS, TAU_END, TAU_START, aha_loss,
                         default_fractions, grid_range, reference_batch, tau_at)
 from .store import explainer_stem, save_explainer, stem_from_out
@@ -279,6 +279,17 @@ def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 2
 
 # --- training -----------------------------------------------------------------------------------------
 
+def mosaic_batch(cells: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple:
+    """B cells -> B // 4 mosaics (cells 4i..4i+3 as TL, TR, BL, BR) at twice the size, and for each the label of
+    one quadrant drawn at random."""
+    count = cells.shape[0] // 4
+    quads = cells[:4 * count].view(count, 4, *cells.shape[1:])
+    mosaics = torch.cat([torch.cat([quads[:, 0], quads[:, 1]], dim=3), torch.cat([quads[:, 2], quads[:, 3]], dim=3)],
+                        dim=2)
+    which = torch.randint(0, 4, (count,), generator=generator).to(labels.device)
+    return mosaics, labels[:4 * count].view(count, 4)[torch.arange(count, device=labels.device), which]
+
+
 def _targets(logits: torch.Tensor, labels: torch.Tensor, mode: str):
     """(pair index into the batch, target) pairs: top-1, plus the runner-up if top-1 is correct, else the label."""
     b = logits.shape[0]
@@ -303,8 +314,11 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               checkpoint_every: int = 25, log_every: int = 5, compare: tuple = ("gradcam", "random"),
               val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None,
               val_holdout: float | None = None, checkpoint=None, report=None, cancelled=None,
-              card_extra: dict | None = None) -> dict:
+              card_extra: dict | None = None, mosaic_every: int = 0) -> dict:
     """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0).
+    `mosaic_every` k > 0 (globally pooled networks only): every k-th step trains on 2 x 2 mosaics of the batch's
+    images at twice the input size, each explained for one quadrant's label, so the explainer cannot learn
+    "the centre of the image" as its answer (the grid pointing game measures that).
     `val_every` > 0 measures the fixed validation metric (hard AUCs on `val_track` images of `val_data`)
     every that many steps, logs it, and exports the best checkpoint by ins-del instead of the last.
 
@@ -325,7 +339,8 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
                    fusion_units=fusion_units, time_budget_minutes=time_budget_minutes,
                    checkpoint_every=checkpoint_every, log_every=log_every, compare=compare, val_every=val_every,
                    val_track=val_track, progress=progress, command=command, val_holdout=val_holdout,
-                   checkpoint=checkpoint, report=report, cancelled=cancelled, card_extra=card_extra)
+                   checkpoint=checkpoint, report=report, cancelled=cancelled, card_extra=card_extra,
+                   mosaic_every=mosaic_every)
 
     if targets not in TARGET_MODES:
         raise ValueError(f"targets must be one of {TARGET_MODES}")
@@ -354,7 +369,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                   weight_decay, warmup, clip, targets, fractions, fraction_samples, peak_weight, tau_start, tau_end,
                   grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
                   fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
-                  progress, command, val_holdout, checkpoint, report, cancelled, card_extra) -> dict:
+                  progress, command, val_holdout, checkpoint, report, cancelled, card_extra, mosaic_every) -> dict:
     model = bundle.name
     stem = stem_from_out(out) if out else explainer_stem(model)
     checkpoint_path = Path(checkpoint) if checkpoint else Path(str(stem) + ".ckpt")
@@ -364,6 +379,10 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     mode = augment if augment != "auto" else ("photo" if min(image_hw) >= 128 else "cells")
     low, high = grid_range(image_hw)
     low, high = grid_min or low, grid_max or high
+    mosaic_every = int(mosaic_every or 0)
+    if mosaic_every and (_pools_class_token(bundle.network) or batch_size // world < 4):
+        raise ValueError("mosaic steps need a globally pooled network (a class-token ViT does not read a mosaic "
+                         "at twice its input size) and at least 4 images per process and step")
 
     train_indices, held_indices, val_split = None, None, "val"
     if val_holdout is not None:
@@ -460,11 +479,18 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         x = augment_batch(images[chosen], mode, image_hw, generator).to(device)
         y = labels[chosen].to(device)
         grid = rng.randint(low, high)
+        mosaic_step = bool(mosaic_every) and step % mosaic_every == mosaic_every - 1
+        if mosaic_step:  # 2 x 2 mosaics of the batch's cells, each explained for one quadrant's label
+            x, y = mosaic_batch(x, y, generator)
+            grid = min(2 * grid, grid_range(tuple(x.shape[-2:]))[1])
         reference = references[rng.randrange(len(references))]
         tau = tau_at(step, total_steps, tau_start, tau_end)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             encoded = explainer.encode(x)  # one classifier pass: features, and logits for the targets
-            index, target = _targets(encoded.logits, y, targets)
+            if mosaic_step:
+                index, target = torch.arange(len(y), device=y.device), y
+            else:
+                index, target = _targets(encoded.logits, y, targets)
             with torch.no_grad():
                 refs = reference_batch(x, reference, bundle.reference_color)
                 clean = encoded.logits.float().softmax(1)[index, target]
@@ -537,6 +563,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             "batch_size_global": global_batch, "world_size": world, "device": str(device),
             "autocast": "bf16" if amp else None, "targets": targets, "fractions": fractions,
             "fraction_samples_per_step": fraction_samples, "grid_range": [low, high],
+            "mosaic_every": mosaic_every,
             "references": list(references), "tau": [tau_start, tau_end], "optimizer": "AdamW",
             "lr": lr, "weight_decay": weight_decay, "warmup_fraction": warmup, "schedule": "linear warm-up, cosine",
             "grad_clip": clip, "peak_weight": peak_weight, "seed": seed,
@@ -704,6 +731,8 @@ def add_train_aha_parser(commands) -> None:
     p.add_argument("--val-track", type=int, default=64, help="validation images tracked during training")
     p.add_argument("--val-holdout", type=float, default=None,
                    help="without --val-data: hold this fraction of --data out of training and validate on it")
+    p.add_argument("--mosaic-every", type=int, default=0,
+                   help="every N-th step on 2 x 2 mosaics of the batch (globally pooled CNNs; 0: never)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--push-to", default=None, help=argparse.SUPPRESS)  # an HF Jobs run: the explainer goes back
     p.set_defaults(handler=cmd_train_aha)
@@ -717,7 +746,7 @@ def cmd_train_aha(args) -> int:
                      grid_min=args.grid_min, grid_max=args.grid_max, augment=args.augment, subset=args.subset,
                      width=args.width, fusion_units=args.fusion_units, time_budget_minutes=args.time_budget_minutes,
                      checkpoint_every=args.checkpoint_every, seed=args.seed, val_every=args.val_every,
-                     val_track=args.val_track, val_holdout=args.val_holdout)
+                     val_track=args.val_track, val_holdout=args.val_holdout, mosaic_every=args.mosaic_every)
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")
