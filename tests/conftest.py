@@ -99,3 +99,48 @@ def preload_hf_cache(cache, repo_id: str, state: dict, config: dict | None = Non
     if config is not None:
         (snapshot / "config.json").write_text(json.dumps(config))
     save_file(state, str(snapshot / "model.safetensors"))
+
+
+def cli_in_one_and_two_processes(tmp_path, name: str, args: list, timing_key: str) -> tuple:
+    """`python -m explainers ARGS` in one process and under `torchrun --nproc-per-node 2` (gloo), with a tiny
+    4-class ViT named `name` registered in every process (same weights): the two reports (two, one), their
+    process counts checked and dropped, their timings (`timing_key` per method) dropped."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    bundle = tiny_vit(name=name, num_classes=4)
+    weights = tmp_path / f"{name}.safetensors"
+    save_file({k: v.contiguous() for k, v in bundle.network.state_dict().items()}, weights)
+    script = tmp_path / f"run_{name}.py"  # registers the tiny model in each process, then runs the CLI
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path[:0] = [{str(root)!r}, {str(root / 'tests')!r}]\n"
+        "from safetensors.torch import load_file\n"
+        "from conftest import tiny_vit\n"
+        "from explainers import models\n"
+        "from explainers.cli import main\n"
+        f"bundle = tiny_vit(name={name!r}, num_classes=4)\n"
+        f"bundle.network.load_state_dict(load_file({str(weights)!r}))\n"
+        "models.register_bundle(bundle)\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    reports = []
+    for label, launcher in (("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                     "--nproc_per_node", "2"]), ("one", [sys.executable])):
+        run = subprocess.run([*launcher, str(script), *args, "--out", str(tmp_path / f"{label}.json")],
+                             env=env, capture_output=True, text=True, timeout=300, cwd=root)
+        assert run.returncode == 0, run.stderr[-4000:]
+        reports.append(json.loads((tmp_path / f"{label}.json").read_text()))
+    two, one = reports
+    assert two["protocol"].pop("processes") == 2 and one["protocol"].pop("processes") == 1
+    for report in reports:
+        for row in report["methods"].values():
+            row.pop(timing_key)
+    return two, one

@@ -117,45 +117,12 @@ def test_clear_errors_not_tracebacks(tmp_path, registered, capsys):
 
 def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
     """`torchrun --nproc-per-node 2 -m explainers evaluate` (gloo) gathers the same per-image results."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from conftest import cli_in_one_and_two_processes
 
-    root = Path(__file__).resolve().parent.parent
-    weights = tmp_path / "weights"
-    weights.mkdir()
-    bundle = tiny_vit(name="ddp-tiny-vit", num_classes=4)
-    from safetensors.torch import save_file
-
-    save_file({k: v.contiguous() for k, v in bundle.network.state_dict().items()}, weights / "ddp.safetensors")
-    script = tmp_path / "run_evaluate.py"  # registers the tiny model in each process, then runs the CLI
-    script.write_text(
-        "import sys, torch\n"
-        f"sys.path[:0] = [{str(root)!r}, {str(root / 'tests')!r}]\n"
-        "from safetensors.torch import load_file\n"
-        "from conftest import tiny_vit\n"
-        "from explainers import models\n"
-        "from explainers.cli import main\n"
-        "bundle = tiny_vit(name='ddp-tiny-vit', num_classes=4)\n"
-        f"bundle.network.load_state_dict(load_file({str(weights / 'ddp.safetensors')!r}))\n"
-        "models.register_bundle(bundle)\n"
-        "sys.exit(main(sys.argv[1:]))\n")
-    common = ["evaluate", "--model", "ddp-tiny-vit", "--methods", "gradcam,rollout,random", "--data", str(tiny_folder),
-              "--steps", "4", "--batch-size", "2", "--threads", "1"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(script), *common, "--out", str(tmp_path / "two.json")],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
-    assert two.returncode == 0, two.stderr[-4000:]
-    one = subprocess.run([sys.executable, str(script), *common, "--out", str(tmp_path / "one.json")],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
-    assert one.returncode == 0, one.stderr[-4000:]
-    a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("two", "one"))
-    assert a["protocol"].pop("processes") == 2 and b["protocol"].pop("processes") == 1
-    for report in (a, b):
-        for row in report["methods"].values():
-            row.pop("ms_per_image")
+    a, b = cli_in_one_and_two_processes(
+        tmp_path, "ddp-tiny-vit", ["evaluate", "--model", "ddp-tiny-vit", "--methods", "gradcam,rollout,random",
+                                   "--data", str(tiny_folder), "--steps", "4", "--batch-size", "2", "--threads", "1"],
+        "ms_per_image")
     assert a["files"] == b["files"] and len(a["files"]) == 6
     for method in ("gradcam", "rollout", "random"):  # random too: whole batches go to a process
         for key in ("deletion", "insertion"):

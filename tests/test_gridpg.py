@@ -157,18 +157,11 @@ def test_torchrun_two_processes_write_the_gridpg_report_of_one(tmp_path):
     """`torchrun --nproc-per-node 2 -m explainers gridpg` (gloo): the mosaics' batches are shared out and the
     gathered report equals one process's, per-mosaic scores, sensitivity and intervals included (random too:
     whole batches go to a process, so a batch holds the same mosaics as in one process)."""
-    import os
     import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    from safetensors.torch import save_file
-
-    from conftest import DATA_DIR
+    from conftest import DATA_DIR, cli_in_one_and_two_processes
     from test_cli import same
 
-    root = Path(__file__).resolve().parent.parent
     folder = tmp_path / "cells"
     folder.mkdir()
     with (folder / "labels.csv").open("w", newline="") as handle:
@@ -177,35 +170,11 @@ def test_torchrun_two_processes_write_the_gridpg_report_of_one(tmp_path):
         for c in range(6):
             shutil.copy(f"{DATA_DIR}/cell_{c}.jpg", folder / f"cell_{c}.jpg")
             writer.writerow([f"cell_{c}.jpg", c % 4])
-    bundle = tiny_vit(name="ddp-grid-vit", num_classes=4)
-    save_file({k: v.contiguous() for k, v in bundle.network.state_dict().items()}, tmp_path / "grid.safetensors")
-    script = tmp_path / "run_gridpg.py"  # registers the tiny model in each process, then runs the CLI
-    script.write_text(
-        "import sys, torch\n"
-        f"sys.path[:0] = [{str(root)!r}, {str(root / 'tests')!r}]\n"
-        "from safetensors.torch import load_file\n"
-        "from conftest import tiny_vit\n"
-        "from explainers import models\n"
-        "from explainers.cli import main\n"
-        "bundle = tiny_vit(name='ddp-grid-vit', num_classes=4)\n"
-        f"bundle.network.load_state_dict(load_file({str(tmp_path / 'grid.safetensors')!r}))\n"
-        "models.register_bundle(bundle)\n"
-        "sys.exit(main(sys.argv[1:]))\n")
-    common = ["gridpg", "--model", "ddp-grid-vit", "--methods", "gradcam,rollout,random", "--data", str(folder),
-              "--mosaics", "7", "--seed", "2", "--batch-size", "2", "--threads", "1"]  # 4 batches: 2 per process
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(script), *common, "--out", str(tmp_path / "two.json")],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
-    assert two.returncode == 0, two.stderr[-4000:]
-    one = subprocess.run([sys.executable, str(script), *common, "--out", str(tmp_path / "one.json")],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
-    assert one.returncode == 0, one.stderr[-4000:]
-    a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("two", "one"))
-    assert a["protocol"].pop("processes") == 2 and b["protocol"].pop("processes") == 1
-    for report in (a, b):
-        for row in report["methods"].values():
-            row.pop("ms_per_map")
+    a, b = cli_in_one_and_two_processes(
+        tmp_path, "ddp-grid-vit", ["gridpg", "--model", "ddp-grid-vit", "--methods", "gradcam,rollout,random",
+                                   "--data", str(folder), "--mosaics", "7", "--seed", "2", "--batch-size", "2",
+                                   "--threads", "1"],  # 4 batches: 2 per process
+        "ms_per_map")
     assert a["n_mosaics"] == 7 and len(a["methods"]["gradcam"]["per_mosaic"]) == 7
     assert len(a["model_quadrant_sensitivity"]["per_mosaic"]) == 7
     for method in ("gradcam", "rollout", "random"):
