@@ -663,12 +663,9 @@ JOB_PARAMS = ("model", "data", "masks", "out", "epochs", "lambda", "lr", "weight
 def run_camal_job(params: dict, context) -> dict:
     """The 'camal' job kind: params as the CLI's flags (`lambda`, `epochs`, `out`, ...); resumable from the job
     folder's checkpoint; progress and cancellation through the job context."""
-    unknown = set(params) - set(JOB_PARAMS)
-    if unknown:
-        raise ValueError(f"unknown camal job params {sorted(unknown)}; known: {', '.join(JOB_PARAMS)}")
-    for required in ("model", "data"):
-        if not params.get(required):
-            raise ValueError(f"camal job needs '{required}'")
+    from .training import check_job_params
+
+    check_job_params("camal", params, JOB_PARAMS)
     kwargs = {key: params[key] for key in ("masks", "lr", "weight_decay", "batch_size", "cam_mode", "freeze_early",
                                            "augment", "limit", "eval_data", "eval_limit", "curve_limit", "seed",
                                            "bf16", "layer", "bn_train") if params.get(key) is not None}

@@ -189,3 +189,13 @@ def export_classifier(model, *, name, out_dir, timm_name, timm_kwargs, mean, std
         card.update(extra)
     atomic_write_text(json.dumps(card, indent=2), out_dir / f"{name}.json")
     return card
+
+
+def check_job_params(kind: str, params: dict, known, required=("model", "data")) -> None:
+    """A job kind's params: no unknown key (named, with the known ones), every required one given."""
+    unknown = set(params) - set(known)
+    if unknown:
+        raise ValueError(f"unknown {kind} job params {sorted(unknown)}; known: {', '.join(known)}")
+    for key in required:
+        if not params.get(key):
+            raise ValueError(f"a {kind} job needs '{key}'")

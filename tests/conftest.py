@@ -144,3 +144,16 @@ def cli_in_one_and_two_processes(tmp_path, name: str, args: list, timing_key: st
         for row in report["methods"].values():
             row.pop(timing_key)
     return two, one
+
+
+def wait_until(predicate, timeout=20.0):
+    """Poll `predicate` until it returns something true (returned) or `timeout` seconds pass (AssertionError)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.03)
+    raise AssertionError("condition not reached")

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from explainers import models
 from explainers.import_model import import_model
 from saliency_lab.jobs import TERMINAL
+from conftest import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 CNN_ARGS = {"channels": [8, 16, 16, 16]}
@@ -102,13 +103,7 @@ def aha_mode(name: str) -> str:
 
 
 def wait_for(predicate, timeout=300.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.03)
-    raise AssertionError("condition not reached")
+    return wait_until(predicate, timeout)
 
 
 def job_log(job) -> str:

@@ -11,6 +11,7 @@ import pytest
 from saliency_lab import hf_jobs, jobs
 from saliency_lab.jobs import JobRunner, atomic_torch_save, atomic_write_bytes
 from saliency_lab.hf_jobs import cli_command as hf_job_command
+from conftest import wait_until
 
 
 class Runners:
@@ -32,15 +33,6 @@ def runners(tmp_path):
     for runner in made.made:
         runner.shutdown()
 
-
-def wait_until(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.03)
-    raise AssertionError("condition not reached")
 
 
 def pid_gone(pid):

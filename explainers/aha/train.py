@@ -637,12 +637,9 @@ def run_aha_job(params: dict, context) -> dict:
     step, the validation deletion / insertion / ins-del as metrics each time they are measured, cancellation
     checked after every step, resumable from the checkpoint in the job folder. On success the explainer is stored
     beside the model (the user's models folder) and AHA runs in one pass for it."""
-    unknown = set(params) - set(JOB_PARAMS)
-    if unknown:
-        raise ValueError(f"unknown aha-train job params {sorted(unknown)}; known: {', '.join(JOB_PARAMS)}")
-    for required in ("model", "data"):
-        if not params.get(required):
-            raise ValueError(f"an aha-train job needs '{required}'")
+    from ..training import check_job_params
+
+    check_job_params("aha-train", params, JOB_PARAMS)
     options = {**JOB_DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
     model = str(options["model"])
     stem = job_out_stem(model, options.get("out"))
