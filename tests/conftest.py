@@ -157,3 +157,20 @@ def wait_until(predicate, timeout=20.0):
             return value
         time.sleep(0.03)
     raise AssertionError("condition not reached")
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """A labelled folder: the 6 shipped test cells (tests/data) with labels.csv, classes c % 4."""
+    import csv
+    import shutil
+
+    folder = tmp_path / "cells"
+    folder.mkdir()
+    with (folder / "labels.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", "class_index"])
+        for c in range(6):
+            shutil.copy(f"{DATA_DIR}/cell_{c}.jpg", folder / f"cell_{c}.jpg")
+            writer.writerow([f"cell_{c}.jpg", c % 4])
+    return folder

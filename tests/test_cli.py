@@ -1,7 +1,5 @@
 """The command line, end to end, on a tiny model registered in-process and on tiny data the test writes."""
-import csv
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -11,19 +9,6 @@ from explainers import models
 from explainers.cli import main
 
 from conftest import DATA_DIR, tiny_cnn, tiny_vit
-
-
-@pytest.fixture
-def tiny_folder(tmp_path):
-    folder = tmp_path / "cells"
-    folder.mkdir()
-    with (folder / "labels.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["file", "class_index"])
-        for c in range(6):
-            shutil.copy(f"{DATA_DIR}/cell_{c}.jpg", folder / f"cell_{c}.jpg")
-            writer.writerow([f"cell_{c}.jpg", c % 4])
-    return folder
 
 
 @pytest.fixture

@@ -153,23 +153,14 @@ def test_grid_training_batches_and_figures():
     assert figures["quadrant_sensitivity_positive"] == 1.0
 
 
-def test_torchrun_two_processes_write_the_gridpg_report_of_one(tmp_path):
+def test_torchrun_two_processes_write_the_gridpg_report_of_one(tiny_folder, tmp_path):
     """`torchrun --nproc-per-node 2 -m explainers gridpg` (gloo): the mosaics' batches are shared out and the
     gathered report equals one process's, per-mosaic scores, sensitivity and intervals included (random too:
     whole batches go to a process, so a batch holds the same mosaics as in one process)."""
-    import shutil
-
-    from conftest import DATA_DIR, cli_in_one_and_two_processes
+    from conftest import cli_in_one_and_two_processes
     from test_cli import same
 
-    folder = tmp_path / "cells"
-    folder.mkdir()
-    with (folder / "labels.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["file", "class_index"])
-        for c in range(6):
-            shutil.copy(f"{DATA_DIR}/cell_{c}.jpg", folder / f"cell_{c}.jpg")
-            writer.writerow([f"cell_{c}.jpg", c % 4])
+    folder = tiny_folder
     a, b = cli_in_one_and_two_processes(
         tmp_path, "ddp-grid-vit", ["gridpg", "--model", "ddp-grid-vit", "--methods", "gradcam,rollout,random",
                                    "--data", str(folder), "--mosaics", "7", "--seed", "2", "--batch-size", "2",
