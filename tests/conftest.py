@@ -174,3 +174,20 @@ def tiny_folder(tmp_path):
             shutil.copy(f"{DATA_DIR}/cell_{c}.jpg", folder / f"cell_{c}.jpg")
             writer.writerow([f"cell_{c}.jpg", c % 4])
     return folder
+
+
+def free_port() -> int:
+    """A free loopback port, so a test app (or a torchrun rendezvous) never takes 7860 or another's port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_for_test(demo, **launch_kwargs) -> str:
+    """Serve a built app in this process on a free loopback port (queue on, no SSR unless the kwargs say) and
+    return its URL; the caller closes it with `demo.close()`."""
+    launch_kwargs.setdefault("ssr_mode", False)
+    _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **launch_kwargs)
+    return url

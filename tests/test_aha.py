@@ -2,7 +2,6 @@
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from conftest import tiny_cnn, tiny_vit
+from conftest import free_port, tiny_cnn, tiny_vit
 from explainers.aha.network import AHAExplainer
 from explainers.aha.objective import (aha_loss, default_fractions, grid_range, peak_penalty, reference_batch,
                                       soft_curves, tau_at, trapezoid_weights)
@@ -454,11 +453,6 @@ def write_tiny_model(weights: Path, name: str, size=32):
             "reference_color": [0.5] * 3, "class_names": ["a", "b", "c", "d"]}
     (weights / f"{name}.json").write_text(json.dumps(card))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ddp_two_processes_gloo_end_with_identical_weights(tmp_path):

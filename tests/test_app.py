@@ -12,18 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import tiny_cnn, tiny_vit
+from conftest import launch_for_test, tiny_cnn, tiny_vit
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    """A free loopback port, so a test app never takes 7860 from a running `python app.py`."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 CELLS = ROOT / "assets" / "bloodmnist"
 CELL = str(CELLS / "test_00000.jpg")
 
@@ -50,7 +42,7 @@ def running(tmp_path_factory):
     demo = app.build_app(model_names=["tiny-cnn", "tiny-vit"], default_model="tiny-cnn", data_dir=str(CELLS),
                          state_dir=state, weights_dir=state / "weights", sam_variant="vit_b",
                          decoy_roots=[])  # decoy data and models only from the test's own weights folder
-    _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, ssr_mode=False)
+    url = launch_for_test(demo)
     from gradio_client import Client
 
     client = Client(url, verbose=False)
@@ -641,7 +633,7 @@ def test_jobs_are_reconciled_at_start_up_listed_resumed_and_opened(tmp_path):
                          weights_dir=state / "weights", sam_variant="vit_b", decoy_roots=[])
     try:
         assert demo.services.runner().get(lost)["status"] == "interrupted"  # at start-up, before any new job
-        _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, ssr_mode=False)
+        url = launch_for_test(demo)
         client = Client(url, verbose=False)
         table, picker = client.predict(api_name="/jobs_list")
         rows = {row[0]: row for row in table["data"]}

@@ -16,21 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_cnn, tiny_vit
+from conftest import launch_for_test, tiny_cnn, tiny_vit
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    """A free loopback port, so a test app never takes 7860 from a running `python app.py`."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)")]
@@ -68,8 +60,7 @@ def app_url(tmp_path_factory):
     demo = app.build_app(model_names=model_names, default_model="tiny-vit",
                          data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b",
                          decoy_roots=[ROOT])  # the decoy models shipped in weights/, if any; no ../shared
-    _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True,
-                                    **app.launch_kwargs())
+    url = launch_for_test(demo, **app.launch_kwargs())
     yield url
     demo.close()
     if saved_data_dir is None:

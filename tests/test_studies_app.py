@@ -9,18 +9,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from conftest import tiny_vit
+from conftest import launch_for_test, tiny_vit
 from explainers.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +30,7 @@ def app_url(tmp_path_factory):
     os.environ["SALIENCY_DATA_DIR"] = str(state / "user-data")
     demo = app.build_app(model_names=["tiny-vit"], default_model="tiny-vit", data_dir=str(ROOT / "assets" / "bloodmnist"),
                          state_dir=state, weights_dir=state / "weights", decoy_roots=[])
-    _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, ssr_mode=False)
+    url = launch_for_test(demo)
     yield url
     demo.close()
     if previous is None:
