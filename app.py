@@ -744,13 +744,9 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
                         info="16: tuned on decoy BloodMNIST val; 0 = plain fine-tuning.")
         backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs (needs HF_TOKEN)", "hf-jobs")],
                            value="local", label="Run on")
-    with gr.Row():
-        launch = gr.Button("Start fine-tune", variant="primary", elem_id="start-finetune")
-        cancel = gr.Button("Cancel", variant="stop", elem_id="cancel-finetune")
-    job_id = gr.State(None)
-    job_status = gr.Markdown(elem_id="job-status")
-    job_progress = gr.Number(0, label="Progress (%)", precision=0, interactive=False, elem_id="job-progress")
-    job_plot = gr.Plot(label="Loss and IoU")
+    launch, cancel, job_id, job_status, job_progress, job_plot = job_controls(
+        "Start fine-tune", "Loss and IoU", start_id="start-finetune", cancel_id="cancel-finetune",
+        status_id="job-status", progress_id="job-progress")
     before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=1, format="png", height="auto",
                               object_fit="contain", elem_id="before-after")
     compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False)
@@ -915,6 +911,19 @@ def build_masks_tab(services, names, first_model, explain_image, heavy, light):
     return {"data_choices": data_choices, "train_data": train_data, "base_model": base_model,
             "labels_for": labels_for, "mask_label": mask_label, "list_jobs": list_jobs,
             "jobs_outputs": [jobs_table, job_pick]}
+
+
+def job_controls(start_label, plot_label, *, start_id, cancel_id, status_id, progress_id, plot_id=None):
+    """The controls every job form has (CAMAL fine-tune, AHA training): Start / Cancel, the job id, a status
+    line, a progress number and a live plot."""
+    with gr.Row():
+        start = gr.Button(start_label, variant="primary", elem_id=start_id)
+        cancel = gr.Button("Cancel", variant="stop", elem_id=cancel_id)
+    job = gr.State(None)
+    status = gr.Markdown(elem_id=status_id)
+    progress = gr.Number(0, label="Progress (%)", precision=0, interactive=False, elem_id=progress_id)
+    plot = gr.Plot(label=plot_label, elem_id=plot_id)
+    return start, cancel, job, status, progress, plot
 
 
 # ------------------------------------------------------------------------------------------------ Review tab
@@ -1350,13 +1359,9 @@ def build_aha_training(services, light) -> dict:
         aha_seed = gr.Number(0, precision=0, label="Seed", elem_id="aha-seed")
         aha_backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs, GPU (needs HF_TOKEN)", "hf-jobs")],
                                value="local", label="Run on", elem_id="aha-backend")
-    with gr.Row():
-        aha_start = gr.Button("Start training", variant="primary", elem_id="aha-start")
-        aha_cancel = gr.Button("Cancel", variant="stop", elem_id="aha-cancel")
-    aha_job = gr.State(None)
-    aha_status = gr.Markdown(elem_id="aha-status")
-    aha_percent = gr.Number(0, label="Progress (%)", precision=0, interactive=False, elem_id="aha-progress")
-    aha_plot = gr.Plot(label="Validation deletion and insertion over the training steps", elem_id="aha-plot")
+    aha_start, aha_cancel, aha_job, aha_status, aha_percent, aha_plot = job_controls(
+        "Start training", "Validation deletion and insertion over the training steps", start_id="aha-start",
+        cancel_id="aha-cancel", status_id="aha-status", progress_id="aha-progress", plot_id="aha-plot")
     aha_timer = gr.Timer(1.0, active=False)
     with gr.Accordion("AHA training jobs on this server (all jobs: Masks & fine-tune tab)", open=False):
         with gr.Row():
