@@ -180,6 +180,10 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
 
     images = sorted(CELLS.glob("*.jpg"))
     image = images[index % len(images)]
+    sys.path.insert(0, str(ROOT))
+    from saliency_lab.menus import sliders
+
+    slider_defaults = [option.default for _, option in sliders()]  # every method slider, in the endpoint's order
     try:
         for attempt in range(3):  # connecting is the load generator's business, not a measured request
             try:
@@ -199,8 +203,9 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
         return
     barrier.wait()  # all sessions start explaining at the same moment
     # what the Explain button does: the maps (one event), then the curves (a chained event)
-    calls = [("explain_maps", lambda: client.predict(handle_file(str(image)), model, methods, "auto", 0.5, 0, 0.5,
-                                                      "cividis", api_name="/explain_maps")),
+    calls = [("explain_maps", lambda: client.predict(handle_file(str(image)), model, methods, "auto",
+                                                      *slider_defaults, 0.5, "cividis",
+                                                      api_name="/explain_maps")),
              ("explain_curves", lambda: client.predict(0.5, 0.5, "cividis", api_name="/explain_curves"))]
     if "gradskip" in methods:
         for alpha in alpha_moves:

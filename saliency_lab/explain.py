@@ -269,15 +269,10 @@ CURVE_PASSES = 2 * 21  # deletion + insertion, 21 steps each
 
 
 def method_passes(bundle, method: str) -> int:
-    """Forward passes (backward counted as two) one map of this method costs on this model: RISE its masks,
-    gradient methods about three, the rest one; AHA a few refinement steps at most."""
+    """Forward passes (backward counted as two) one map of this method costs on this model, as the method
+    declares it (`Method.model_passes`: RISE its masks, occlusion its windows, gradient methods about three)."""
     cls = METHODS.get(method)
-    if cls is None:
-        return 3
-    options = cls.interactive_options(bundle)
-    if "n_masks" in options:
-        return int(options["n_masks"])
-    return 1 if cls.baseline else 3
+    return 3 if cls is None else int(cls.model_passes(bundle))
 
 
 def expected_seconds(services, bundle, method: str) -> float:

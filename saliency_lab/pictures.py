@@ -8,6 +8,7 @@ from PIL import Image
 
 from explainers.engine import PreparedInput
 from explainers.images import crop_region, map_to_original, overlay
+from explainers.methods import METHODS
 
 
 def map_to_display(record: dict, prepared: PreparedInput) -> np.ndarray:
@@ -87,7 +88,8 @@ def colour_bar_html(colormap: str = "cividis") -> str:
 
 def caption(record: dict) -> str:
     text = f"{record['label']} · {record['target_name']}"
-    option_text = ", ".join(f"{k}={v}" for k, v in record["options"].items())
+    declared = METHODS[record["method"]].user_options_by_name() if record.get("method") in METHODS else {}
+    option_text = ", ".join(f"{getattr(declared.get(k), 'short', '') or k}={v}" for k, v in record["options"].items())
     if option_text:
         text += f" ({option_text})"
     if record.get("deletion_auc") is not None:

@@ -53,11 +53,19 @@ def running(tmp_path_factory):
     demo.close()
 
 
+def sliders(**values) -> list:
+    """Every method slider's value in the endpoints' order (the registry's), defaults unless given by option name:
+    a method added to the registry adds its slider here without touching the tests."""
+    from saliency_lab.menus import sliders as registry_sliders
+
+    return [values.get(option.name, option.default) for _, option in registry_sliders()]
+
+
 def explain(client, model="tiny-cnn", methods=("gradcam", "aha"), target="auto", alpha=0.5, steps=0, image=CELL):
     from gradio_client import handle_file
 
-    return client.predict(handle_file(image), model, list(methods), target, alpha, steps, 0.5, "cividis",
-                          api_name="/explain")
+    return client.predict(handle_file(image), model, list(methods), target, *sliders(alpha=alpha, refine_steps=steps),
+                          0.5, "cividis", api_name="/explain")
 
 
 def plot_traces(plot) -> list:
@@ -103,7 +111,7 @@ def test_ui_path_maps_first_then_curves(running):
     from gradio_client import handle_file
 
     label, target, overlays, plot, table, status = client.predict(
-        handle_file(CELL), "tiny-cnn", ["gradcam", "aha"], "auto", 0.5, 0, 0.5, "cividis", api_name="/explain_maps")
+        handle_file(CELL), "tiny-cnn", ["gradcam", "aha"], "auto", *sliders(), 0.5, "cividis", api_name="/explain_maps")
     assert len(overlays) == 2 and all("del" not in o["caption"] for o in overlays)
     assert plot_traces(plot) == [] and all(row[2] is None for row in table["data"])
     overlays, plot, table, status, heads = client.predict(0.5, 0.5, "cividis", api_name="/explain_curves")
@@ -118,7 +126,7 @@ def test_target_can_be_any_top5_class(running):
     label, *_ = explain(client, methods=("gradcam",))
     names = [c["label"] for c in label["confidences"]]
     runner_up = int(names[1].split()[-1])  # "class k"
-    out = client.predict(handle_file(CELL), "tiny-cnn", ["gradcam"], str(runner_up), 0.5, 0, 0.5, "cividis",
+    out = client.predict(handle_file(CELL), "tiny-cnn", ["gradcam"], str(runner_up), *sliders(), 0.5, "cividis",
                          api_name="/explain_target")
     overlays, table = out[2], out[4]
     assert f"class {runner_up}" in overlays[0]["caption"]
@@ -185,12 +193,16 @@ def test_redraw_and_downloads(running):
 
 def test_model_change_offers_the_right_methods(running):
     _, client, _ = running
-    methods, alpha, refine, info = client.predict("tiny-vit", ["gradcam"], api_name="/select_model")
+    from saliency_lab.menus import sliders as registry_sliders
+
+    methods, *slider_updates, info = client.predict("tiny-vit", ["gradcam"], api_name="/select_model")
     assert "gradskip" in [c[1] for c in methods["choices"]]
-    methods, alpha, refine, info = client.predict("tiny-cnn", ["gradskip"], api_name="/select_model")
+    assert len(slider_updates) == len(registry_sliders())  # one visibility update per method slider
+    methods, *slider_updates, info = client.predict("tiny-cnn", ["gradskip"], api_name="/select_model")
     offered = [c[1] for c in methods["choices"]]
     assert "gradskip" not in offered and "rollout" not in offered and "gradcam" in offered
-    assert alpha["visible"] is False
+    visible = {option.name: update["visible"] for (_, option), update in zip(registry_sliders(), slider_updates)}
+    assert visible["alpha"] is False and "tiny-cnn" in info
 
 
 def test_errors_are_clear_messages(running, tmp_path):
@@ -207,7 +219,7 @@ def test_errors_are_clear_messages(running, tmp_path):
     with pytest.raises(AppError, match="too small"):
         explain(client, image=str(tiny))
     with pytest.raises(AppError, match="at least one"):
-        client.predict(handle_file(CELL), "tiny-cnn", [], "auto", 0.5, 0, 0.5, "cividis", api_name="/explain")
+        client.predict(handle_file(CELL), "tiny-cnn", [], "auto", *sliders(), 0.5, "cividis", api_name="/explain")
     with pytest.raises(AppError, match="outside the data folders"):
         client.predict("/etc", "all", 1, api_name="/browse")  # a public app must not browse the server's disk
     with pytest.raises(AppError, match="(?i)nothing to download|explain an image"):
@@ -579,7 +591,7 @@ def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_read
     if expected is not None:
         for api in ("/explain", "/explain_new_image"):
             with pytest.raises(AppError) as caught:
-                client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+                client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis",
                                api_name=api)
             message = str(caught.value)
             assert __import__("re").search(expected, message), message
@@ -594,7 +606,7 @@ def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_read
     assert np.allclose([p for _, p in got], [p for _, _, p in wanted], atol=1e-5)
     # the UI's upload event: the preview is the picture the model gets (a normalised copy when a browser would
     # show the file differently), then that picture is explained with the same prediction
-    out = client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+    out = client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis",
                          api_name="/explain_new_image")
     shown = out[0]
     if shown is None:  # shown as is: a plain RGB PNG/JPEG, explained at once
@@ -605,7 +617,7 @@ def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_read
     with Image.open(shown_path) as preview:
         assert preview.format == "PNG" and preview.mode == "RGB"
         assert np.array_equal(np.asarray(preview), np.asarray(picture))
-    label = client.predict(handle_file(shown_path), "tiny-cnn", ["gradcam"], "auto", 0.5, 0, 0.5, "cividis",
+    label = client.predict(handle_file(shown_path), "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis",
                            api_name="/explain_new_image")[1]
     assert [c["label"] for c in label["confidences"]] == [name for _, name, _ in wanted]
 

@@ -12,7 +12,8 @@ from explainers.aha.network import AHAExplainer
 from explainers.aha.store import forget_explainers, register_explainer
 from explainers.methods import METHODS, MethodNotApplicable, explain, get_method
 
-FAST = {"rise": {"n_masks": 40, "batch_size": 20}}  # few masks: the contract, not the quality
+FAST = {"rise": {"n_masks": 40, "batch_size": 20},  # few masks: the contract, not the quality
+        "occlusion": {"window_fraction": 0.25}}
 
 
 def make_bundle(kind: str):
@@ -75,6 +76,26 @@ def test_declares_what_the_ui_needs(name):
         get_method(name, **{option.name: option.kind(option.default)})  # a valid keyword of the method
         if option.live:
             assert cls.has_prepare(), f"{name}: a live option needs a prepare hook"
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_declared_passes_match_the_images_it_forwards(bundle, name):
+    """The app's time estimate before a run (`model_passes`) is within a factor 3 of the images one map with the
+    interactive options really sends through the model (a backward counts as up to two)."""
+    cls = METHODS[name]
+    if bundle.family not in cls.families:
+        return
+    images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    forwarded = []  # images through the first convolution (the patch embedding): forward_features counts too
+    stem = next(m for m in bundle.network.modules() if isinstance(m, torch.nn.Conv2d))
+    handle = stem.register_forward_hook(lambda module, args, output: forwarded.append(args[0].shape[0]))
+    try:
+        explain(bundle, images, [1], name, **cls.interactive_options(bundle))
+    finally:
+        handle.remove()
+    declared = cls.model_passes(bundle)
+    assert isinstance(declared, int) and declared >= 0
+    assert declared / 3 <= sum(forwarded) <= declared, (declared, sum(forwarded))
 
 
 def test_orders_and_colours_are_distinct():

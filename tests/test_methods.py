@@ -9,7 +9,7 @@ from explainers.methods.gradcam import gradcam_maps
 
 from conftest import DATA_DIR, quadrant_bundle, tiny_cnn, tiny_vit
 
-BASELINES = ["gradcam", "rollout", "chefer", "rise", "random"]
+BASELINES = ["gradcam", "rollout", "chefer", "occlusion", "rise", "random"]
 
 
 def hook_state(network):
@@ -123,6 +123,74 @@ def test_rise_classifies_a_repeated_image_once_for_all_its_classes():
     assert len(calls) - shared_calls == 4 * 2
     assert torch.allclose(together, alone, atol=1e-6)
     assert not torch.allclose(together[0], together[1])  # a different class, a different map
+
+
+def occlusion_by_hand(network, image, target, window_h, window_w, corners, colour):
+    """Occlusion written from its definition, one window and one forward pass at a time (not the module's code)."""
+    _, height, width = image.shape
+    with torch.no_grad():
+        full = network(image[None])[0, target]
+        total, count = torch.zeros(height, width), torch.zeros(height, width)
+        for top, left in corners:
+            occluded = image.clone()
+            occluded[:, top:top + window_h, left:left + window_w] = torch.tensor(colour).view(3, 1, 1)
+            total[top:top + window_h, left:left + window_w] += full - network(occluded[None])[0, target]
+            count[top:top + window_h, left:left + window_w] += 1
+    return total / count
+
+
+def test_occlusion_windows_cover_every_pixel_and_reach_both_borders():
+    from explainers.methods.occlusion import occlusion_windows
+
+    for height, width, fraction in [(32, 32, 0.125), (33, 47, 0.125), (64, 64, 0.25), (7, 9, 0.5), (10, 10, 1.0)]:
+        window_h, window_w, corners = occlusion_windows(height, width, fraction)
+        covered = torch.zeros(height, width)
+        for top, left in corners:
+            assert 0 <= top <= height - window_h and 0 <= left <= width - window_w
+            covered[top:top + window_h, left:left + window_w] += 1
+        assert covered.min() >= 1, (height, width, fraction)
+    window_h, window_w, corners = occlusion_windows(64, 64, 0.125)
+    assert (window_h, window_w, len(corners)) == (8, 8, 15 * 15)  # 1/8 of the side, half-window stride
+
+
+def test_occlusion_equals_its_definition_and_finds_the_quadrant():
+    from explainers.methods.occlusion import occlusion_windows
+
+    bundle = quadrant_bundle(scale=4.0)
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 0.2 + 0.5
+    maps = get_method("occlusion", batch_size=37).attribute(bundle, image, torch.tensor([0]))
+    window_h, window_w, corners = occlusion_windows(32, 32, 0.125)
+    by_hand = occlusion_by_hand(lambda x: bundle(x), image[0], 0, window_h, window_w, corners,
+                                bundle.reference_color)
+    assert torch.allclose(maps[0], by_hand, atol=1e-4)
+    # the evidence is the bright top-left quadrant: nearly all positive attribution lies there
+    positive = maps[0].clamp_min(0)
+    assert positive[:16, :16].sum() / positive.sum() > 0.9
+    probability = get_method("occlusion", score="probability").attribute(bundle, image, torch.tensor([0]))
+    assert probability[0, :16, :16].mean() > probability[0, 16:, 16:].mean()
+
+
+def test_occlusion_classifies_a_repeated_image_once_and_refuses_bad_options():
+    bundle = quadrant_bundle(scale=4.0)
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3)) * 0.2 + 0.5
+    other = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(4)) * 0.2 + 0.5
+    images, targets = torch.cat([image, image, other]), torch.tensor([0, 1, 1])
+    calls = []
+    handle = bundle.network.register_forward_hook(lambda module, args, output: calls.append(args[0].shape[0]))
+    try:
+        method = get_method("occlusion", window_fraction=0.25, batch_size=25)  # 7 x 7 = 49 windows: 2 chunks
+        together = method.attribute(bundle, images, targets)
+        shared = list(calls)
+        alone = torch.cat([method.attribute(bundle, images[i:i + 1], targets[i:i + 1]) for i in range(3)])
+    finally:
+        handle.remove()
+    assert shared == [1, 25, 24] * 2  # per distinct image: the full pass, then the windows in 2 chunks
+    assert torch.allclose(together, alone, atol=1e-5)
+    assert torch.allclose(together[0], -together[1], atol=1e-4)  # two logits that are each other's negative
+    with pytest.raises(ValueError, match="window_fraction"):
+        get_method("occlusion", window_fraction=0)
+    with pytest.raises(ValueError, match="score must be one of"):
+        get_method("occlusion", score="margin")
 
 
 @pytest.mark.parametrize("variant", [

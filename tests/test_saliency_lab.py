@@ -770,3 +770,15 @@ def test_top_share_outline_is_the_set_deletion_removes_first(cnn_bundle):
     assert state["outline"] == 0.1 and explain.set_outline(state, 0)["outline"] == 0
     with pytest.raises(ValueError, match="between 0 and 100"):
         explain.set_outline(state, 120)
+
+
+def test_captions_name_options_by_their_short_names():
+    """A caption names a method's options as the method declares them (Option.short), else by keyword: the
+    phone-width layout has no room for `window_fraction=0.125`."""
+    from saliency_lab.pictures import caption
+
+    record = {"method": "occlusion", "label": "Occlusion", "target_name": "class 0",
+              "options": {"window_fraction": 0.125}, "deletion_auc": 0.1354, "insertion_auc": 0.1451}
+    assert caption(record) == "Occlusion · class 0 (window=0.125) · del 0.135 ↓ · ins 0.145 ↑"
+    record = {**record, "method": "gradskip", "label": "GradSkip", "options": {"alpha": 0.5}, "deletion_auc": None}
+    assert caption(record) == "GradSkip · class 0 (alpha=0.5)"

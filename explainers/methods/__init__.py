@@ -49,7 +49,7 @@ def explain(bundle, images, targets, method: str, **options):
     return method_obj.attribute(bundle, images, as_targets(targets, images.shape[0], images.device))
 
 
-from . import gradcam, rollout, chefer, rise, random_map  # noqa: E402,F401  (registration)
+from . import gradcam, rollout, chefer, occlusion, rise, random_map  # noqa: E402,F401  (registration)
 
 for _optional in ("gradskip", "aha"):
     try:

@@ -36,7 +36,7 @@ class Option:
     `live`: the method's prepared state recombines it without a model pass (`state.map(name=value)`), so the
     app redraws while the slider moves; otherwise the method reruns when the slider is released. `rank` orders
     the sliders of all methods; `elem_id`, `api_name` (release) and `preview_api_name` (live moves) name the
-    slider and its endpoints in the app."""
+    slider and its endpoints in the app; `short` names it in a map's caption (default: its keyword)."""
     name: str
     label: str
     default: float
@@ -50,6 +50,7 @@ class Option:
     elem_id: str = ""
     api_name: str = ""
     preview_api_name: str = ""
+    short: str = ""
 
     def cast(self, value):
         return self.kind(self.default if value is None else value)
@@ -87,6 +88,13 @@ class Method(ABC):
     def interactive_options(cls, bundle) -> dict:
         """Options an interactive caller uses for this model (beside the user options)."""
         return {}
+
+    @classmethod
+    def model_passes(cls, bundle) -> int:
+        """About how many forward passes (a backward counted as two) one map costs on this model with the
+        interactive options: the app's time estimate before a run. Gradient methods about three, a baseline none;
+        a method that perturbs the input says how many it makes."""
+        return 0 if cls.baseline else 3
 
     @classmethod
     def live_options(cls) -> tuple:

@@ -13,7 +13,7 @@ class RandomMap(Method):
     label = "Random (baseline)"
     description = "Uniform noise: any method worth using must beat it on deletion and insertion."
     colour = "#999999"
-    order = 6
+    order = 7
     baseline = True
 
     def __init__(self, seed: int = 0):

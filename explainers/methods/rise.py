@@ -61,6 +61,10 @@ class RISE(Method):
         on_gpu = bundle.device.type == "cuda"
         return {"n_masks": 4000 if on_gpu else (1000 if cls._small(bundle) else 300), "batch_size": 100}
 
+    @classmethod
+    def model_passes(cls, bundle) -> int:
+        return int(cls.interactive_options(bundle)["n_masks"])
+
     def __init__(self, n_masks: int = 4000, cells: int = 8, keep_probability: float = 0.5, batch_size: int = 200,
                  seed: int = 0):
         super().__init__(n_masks=n_masks, cells=cells, keep_probability=keep_probability, batch_size=batch_size,

@@ -1,0 +1,117 @@
+"""Occlusion (Zeiler & Fergus, ECCV 2014; Captum's `Occlusion`): slide a square window over the image, paint it
+the reference colour, and credit each pixel with the mean drop of the class score over the windows that cover it.
+
+The window is a share of the image side (1/8 by default) and moves by half its size, so every model gets the
+same number of passes (15 x 15 = 225 at the default) whatever its input size. Passes are batched, and one
+image explained for several classes (the grid pointing game's four, a class picker) is occluded and classified
+once: each pass gives every class's score. The score is the class logit by default (a softmax probability
+saturates near 1 and then barely moves when a window covers part of the evidence); `score="probability"`
+uses the softmax instead."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import register
+from .base import Method, Option
+
+SCORES = ("logit", "probability")
+
+
+def window_positions(size: int, window: int, stride: int) -> list:
+    """Start offsets along one side: every `stride` pixels, plus a last one flush with the border."""
+    if window >= size:
+        return [0]
+    starts = list(range(0, size - window + 1, stride))
+    if starts[-1] != size - window:
+        starts.append(size - window)
+    return starts
+
+
+def occlusion_windows(height: int, width: int, window_fraction: float) -> tuple:
+    """(window height, window width, [(top, left)]) for an image of this size."""
+    window_h = max(1, round(height * window_fraction))
+    window_w = max(1, round(width * window_fraction))
+    stride_h, stride_w = max(1, window_h // 2), max(1, window_w // 2)
+    corners = [(top, left) for top in window_positions(height, window_h, stride_h)
+               for left in window_positions(width, window_w, stride_w)]
+    return window_h, window_w, corners
+
+
+@register
+class Occlusion(Method):
+    name = "occlusion"
+    label = "Occlusion"
+    description = ("Paints a sliding window the background colour and records how much the class score drops: "
+                   "model-agnostic and easy to read, one forward pass per window position (225 by default).")
+    colour = "#332288"
+    order = 6
+    slow = True
+    user_options = (
+        Option("window_fraction", "Occlusion window (share of the side)", 0.125, 0.0625, 0.5, 0.0625,
+               info="The painted square, as a share of the image side; it moves by half its size. Smaller: "
+                    "finer maps and more passes.", rank=40, elem_id="occlusion-window",
+               api_name="occlusion_window", short="window"),
+    )
+
+    @staticmethod
+    def _small(bundle) -> bool:  # 226 passes of a 128 px mosaic take about 3 s on 2 CPU cores (tiny ViT)
+        return bundle.input_size[0] * bundle.input_size[1] <= 128 * 128
+
+    @classmethod
+    def quick_on(cls, bundle) -> bool:
+        return cls._small(bundle)
+
+    @classmethod
+    def menu_note(cls, bundle) -> str | None:
+        return "slow on a CPU" if bundle.device.type == "cpu" and not cls._small(bundle) else None
+
+    @classmethod
+    def model_passes(cls, bundle) -> int:
+        height, width = bundle.input_size
+        return 1 + len(occlusion_windows(height, width, cls.user_options[0].default)[2])
+
+    def __init__(self, window_fraction: float = 0.125, score: str = "logit", batch_size: int = 128):
+        if not 0 < float(window_fraction) <= 1:
+            raise ValueError(f"occlusion: window_fraction must be in (0, 1], got {window_fraction}")
+        if score not in SCORES:
+            raise ValueError(f"occlusion: score must be one of {', '.join(SCORES)}, got {score!r}")
+        super().__init__(window_fraction=float(window_fraction), score=score, batch_size=int(batch_size))
+        self.window_fraction, self.score, self.batch_size = float(window_fraction), score, int(batch_size)
+
+    def _scores(self, bundle, images):
+        logits = bundle(images)
+        return logits.softmax(dim=1) if self.score == "probability" else logits
+
+    @torch.no_grad()
+    def attribute(self, bundle, images, targets, progress=None):
+        b, _, height, width = images.shape
+        window_h, window_w, corners = occlusion_windows(height, width, self.window_fraction)
+        reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(3, 1, 1)
+        covered = torch.zeros(height, width, device=images.device)
+        for top, left in corners:
+            covered[top:top + window_h, left:left + window_w] += 1
+        saliency = torch.zeros(b, height, width, device=images.device)
+        same_as_previous = [index > 0 and torch.equal(images[index], images[index - 1]) for index in range(b)]
+        unique = [index for index in range(b) if not same_as_previous[index]]
+        chunk = max(1, self.batch_size)
+        total_steps = len(unique) * math.ceil(len(corners) / chunk)
+        steps = 0
+        for position, index in enumerate(unique):
+            last = unique[position + 1] if position + 1 < len(unique) else b  # rows index..last-1 share this image
+            rows = torch.arange(index, last, device=images.device)
+            classes = targets[index:last].to(images.device)
+            full = self._scores(bundle, images[index:index + 1])[0, classes]  # one score per row
+            for start in range(0, len(corners), chunk):
+                part = corners[start:start + chunk]
+                occluded = images[index].expand(len(part), -1, -1, -1).clone()
+                for k, (top, left) in enumerate(part):
+                    occluded[k, :, top:top + window_h, left:left + window_w] = reference
+                drops = full.view(1, -1) - self._scores(bundle, occluded)[:, classes]  # windows x rows
+                for k, (top, left) in enumerate(part):
+                    saliency[rows, top:top + window_h, left:left + window_w] += drops[k].view(-1, 1, 1)
+                steps += 1
+                if progress is not None:
+                    progress(steps / total_steps)
+        return saliency / covered.clamp_min(1)
