@@ -78,6 +78,20 @@ def quadrant_share(maps: torch.Tensor, quadrants) -> np.ndarray:
     return share.cpu().numpy().astype(np.float64)
 
 
+def top_quarter_share(maps: torch.Tensor, quadrants) -> np.ndarray:
+    """Share of each map's top quarter of pixels (its highest-ranked 25%, ties broken as in the deletion engine)
+    that lies inside its quadrant: 1.0 when the quadrant is ranked first, chance 0.25. It depends on the map's
+    ranking only, so it is the same for any increasing transform of a map (GridPG's positive share is not: a
+    map whose values are only defined up to an offset, such as AHA's, moves on it with the offset)."""
+    from .metrics import pixel_ranks
+
+    maps = torch.as_tensor(maps, dtype=torch.float32)
+    h, w = maps.shape[-2:]
+    masks = quadrant_masks(h, w, device=maps.device)[torch.as_tensor(quadrants, device=maps.device)]
+    top = pixel_ranks(maps.reshape(-1, h, w)) < (h * w) // 4
+    return ((top & masks.flatten(1)).sum(1).float() / top.sum(1).float()).cpu().numpy().astype(np.float64)
+
+
 def bundle_for_mosaics(bundle, size: tuple):
     """A bundle that takes `size` inputs: the same network for CNNs (global pooling), a copy with
     interpolated position embeddings for timm ViTs."""
@@ -172,7 +186,8 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
     world, rank = _world()
     starts = list(range(0, len(plan), batch_size))[rank::world]  # whole batches per process
     mine = [i for start in starts for i in range(start, min(start + batch_size, len(plan)))]
-    per_item = {"sensitivity": [], "top4": [], **{("scores", label): [] for label, _ in method_objects}}
+    per_item = {"sensitivity": [], "top4": [], **{("scores", label): [] for label, _ in method_objects},
+                **{("top_quarter", label): [] for label, _ in method_objects}}
     seconds = {label: 0.0 for label, _ in method_objects}
     bar = tqdm(total=len(mine), desc=f"gridpg {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
     for start in starts:
@@ -181,9 +196,11 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
         per_item["sensitivity"].extend(quadrant_sensitivity(mosaic_bundle, mosaics, classes).tolist())
         per_item["top4"].extend(top4_hits(mosaic_bundle, mosaics, classes).tolist())
         for label, method_obj in method_objects:
-            _, scores, spent = explain_mosaics(mosaic_bundle, mosaics, classes, method_obj)
+            maps, scores, spent = explain_mosaics(mosaic_bundle, mosaics, classes, method_obj)
             seconds[label] += spent
             per_item[("scores", label)].extend(scores.tolist())
+            ranked = top_quarter_share(maps.reshape(-1, *maps.shape[-2:]), torch.arange(4).repeat(len(chunk)))
+            per_item[("top_quarter", label)].extend(ranked.reshape(-1, 4).tolist())
         bar.update(len(chunk))
     bar.close()
     if world > 1:
@@ -198,6 +215,7 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
         "mosaic_size": [2 * cell_h, 2 * cell_w],
         "protocol": {"data": str(data), "seed": seed, "chance": CHANCE, "quadrants": list(QUADRANTS),
                      "score": "share of positive attribution inside the target class's quadrant",
+                     "top_quarter": "share of the map's top 25% of pixels inside the quadrant (rank only)",
                      "reference_color": list(bundle.reference_color),
                      "intervals": f"percentile bootstrap over mosaics, {N_RESAMPLES} resamples, seed {seed}",
                      "vit_position_embeddings": "interpolated (timm set_input_size)" if bundle.is_vit else None,
@@ -215,10 +233,14 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
     for label, method_obj in method_objects:
         table = np.asarray(per_item[("scores", label)], dtype=np.float64).reshape(-1, 4)  # M x 4
         per_mosaic = table.mean(1)
+        ranked = np.asarray(per_item[("top_quarter", label)], dtype=np.float64).reshape(-1, 4).mean(1)
         report["methods"][label] = {
             "gridpg": float(per_mosaic.mean()),
             "gridpg_ci95": bootstrap_ci(per_mosaic, seed=seed),
             "per_mosaic": [float(v) for v in per_mosaic],
+            "top_quarter": float(ranked.mean()),
+            "top_quarter_ci95": bootstrap_ci(ranked, seed=seed),
+            "per_mosaic_top_quarter": [float(v) for v in ranked],
             "per_class": [[float(v) for v in row] for row in table],
             "ms_per_map": 1000.0 * seconds[label] / max(1, 4 * len(plan)),
             "options": method_obj.options,
@@ -235,7 +257,9 @@ def format_gridpg(report: dict) -> str:
              f"model quadrant sensitivity {format_interval(sens['mean'], sens['ci95'])} "
              f"(> 0 for {sens['share_positive']:.0%} of mosaic-classes); the four classes in the model's top 4: "
              f"{report['model_top4_recall']:.1%}",
-             f"{'method':<28}{'GridPG (higher better)':>32}{'ms/map':>10}"]
+             f"{'method':<28}{'GridPG (higher better)':>32}{'top quarter (rank only)':>32}{'ms/map':>10}"]
     for label, row in report["methods"].items():
-        lines.append(f"{label:<28}{format_interval(row['gridpg'], row['gridpg_ci95']):>32}{row['ms_per_map']:>10.1f}")
+        ranked = (format_interval(row["top_quarter"], row["top_quarter_ci95"]) if "top_quarter" in row else "")
+        lines.append(f"{label:<28}{format_interval(row['gridpg'], row['gridpg_ci95']):>32}{ranked:>32}"
+                     f"{row['ms_per_map']:>10.1f}")
     return "\n".join(lines)

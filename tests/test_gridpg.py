@@ -11,6 +11,7 @@ from PIL import Image
 from explainers import models
 from explainers.cli import main
 from explainers.gridpg import (assemble, bundle_for_mosaics, plan_mosaics, quadrant_sensitivity, quadrant_share,
+                                top_quarter_share,
                                run_gridpg)
 from explainers.models import ModelBundle
 
@@ -83,6 +84,19 @@ def test_assemble_and_share_known_answers():
     assert quadrant_share(-uniform[:1], [2]) == pytest.approx([0.25])  # nothing positive: chance
 
 
+def test_top_quarter_share_depends_on_the_ranking_only():
+    yy, xx = torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij")
+    quadrant_first = torch.where((yy < 4) & (xx < 4), 50.0 + xx + yy, xx + yy)[None]  # quadrant 0 ranked first
+    assert top_quarter_share(quadrant_first, [0]).tolist() == [1.0]
+    assert top_quarter_share(quadrant_first, [3]).tolist() == [0.0]
+    shifted = quadrant_first + 100.0  # an offset moves the positive share, not the ranking
+    assert top_quarter_share(shifted, [0]).tolist() == [1.0]
+    assert quadrant_share(shifted, [0])[0] < 0.5 < quadrant_share(quadrant_first, [0])[0]
+    assert top_quarter_share(torch.exp(quadrant_first / 10), [0]).tolist() == [1.0]
+    half = torch.where(xx < 4, 1.0, 0.0)[None]  # left half ranked first: the top 16 pixels are split over TL and BL
+    assert top_quarter_share(half, [0])[0] + top_quarter_share(half, [2])[0] == pytest.approx(1.0)
+
+
 def test_gridpg_separates_gradcam_from_random_on_the_colour_model(colour_folder):
     bundle = colour_bundle()
     report = run_gridpg(bundle, str(colour_folder), ["gradcam", "random"], n_mosaics=12, seed=0, batch_size=5,
@@ -93,6 +107,8 @@ def test_gridpg_separates_gradcam_from_random_on_the_colour_model(colour_folder)
     assert abs(random["gridpg"] - 0.25) < 0.05
     low, high = random["gridpg_ci95"]
     assert low <= random["gridpg"] <= high and len(random["per_mosaic"]) == 12
+    assert gradcam["top_quarter"] > 0.9 and abs(random["top_quarter"] - 0.25) < 0.08
+    assert len(gradcam["per_mosaic_top_quarter"]) == 12
     # the model reads each class in its quadrant only
     sensitivity = report["model_quadrant_sensitivity"]
     assert sensitivity["share_positive"] == 1.0 and sensitivity["mean"] > 0.1
