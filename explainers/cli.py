@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     camal.add_argument("--lambda", dest="lam", type=float, default=16.0,
                        help="weight of mean_b (beta_b - alpha_b), per image (the paper's sum_b is this / batch size); "
                             "0 = plain fine-tuning")
-    camal.add_argument("--lr", type=float, default=1e-4)
+    camal.add_argument("--lr", type=float, default=None, help="default 3e-4 (explainers.camal.DEFAULT_LR)")
     camal.add_argument("--weight-decay", type=float, default=0.05)
     camal.add_argument("--batch-size", type=int, default=32, help="global batch size (all ranks together)")
     camal.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable")

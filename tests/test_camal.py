@@ -182,7 +182,7 @@ def test_cli_writes_a_zoo_model_with_card_and_figure(tmp_path, weights_dir, caps
     from explainers.cli import main
 
     code = main(["camal", "--model", "tiny-base", "--data", str(train), "--epochs", "1", "--lambda", "2",
-                 "--batch-size", "4", "--lr", "1e-3", "--curve-limit", "3", "--eval-data", str(test),
+                 "--batch-size", "4", "--curve-limit", "3", "--eval-data", str(test),
                  "--out", str(weights_dir / "tiny-camal")])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
@@ -193,6 +193,7 @@ def test_cli_writes_a_zoo_model_with_card_and_figure(tmp_path, weights_dir, caps
     assert card["kind"] == "classifier" and card["base_model"] == "tiny-base"
     record = card["camal"]
     assert record["lambda"] == 2.0 and record["epochs"] == 1 and record["masks"] == str(train)
+    assert record["lr"] == C.DEFAULT_LR == 3e-4  # the default chosen on decoy val (no --lr given)
     assert record["data"] == str(train) and record["cam_mode"] == "differentiable"
     assert set(record["before"]["test"]) >= {"accuracy", "iou", "pointing_game", "deletion_auc", "insertion_auc"}
     assert (weights_dir / record["figures"]["before_after"]).stat().st_size > 1000
