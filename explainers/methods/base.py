@@ -65,6 +65,7 @@ class Method(ABC):
     order: ClassVar[int] = 100  # its place in menus (then by name)
     baseline: ClassVar[bool] = False  # a floor to compare with (the random map): left out of menus by default
     slow: ClassVar[bool] = False  # many model passes per map (RISE): left out of repeated runs (the sanity check)
+    quick_pixels: ClassVar[int | None] = None  # a slow method is quick on inputs up to this many pixels (None: any)
     user_options: ClassVar[tuple] = ()  # Option(...) for each slider
     details: ClassVar[str] = ""  # title of the diagnostics panel (a prepared state with `diagnostics(**options)`)
     score_targets: ClassVar[bool] = False  # accepts a target given as a function of the output (logits -> B scores)
@@ -76,13 +77,13 @@ class Method(ABC):
 
     @classmethod
     def quick_on(cls, bundle) -> bool:
-        """Whether it is fast enough on this model to be picked by default."""
-        return True
+        """Whether it is fast enough on this model to be picked by default (`quick_pixels`: by its input size)."""
+        return cls.quick_pixels is None or bundle.input_size[0] * bundle.input_size[1] <= cls.quick_pixels
 
     @classmethod
     def menu_note(cls, bundle) -> str | None:
         """A short note after its label in the app's menu for this model (e.g. 'slow on a CPU'), or None."""
-        return None
+        return "slow on a CPU" if cls.slow and bundle.device.type == "cpu" and not cls.quick_on(bundle) else None
 
     @classmethod
     def interactive_options(cls, bundle) -> dict:

@@ -48,24 +48,13 @@ class Occlusion(Method):
     colour = "#332288"
     order = 6
     slow = True
+    quick_pixels = 128 * 128  # 226 passes of a 128 px mosaic take about 3 s on 2 CPU cores (tiny ViT)
     user_options = (
         Option("window_fraction", "Occlusion window (share of the side)", 0.125, 0.0625, 0.5, 0.0625,
                info="The painted square, as a share of the image side; it moves by half its size. Smaller: "
                     "finer maps and more passes.", rank=40, elem_id="occlusion-window",
                api_name="occlusion_window", short="window"),
     )
-
-    @staticmethod
-    def _small(bundle) -> bool:  # 226 passes of a 128 px mosaic take about 3 s on 2 CPU cores (tiny ViT)
-        return bundle.input_size[0] * bundle.input_size[1] <= 128 * 128
-
-    @classmethod
-    def quick_on(cls, bundle) -> bool:
-        return cls._small(bundle)
-
-    @classmethod
-    def menu_note(cls, bundle) -> str | None:
-        return "slow on a CPU" if bundle.device.type == "cpu" and not cls._small(bundle) else None
 
     @classmethod
     def model_passes(cls, bundle) -> int:

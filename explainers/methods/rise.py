@@ -42,24 +42,13 @@ class RISE(Method):
     colour = "#56B4E9"
     order = 5
     slow = True
-
-    @staticmethod
-    def _small(bundle) -> bool:
-        return bundle.input_size[0] * bundle.input_size[1] <= 96 * 96
-
-    @classmethod
-    def quick_on(cls, bundle) -> bool:
-        return cls._small(bundle)
-
-    @classmethod
-    def menu_note(cls, bundle) -> str | None:
-        return "slow on a CPU" if bundle.device.type == "cpu" and not cls._small(bundle) else None
+    quick_pixels = 96 * 96
 
     @classmethod
     def interactive_options(cls, bundle) -> dict:
         """1,000 masks on a CPU for small inputs (300 for large ones), 4,000 on a GPU: it stays interactive."""
         on_gpu = bundle.device.type == "cuda"
-        return {"n_masks": 4000 if on_gpu else (1000 if cls._small(bundle) else 300), "batch_size": 100}
+        return {"n_masks": 4000 if on_gpu else (1000 if cls.quick_on(bundle) else 300), "batch_size": 100}
 
     @classmethod
     def model_passes(cls, bundle) -> int:
