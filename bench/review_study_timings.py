@@ -2,7 +2,7 @@
 labels.csv (each image validated and stored), create a 500-image study (the model predicts each image once),
 open one image with its maps, and save a rating / a verdict (one SQLite commit each).
 
-    SALIENCY_DATA_DIR=/tmp/bench OMP_NUM_THREADS=1 python benchmarks/review_study_timings.py \
+    SALIENCY_DATA_DIR=/tmp/bench OMP_NUM_THREADS=1 python bench/review_study_timings.py \
         --data ../shared/data/bloodmnist/64/test --model bloodmnist-cnn --images 500
 """
 from __future__ import annotations
