@@ -159,6 +159,19 @@ def target_scores(logits: torch.Tensor, targets) -> torch.Tensor:
     return logits.gather(1, targets.view(-1, 1).to(logits.device).clone()).flatten()
 
 
+def repeated_runs(images: torch.Tensor) -> list:
+    """[(start, stop)] of the runs of identical consecutive images: one image explained for several classes (the
+    grid pointing game's four, a class picker) is perturbed and classified once per run, since each pass gives
+    every class's score (RISE, occlusion)."""
+    runs = []
+    for index in range(images.shape[0]):
+        if runs and torch.equal(images[index], images[runs[-1][0]]):
+            runs[-1][1] = index + 1
+        else:
+            runs.append([index, index + 1])
+    return [tuple(run) for run in runs]
+
+
 def upsample(maps: torch.Tensor, size: tuple) -> torch.Tensor:
     """B x h x w -> B x H x W, bilinear."""
     if tuple(maps.shape[-2:]) == tuple(size):

@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import register
-from .base import Method, Option
+from .base import Method, Option, repeated_runs
 
 SCORES = ("logit", "probability")
 
@@ -77,30 +77,27 @@ class Occlusion(Method):
     def attribute(self, bundle, images, targets, progress=None):
         b, _, height, width = images.shape
         window_h, window_w, corners = occlusion_windows(height, width, self.window_fraction)
-        reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(3, 1, 1)
-        covered = torch.zeros(height, width, device=images.device)
-        for top, left in corners:
-            covered[top:top + window_h, left:left + window_w] += 1
-        saliency = torch.zeros(b, height, width, device=images.device)
-        same_as_previous = [index > 0 and torch.equal(images[index], images[index - 1]) for index in range(b)]
-        unique = [index for index in range(b) if not same_as_previous[index]]
+        reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
+        runs = repeated_runs(images)  # an image asked for several classes is occluded and classified once
         chunk = max(1, self.batch_size)
-        total_steps = len(unique) * math.ceil(len(corners) / chunk)
+        chunks = [corners[start:start + chunk] for start in range(0, len(corners), chunk)]
+        saliency = torch.zeros(b, height * width, device=images.device)
+        covered = torch.zeros(height * width, device=images.device)
+        full = {run: self._scores(bundle, images[run[0]:run[0] + 1])[0, targets[run[0]:run[1]].to(images.device)]
+                for run in runs}  # each run's unoccluded scores, one per row
         steps = 0
-        for position, index in enumerate(unique):
-            last = unique[position + 1] if position + 1 < len(unique) else b  # rows index..last-1 share this image
-            rows = torch.arange(index, last, device=images.device)
-            classes = targets[index:last].to(images.device)
-            full = self._scores(bundle, images[index:index + 1])[0, classes]  # one score per row
-            for start in range(0, len(corners), chunk):
-                part = corners[start:start + chunk]
-                occluded = images[index].expand(len(part), -1, -1, -1).clone()
-                for k, (top, left) in enumerate(part):
-                    occluded[k, :, top:top + window_h, left:left + window_w] = reference
-                drops = full.view(1, -1) - self._scores(bundle, occluded)[:, classes]  # windows x rows
-                for k, (top, left) in enumerate(part):
-                    saliency[rows, top:top + window_h, left:left + window_w] += drops[k].view(-1, 1, 1)
+        for part in chunks:
+            windows = torch.zeros(len(part), 1, height, width, dtype=images.dtype, device=images.device)
+            for k, (top, left) in enumerate(part):
+                windows[k, :, top:top + window_h, left:left + window_w] = 1
+            flat = windows.view(len(part), -1)
+            covered += flat.sum(0)
+            for start, stop in runs:
+                classes = targets[start:stop].to(images.device)
+                occluded = images[start:start + 1] * (1 - windows) + reference * windows
+                drops = full[(start, stop)].view(1, -1) - self._scores(bundle, occluded)[:, classes]  # windows x rows
+                saliency[start:stop] += drops.T @ flat
                 steps += 1
                 if progress is not None:
-                    progress(steps / total_steps)
-        return saliency / covered.clamp_min(1)
+                    progress(steps / (len(chunks) * len(runs)))
+        return (saliency / covered.clamp_min(1)).view(b, height, width)

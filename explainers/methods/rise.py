@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import register
-from .base import Method
+from .base import Method, repeated_runs
 
 
 def rise_mask_plan(count: int, cells: int, cell_hw: tuple, keep_probability: float, seed: int) -> tuple:
@@ -68,9 +68,7 @@ class RISE(Method):
         saliency = torch.zeros(b, height * width, device=images.device)
         cell_hw = (math.ceil(height / self.cells), math.ceil(width / self.cells))
         grids, shifts_y, shifts_x = rise_mask_plan(self.n_masks, self.cells, cell_hw, self.keep_probability, self.seed)
-        # one image explained for several classes (the grid pointing game's four, a class picker) is masked and
-        # classified once: the masks' forward passes give every class's score
-        same_as_previous = [index > 0 and torch.equal(images[index], images[index - 1]) for index in range(b)]
+        runs = repeated_runs(images)  # an image asked for several classes is masked and classified once
         done = 0
         while done < self.n_masks:
             count = min(self.batch_size, self.n_masks - done)
@@ -79,11 +77,10 @@ class RISE(Method):
             masks = masks.to(images.device)
             flat_masks = masks.view(count, -1)
             masks = masks.unsqueeze(1)
-            for index in range(b):
-                if not same_as_previous[index]:
-                    masked = images[index:index + 1] * masks + reference * (1 - masks)
-                    probabilities = bundle(masked).softmax(dim=1)  # every class: the next image may be this one
-                saliency[index] += probabilities[:, targets[index]] @ flat_masks
+            for start, stop in runs:
+                masked = images[start:start + 1] * masks + reference * (1 - masks)
+                probabilities = bundle(masked).softmax(dim=1)
+                saliency[start:stop] += probabilities[:, targets[start:stop].to(images.device)].T @ flat_masks
             done += count
             if progress is not None:
                 progress(done / self.n_masks)
