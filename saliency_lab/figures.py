@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from explainers.methods import METHODS, ordered
+from .pictures import options_text
 
 FALLBACK_COLORS = ("#000000", "#F0E442", "#882255", "#44AA99")
 
@@ -150,7 +151,7 @@ def auc_table(results: list) -> list:
     rows = []
     for record in results:
         dele, ins = record.get("deletion_auc"), record.get("insertion_auc")
-        rows.append([record["label"], ", ".join(f"{k}={v}" for k, v in record["options"].items()) or "-",
+        rows.append([record["label"], options_text(record) or "-",
                      None if dele is None else round(dele, 4), None if ins is None else round(ins, 4),
                      None if dele is None else round(ins - dele, 4), round(1000 * record["seconds"], 1)])
     return rows

@@ -86,10 +86,15 @@ def colour_bar_html(colormap: str = "cividis") -> str:
             '</span><span>most important</span></div></div>')
 
 
+def options_text(record: dict) -> str:
+    """A result's options as `name=value`, each named as its method declares it (Option.short), else by keyword."""
+    declared = METHODS[record["method"]].user_options_by_name() if record.get("method") in METHODS else {}
+    return ", ".join(f"{getattr(declared.get(k), 'short', '') or k}={v}" for k, v in record["options"].items())
+
+
 def caption(record: dict) -> str:
     text = f"{record['label']} · {record['target_name']}"
-    declared = METHODS[record["method"]].user_options_by_name() if record.get("method") in METHODS else {}
-    option_text = ", ".join(f"{getattr(declared.get(k), 'short', '') or k}={v}" for k, v in record["options"].items())
+    option_text = options_text(record)
     if option_text:
         text += f" ({option_text})"
     if record.get("deletion_auc") is not None:

@@ -780,5 +780,8 @@ def test_captions_name_options_by_their_short_names():
     record = {"method": "occlusion", "label": "Occlusion", "target_name": "class 0",
               "options": {"window_fraction": 0.125}, "deletion_auc": 0.1354, "insertion_auc": 0.1451}
     assert caption(record) == "Occlusion · class 0 (window=0.125) · del 0.135 ↓ · ins 0.145 ↑"
+    from saliency_lab.figures import auc_table
+
+    assert auc_table([{**record, "seconds": 0.5}])[0][:2] == ["Occlusion", "window=0.125"]  # the score table too
     record = {**record, "method": "gradskip", "label": "GradSkip", "options": {"alpha": 0.5}, "deletion_auc": None}
     assert caption(record) == "GradSkip · class 0 (alpha=0.5)"
