@@ -166,13 +166,31 @@ def _timed(function):
     return value, time.perf_counter() - started
 
 
-def weightings(bundle, images, batch_size: int, steps: int, reference: str, peers=PEERS) -> dict:
+def parse_gates(text: str) -> list:
+    """'3:2,2:1.5' -> [(3.0, 2.0), (2.0, 1.5)]: class_gated (gate_sigma, gate_power) pairs to add."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        sigma, _, power = item.partition(":")
+        pairs.append((float(sigma), float(power or 1.0)))
+    return pairs
+
+
+def gate_variants(gates, alpha: float = 0.5) -> dict:
+    """Labelled GradSkip options of the class_gated form for every (gate_sigma, gate_power) pair."""
+    return {f"gradskip class_gated sigma={sigma:g} power={power:g} alpha={alpha:g}":
+            {"attention_weighting": "class_gated", "gate_sigma": sigma, "gate_power": power, "alpha": alpha}
+            for sigma, power in gates}
+
+
+def weightings(bundle, images, batch_size: int, steps: int, reference: str, peers=PEERS, gates=(),
+               forms=ATTENTION_WEIGHTINGS, alphas=WEIGHTING_ALPHAS) -> dict:
     """Every attention_weighting x alpha from one GradSkip capture per batch, plus the peers, same images/targets.
 
     ms per map of a GradSkip variant = the capture's time per image + that variant's own map time per image
     (what a single run of that variant costs)."""
     variants = {f"gradskip {w} alpha={alpha:g}": {"attention_weighting": w, "alpha": alpha}
-                for w in ATTENTION_WEIGHTINGS for alpha in WEIGHTING_ALPHAS}
+                for w in forms for alpha in alphas}
+    variants.update(gate_variants(gates))
     labels = list(variants) + list(peers)
     scores = {label: {"deletion": [], "insertion": []} for label in labels}
     seconds = dict.fromkeys(labels, 0.0)
@@ -429,6 +447,13 @@ def main(argv=None) -> int:
     parser.add_argument("--gradskip-options", default="{}",
                         help='JSON options for GradSkip in the paired part (default: its defaults), e.g. '
                              '\'{"attention_weighting": "attention"}\'')
+    parser.add_argument("--gates", default="", help="weightings part: also the class_gated form at these "
+                        "gate_sigma:gate_power pairs (alpha 0.5), e.g. 2:1.5,3:2")
+    parser.add_argument("--weightings", default=",".join(ATTENTION_WEIGHTINGS),
+                        help="weightings part: the attention_weighting forms to run")
+    parser.add_argument("--alphas", default=",".join(f"{a:g}" for a in WEIGHTING_ALPHAS),
+                        help="weightings part: the alphas of each form")
+    parser.add_argument("--peers", default=",".join(PEERS), help="weightings part: other methods on the same images")
     parser.add_argument("--out", default=None, help="JSON report path")
     args = parser.parse_args(argv)
     if args.threads:
@@ -452,7 +477,10 @@ def main(argv=None) -> int:
 
     if "weightings" in parts:
         print(f"\nW~ options x alpha on {images.shape[0]} images of {args.data} (means, 95% bootstrap intervals)")
-        report["weightings"] = weightings(bundle, images, args.batch_size, args.steps, args.reference)
+        report["weightings"] = weightings(bundle, images, args.batch_size, args.steps, args.reference,
+                                          gates=parse_gates(args.gates), peers=tuple(filter(None, args.peers.split(","))),
+                                          forms=tuple(filter(None, args.weightings.split(","))),
+                                          alphas=tuple(float(a) for a in args.alphas.split(",")))
         print_rows(report["weightings"]["rows"])
     if "paired" in parts:
         options = json.loads(args.gradskip_options)

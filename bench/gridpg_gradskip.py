@@ -21,6 +21,9 @@ from explainers.gridpg import format_gridpg, run_gridpg  # noqa: E402
 from explainers.methods.gradskip import ATTENTION_WEIGHTINGS  # noqa: E402
 from explainers.models import load_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gradskip import parse_gates  # noqa: E402
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -32,12 +35,18 @@ def main(argv=None) -> int:
     parser.add_argument("--alphas", default="0,0.5,1")
     parser.add_argument("--extra", default="chefer,rollout,gradcam,random")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gates", default="", help="also the class_gated form at these gate_sigma:gate_power "
+                        "pairs (alpha 0.5), e.g. 2:1.5,3:2")
+    parser.add_argument("--weightings", default=",".join(ATTENTION_WEIGHTINGS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     bundle = load_model(args.model)
-    specs = [f"gradskip:attention_weighting={w},alpha={a}" for w in ATTENTION_WEIGHTINGS
-             for a in args.alphas.split(",")] + [m for m in args.extra.split(",") if m]
+    specs = [f"gradskip:attention_weighting={w},alpha={a}" for w in args.weightings.split(",") if w
+             for a in args.alphas.split(",")]
+    specs += [f"gradskip:attention_weighting=class_gated,gate_sigma={s:g},gate_power={p:g},alpha=0.5"
+              for s, p in parse_gates(args.gates)]
+    specs += [m for m in args.extra.split(",") if m]
     started = time.time()
     report = run_gridpg(bundle, args.data, specs, n_mosaics=args.mosaics, seed=args.seed, split=args.split)
     report["seconds"] = round(time.time() - started, 1)

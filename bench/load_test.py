@@ -184,6 +184,7 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
     from saliency_lab.menus import sliders
 
     slider_defaults = [option.default for _, option in sliders()]  # every method slider, in the endpoint's order
+    live_defaults = [option.default for _, option in sliders() if option.live]  # what /explain_curves takes
     try:
         for attempt in range(3):  # connecting is the load generator's business, not a measured request
             try:
@@ -206,7 +207,7 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
     calls = [("explain_maps", lambda: client.predict(handle_file(str(image)), model, methods, "auto",
                                                       *slider_defaults, 0.5, "cividis",
                                                       api_name="/explain_maps")),
-             ("explain_curves", lambda: client.predict(0.5, 0.5, "cividis", api_name="/explain_curves"))]
+             ("explain_curves", lambda: client.predict(*live_defaults, 0.5, "cividis", api_name="/explain_curves"))]
     if "gradskip" in methods:
         for alpha in alpha_moves:
             calls.append((f"alpha_preview {alpha}", lambda a=alpha: client.predict(a, 0.5, "cividis",

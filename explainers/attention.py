@@ -52,7 +52,7 @@ class AttentionRecorder:
         self._lock = model_lock(self.bundle)
         self._lock.acquire()
         try:
-            self._fused = disable_fused_attention(self.bundle.network)
+            self._fused = disable_fused_attention(self.bundle.network, [b.attn for b in self.bundle.blocks])
         except BaseException:
             self._lock.release()
             raise

@@ -61,6 +61,13 @@ def sliders(**values) -> list:
     return [values.get(option.name, option.default) for _, option in registry_sliders()]
 
 
+def live_sliders(**values) -> list:
+    """The live sliders' values (the ones `/explain_curves` takes), in the registry's order, defaults unless given."""
+    from saliency_lab.menus import sliders as registry_sliders
+
+    return [values.get(option.name, option.default) for _, option in registry_sliders() if option.live]
+
+
 def explain(client, model="tiny-cnn", methods=("gradcam", "aha"), target="auto", alpha=0.5, steps=0, image=CELL):
     from gradio_client import handle_file
 
@@ -76,7 +83,7 @@ def plot_traces(plot) -> list:
 def test_every_public_endpoint_is_listed(running):
     _, client, _ = running
     endpoints = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
-    for name in ("/explain", "/explain_maps", "/explain_curves", "/explain_target", "/explain_new_image", "/alpha_preview", "/alpha_curves", "/refine",
+    for name in ("/explain", "/explain_maps", "/explain_curves", "/explain_target", "/explain_new_image", "/alpha_preview", "/alpha_curves", "/class_focus_preview", "/class_focus_curves", "/refine",
                  "/redraw", "/downloads", "/select_model", "/browse", "/browse_pick", "/mask_from_drawing",
                  "/mask_use_explain_image", "/sam_click", "/sam_box", "/sam_box_from_stroke", "/sam_clear", "/add_mask", "/start_finetune",
                  "/finetune_status", "/cancel_finetune", "/review_load", "/review_open", "/review_note",
@@ -114,7 +121,7 @@ def test_ui_path_maps_first_then_curves(running):
         handle_file(CELL), "tiny-cnn", ["gradcam", "aha"], "auto", *sliders(), 0.5, "cividis", api_name="/explain_maps")
     assert len(overlays) == 2 and all("del" not in o["caption"] for o in overlays)
     assert plot_traces(plot) == [] and all(row[2] is None for row in table["data"])
-    overlays, plot, table, status, heads = client.predict(0.5, 0.5, "cividis", api_name="/explain_curves")
+    overlays, plot, table, status, heads = client.predict(*live_sliders(), 0.5, "cividis", api_name="/explain_curves")
     assert len(plot_traces(plot)) == 4 and all("ins" in o["caption"] for o in overlays)
     assert all(row[2] is not None for row in table["data"])
 
@@ -157,6 +164,27 @@ def test_gradskip_alpha_recombines_without_a_model_pass(running):
     rows = {row[0]: row for row in table["data"]}
     assert rows["GradSkip"][1] == "alpha=0.0" and rows["GradSkip"][2] is not None
     assert len(plot_traces(plot)) == 4
+
+
+def test_gradskip_class_focus_recombines_without_a_model_pass(running):
+    """The class gate's power is a second live GradSkip slider: moving it redraws from the cached state; 0 gives
+    plain attention's map (the gate switched off)."""
+    demo, client, _ = running
+    out = explain(client, model="tiny-vit", methods=("gradskip",))
+    before = np.asarray(Image.open(out[2][0]["image"]), dtype=int)
+    bundle = demo.services.bundle("tiny-vit")
+    calls = []
+    handle = bundle.network.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        overlays, _heads = client.predict(0.0, 0.5, "cividis", api_name="/class_focus_preview")
+    finally:
+        handle.remove()
+    assert not calls, "moving the class focus must not run the model"
+    assert "focus=0.0" in overlays[0]["caption"]
+    assert np.abs(np.asarray(Image.open(overlays[0]["image"]), dtype=int) - before).max() > 0
+    overlays, plot, table, status = client.predict(0.0, 0.5, "cividis", api_name="/class_focus_curves")
+    row = {r[0]: r for r in table["data"]}["GradSkip"]
+    assert "focus=0.0" in row[1] and row[2] is not None
 
 
 def test_refine_steps_rerun_aha_only(running):

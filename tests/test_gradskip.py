@@ -453,6 +453,68 @@ def test_weighting_validated_and_missing_attention_is_a_clear_error():
         bare.map(attention_weighting="attention")
 
 
+def _two_layer_state(weighting):
+    """cls + 2 patches, two blocks, one head, b_main = 1 everywhere, relevance starting on the class token.
+    The top block sends the class token's relevance to patch 1 with a large gradient (10); the bottom block
+    sends patch 1's to patch 2 with a weak one (1)."""
+    flow = torch.zeros(1, 2, 1, 3, 3)
+    flow[0, 1, 0, 0, 1] = 10.0
+    flow[0, 0, 0, 1, 2] = 1.0
+    return GradSkipState(
+        attention_flow=flow, value_norms=torch.ones(1, 2, 1, 3), attention=torch.full((1, 2, 1, 3, 3), 1 / 3),
+        gradient_flow=torch.ones(1, 2, 1), sparsity=torch.ones(1, 2, 1),
+        main_flow=torch.ones(1, 2, 3), skip_flow=torch.zeros(1, 2, 3),
+        end_gradient_norm=torch.tensor([[1.0, 0.0, 0.0]]), logits=torch.tensor([[4.0, 0.0]]),
+        targets=torch.tensor([0]), num_prefix_tokens=1, has_class_token=True, grid=(1, 2), image_hw=(2, 4),
+        options={"alpha": 0.5, "attention_weighting": weighting})
+
+
+def test_gradient_residual_lets_a_weak_layer_pass_relevance_on():
+    # the paper's row-normalised form: the weak bottom block moves everything from patch 1 to patch 2
+    assert torch.allclose(_two_layer_state("gradient").token_relevance(), torch.tensor([[0.0, 0.0, 1.0]]))
+    # residual form: one scale (10) for the image; the bottom block's row is [0, 0.9 (identity), 0.1]
+    state = _two_layer_state("gradient_residual")
+    assert torch.allclose(state.token_relevance(), torch.tensor([[0.0, 0.9, 0.1]]))
+    matrices = state.layer_matrices(state.head_weights())
+    assert torch.allclose(matrices.sum(-1), torch.ones(1, 2, 3))  # still row-stochastic: relevance is conserved
+    assert torch.allclose(matrices[0, 1, 0], torch.tensor([0.0, 1.0, 0.0]))
+
+
+def test_class_gated_is_attention_relevance_times_the_blurred_residual_gate():
+    state = _two_layer_state("class_gated")
+    attention = state.token_relevance(attention_weighting="attention")[:, 1:]
+    residual = state.token_relevance(attention_weighting="gradient_residual")[:, 1:]
+    ungated = state.token_relevance(gate_sigma=0, gate_power=0)[:, 1:]
+    assert torch.allclose(ungated, attention / attention.sum())
+    product = attention * residual / residual.max()
+    assert torch.allclose(state.token_relevance(gate_sigma=0, gate_power=1)[:, 1:], product / product.sum())
+    squared = attention * (residual / residual.max()) ** 2
+    assert torch.allclose(state.token_relevance(gate_sigma=0, gate_power=2)[:, 1:], squared / squared.sum())
+    gated = state.token_relevance()  # the defaults: blurred over the 1 x 2 patch grid, squared
+    assert gated[0, 0] == 0 and torch.isclose(gated.sum(), torch.tensor(1.0))
+    # blurring pulls the gate towards uniform, so the gated map moves towards attention's
+    assert (gated[0, 2] - attention[0, 1] / attention.sum()).abs() < (squared[0, 1] / squared.sum()
+                                                                       - attention[0, 1] / attention.sum()).abs()
+    with pytest.raises(ValueError, match="gate_sigma"):
+        state.map(gate_sigma=-1)
+    with pytest.raises(ValueError, match="gate_power"):
+        GradSkip(gate_power=9)
+
+
+def test_gaussian_blur_keeps_mass_and_symmetry():
+    from explainers.methods.gradskip import _gaussian_blur
+
+    grid = torch.zeros(1, 1, 15, 15)
+    grid[0, 0, 7, 7] = 1.0
+    blurred = _gaussian_blur(grid, 2.0)
+    assert torch.isclose(blurred.sum(), torch.tensor(1.0), atol=1e-3)
+    assert torch.allclose(blurred, blurred.flip(-1)) and torch.allclose(blurred, blurred.transpose(-1, -2))
+    assert blurred[0, 0, 7, 7] == blurred.max() and blurred[0, 0, 7, 7] < 0.1
+    assert torch.equal(_gaussian_blur(grid, 0.0), grid)
+    small = _gaussian_blur(torch.rand(2, 1, 2, 3), 3.0)  # a radius larger than the grid: edges replicated
+    assert small.shape == (2, 1, 2, 3) and torch.isfinite(small).all()
+
+
 def test_beta_profile_by_hand():
     state = _hand_state()
     profile = state.beta_profile()
