@@ -219,8 +219,13 @@ def rerun_method(services, state, method: str, options: dict) -> tuple:
     """Re-run one method with new options (with its curves); the other methods' records are kept.
     The options are remembered in the state (e.g. alpha, refine_steps)."""
     bundle, image = prepared(services, state["model"], state["image"])
-    results = [run_method(bundle, image, method, r["target"], options, services.cache) if r["method"] == method
-               else r for r in state["results"]]
+    declared = METHODS[method].user_options_by_name()
+
+    def kept(record):  # the method's other sliders keep their values (alpha stays when the class focus moves)
+        return {k: v for k, v in record["options"].items() if k in declared}
+
+    results = [run_method(bundle, image, method, r["target"], {**kept(r), **options}, services.cache)
+               if r["method"] == method else r for r in state["results"]]
     slider_names = {o.name for _, o in menus.sliders()}
     return {**state, "results": results, **{k: v for k, v in options.items() if k in slider_names}}, image
 

@@ -162,7 +162,7 @@ def test_gradskip_alpha_recombines_without_a_model_pass(running):
     # on release the curves follow
     overlays, plot, table, status = client.predict(0.0, 0.5, "cividis", api_name="/alpha_curves")
     rows = {row[0]: row for row in table["data"]}
-    assert rows["GradSkip"][1] == "alpha=0.0" and rows["GradSkip"][2] is not None
+    assert rows["GradSkip"][1] == "alpha=0.0, focus=1.5" and rows["GradSkip"][2] is not None  # focus kept
     assert len(plot_traces(plot)) == 4
 
 
@@ -185,6 +185,11 @@ def test_gradskip_class_focus_recombines_without_a_model_pass(running):
     overlays, plot, table, status = client.predict(0.0, 0.5, "cividis", api_name="/class_focus_curves")
     row = {r[0]: r for r in table["data"]}["GradSkip"]
     assert "focus=0.0" in row[1] and row[2] is not None
+    # releasing one slider keeps the other's value: alpha 0.2, then the class focus 2 -> both in the result
+    client.predict(0.2, 0.5, "cividis", api_name="/alpha_curves")
+    overlays, plot, table, status = client.predict(2.0, 0.5, "cividis", api_name="/class_focus_curves")
+    row = {r[0]: r for r in table["data"]}["GradSkip"]
+    assert "alpha=0.2" in row[1] and "focus=2.0" in row[1], row[1]
 
 
 def test_refine_steps_rerun_aha_only(running):
