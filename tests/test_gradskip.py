@@ -395,11 +395,11 @@ def test_per_head_normalisation_gives_the_head_weights_the_say():
     state.gradient_flow, state.sparsity = torch.ones(1, 1, 2), torch.ones(1, 1, 2)
     weights = state.head_weights(0.5)
     assert torch.allclose(weights, torch.full((1, 1, 2), 0.5))
-    paper = state.weighted_attention(0, weights)[0, 0]
-    per_head = state.weighted_attention(0, weights, attention_weighting="gradient_per_head")[0, 0]
+    paper = state.layer_matrices(weights)[0, 0, 0]
+    per_head = state.layer_matrices(weights, attention_weighting="gradient_per_head")[0, 0, 0]
     assert torch.allclose(paper, torch.tensor([0.0, 10 / 11, 1 / 11]))
     assert torch.allclose(per_head, torch.tensor([0.0, 0.5, 0.5]))
-    assert torch.allclose(state.weighted_attention(0, weights, attention_weighting="attention")[0, 0],
+    assert torch.allclose(state.layer_matrices(weights, attention_weighting="attention")[0, 0, 0],
                           torch.full((3,), 1 / 3))
 
 

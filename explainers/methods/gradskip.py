@@ -277,10 +277,6 @@ class GradSkipState:
         keep = rows.unsqueeze(-1) > EPS
         return torch.where(keep, matrix / rows.unsqueeze(-1).clamp_min(EPS), identity)
 
-    def weighted_attention(self, layer: int, weights: torch.Tensor, **overrides) -> torch.Tensor:
-        """W~ for one layer: B x N x N, rows summing to 1 (an all-zero row becomes the identity row)."""
-        return self.layer_matrices(weights, **overrides)[:, layer]
-
     def start_relevance(self, **overrides) -> torch.Tensor:
         """R_L over the last block's tokens: B x N, summing to 1."""
         start = self._option(overrides, "start")
