@@ -167,19 +167,22 @@ def _timed(function):
 
 
 def parse_gates(text: str) -> list:
-    """'3:2,2:1.5' -> [(3.0, 2.0), (2.0, 1.5)]: class_gated (gate_sigma, gate_power) pairs to add."""
-    pairs = []
+    """'3:2,2:1.5:0.5' -> [(3.0, 2.0, 1.0), (2.0, 1.5, 0.5)]: class_gated (gate_sigma, gate_power, gate_knee)
+    triples to add (power 1 and knee 1 when left out)."""
+    triples = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        sigma, _, power = item.partition(":")
-        pairs.append((float(sigma), float(power or 1.0)))
-    return pairs
+        sigma, power, knee = (item.split(":") + ["", ""])[:3]
+        triples.append((float(sigma), float(power or 1.0), float(knee or 1.0)))
+    return triples
 
 
 def gate_variants(gates, alpha: float = 0.5) -> dict:
-    """Labelled GradSkip options of the class_gated form for every (gate_sigma, gate_power) pair."""
-    return {f"gradskip class_gated sigma={sigma:g} power={power:g} alpha={alpha:g}":
-            {"attention_weighting": "class_gated", "gate_sigma": sigma, "gate_power": power, "alpha": alpha}
-            for sigma, power in gates}
+    """Labelled GradSkip options of the class_gated form for every (gate_sigma, gate_power, gate_knee)."""
+    return {f"gradskip class_gated sigma={sigma:g} power={power:g}" + (f" knee={knee:g}" if knee != 1 else "")
+            + f" alpha={alpha:g}":
+            {"attention_weighting": "class_gated", "gate_sigma": sigma, "gate_power": power, "gate_knee": knee,
+             "alpha": alpha}
+            for sigma, power, knee in gates}
 
 
 def weightings(bundle, images, batch_size: int, steps: int, reference: str, peers=PEERS, gates=(),
@@ -342,7 +345,9 @@ def cost(bundle, images, batch_size: int, repeats: int) -> dict:
         "forward + full backward (parameter grads)": lambda x, t: floor_pass(bundle, x, t),
         "gradskip": lambda x, t: gradskip.prepare(bundle, x, t).map(),
         "gradskip capture only (prepare)": lambda x, t: gradskip.prepare(bundle, x, t),
-        "gradskip capture, rebuilt attention (fused kept)": lambda x, t: capture(bundle, x, t, rebuild_attention=True),
+        "gradskip capture (the default: fused attention kept, A rebuilt)": lambda x, t: capture(bundle, x, t),
+        "gradskip capture, unfused attention (the fallback path)":
+            lambda x, t: capture(bundle, x, t, rebuild_attention=False),
         "gradskip map only (new alpha)": None,
         "gradcam (ours)": lambda x, t: gradcam.attribute(bundle, x, t),
         "pytorch-grad-cam GradCAM": peer_run,
@@ -448,7 +453,7 @@ def main(argv=None) -> int:
                         help='JSON options for GradSkip in the paired part (default: its defaults), e.g. '
                              '\'{"attention_weighting": "attention"}\'')
     parser.add_argument("--gates", default="", help="weightings part: also the class_gated form at these "
-                        "gate_sigma:gate_power pairs (alpha 0.5), e.g. 2:1.5,3:2")
+                        "gate_sigma:gate_power[:gate_knee] (alpha 0.5), e.g. 2:1.5,3:2:0.5")
     parser.add_argument("--weightings", default=",".join(ATTENTION_WEIGHTINGS),
                         help="weightings part: the attention_weighting forms to run")
     parser.add_argument("--alphas", default=",".join(f"{a:g}" for a in WEIGHTING_ALPHAS),

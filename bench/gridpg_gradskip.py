@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     bundle = load_model(args.model)
     specs = [f"gradskip:attention_weighting={w},alpha={a}" for w in args.weightings.split(",") if w
              for a in args.alphas.split(",")]
-    specs += [f"gradskip:attention_weighting=class_gated,gate_sigma={s:g},gate_power={p:g},alpha=0.5"
-              for s, p in parse_gates(args.gates)]
+    specs += [f"gradskip:attention_weighting=class_gated,gate_sigma={s:g},gate_power={p:g},gate_knee={k:g},alpha=0.5"
+              for s, p, k in parse_gates(args.gates)]
     specs += [m for m in args.extra.split(",") if m]
     started = time.time()
     report = run_gridpg(bundle, args.data, specs, n_mosaics=args.mosaics, seed=args.seed, split=args.split)

@@ -501,6 +501,41 @@ def test_class_gated_is_attention_relevance_times_the_blurred_residual_gate():
         GradSkip(gate_power=9)
 
 
+@pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square"])
+def test_class_gated_propagates_both_forms_as_their_own_propagations_do(variant):
+    """The joint propagation of "class_gated" (one einsum over both forms, b_main folded into the matrices) gives
+    what each form's own propagation gives, also with head weights that zero whole layers (identity rows)."""
+    bundle = tiny_vit(**VARIANTS[variant])
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    state = prepare(bundle, images, targets)
+    for alpha, threshold in ((0.5, 0.1), (1.0, 1.0), (0.0, 0.1)):
+        attention, residual = state._gated_relevance(alpha, head_threshold=threshold)
+        assert torch.allclose(attention, state._raw_relevance(alpha, head_threshold=threshold,
+                                                              attention_weighting="attention"), atol=1e-6)
+        assert torch.allclose(residual, state._raw_relevance(alpha, head_threshold=threshold,
+                                                             attention_weighting="gradient_residual"), atol=1e-6)
+        assert torch.allclose(attention.sum(-1), torch.ones(3)) and torch.allclose(residual.sum(-1), torch.ones(3))
+    state.sparsity = torch.zeros_like(state.sparsity)  # alpha 0 and no sparsity: every W~ row is zero
+    attention, _ = state._gated_relevance(0.0)
+    assert torch.allclose(attention, state.start_relevance())  # identity everywhere: the start relevance
+
+
+def test_class_gate_knee_flattens_the_gate_above_it():
+    """gate_knee k: the gate is min(1, g / k) ** power (g the blurred residual over its maximum), so patches
+    with at least k of the maximum class evidence are ranked by attention alone; k = 1 is the plain gate."""
+    state = _two_layer_state("class_gated")
+    _, residual = state._gated_relevance(None)
+    plain = state.class_gate(None, residual, gate_sigma=0, gate_power=1)
+    knee = state.class_gate(None, residual, gate_sigma=0, gate_power=2, gate_knee=0.5)
+    assert torch.allclose(knee, (plain / 0.5).clamp_max(1) ** 2)
+    assert torch.allclose(state.class_gate(None, residual, gate_sigma=0, gate_power=1, gate_knee=1.0), plain)
+    assert (knee >= plain ** 2 - 1e-7).all() and knee.max() == 1
+    with pytest.raises(ValueError, match="gate_knee"):
+        state.map(gate_knee=0)
+    with pytest.raises(ValueError, match="gate_knee"):
+        GradSkip(gate_knee=1.5)
+
+
 def test_gaussian_blur_keeps_mass_and_symmetry():
     from explainers.methods.gradskip import _gaussian_blur
 
@@ -575,8 +610,9 @@ def test_beta_profile_library_function():
 @pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square",
                                      "layer_scale_non_square", "qk_norm"])
 def test_rebuilt_attention_equals_the_unfused_capture(variant):
-    """rebuild_attention=True keeps timm's fused attention on and rebuilds A = softmax(q k^T s), dA = dO v^T; the
-    default switches fused attention off and reads A at attn_drop. Both must give the same statistics."""
+    """rebuild_attention=True (the "auto" default on timm's Attention) keeps timm's fused attention on and rebuilds
+    A = softmax(q k^T s), dA = dO v^T for all layers at once; rebuild_attention=False switches fused attention off
+    and reads A at attn_drop. Both must give the same statistics."""
     from explainers.methods.gradskip import capture
 
     bundle = tiny_vit(**({"qk_norm": True} if variant == "qk_norm" else VARIANTS[variant]))
@@ -590,10 +626,34 @@ def test_rebuilt_attention_equals_the_unfused_capture(variant):
         handle.remove()
     assert rebuilt["rebuilt_attention"] and not unfused["rebuilt_attention"]
     assert seen == [True, False]  # the rebuilding path leaves the fused kernel on
-    assert not capture(bundle, images, targets)["rebuilt_attention"]  # the default: unfused (faster on a CPU)
+    assert capture(bundle, images, targets)["rebuilt_attention"]  # "auto": rebuilt for timm's Attention
     for a, b in zip(rebuilt["saved"]["A"], unfused["saved"]["A"]):
         assert torch.allclose(a, b.detach(), atol=1e-6)
     for a, b in zip(rebuilt["grads"], unfused["grads"]):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
     state = prepare(bundle, images, targets)
     assert state.attention_flow.abs().sum() > 0
+
+
+def test_attention_modules_other_than_timms_fall_back_to_the_unfused_capture():
+    """"auto" rebuilds A only for timm's own Attention class; a subclass under another name (whose forward may
+    differ) is read at attn_drop with fused attention switched off, and its statistics are the same."""
+    from timm.models.vision_transformer import Attention
+
+    from explainers.methods.gradskip import capture
+
+    class CustomAttention(Attention):
+        pass
+
+    bundle = tiny_vit()
+    images, targets = _images(bundle), torch.tensor([0, 1, 2])
+    standard = capture(bundle, images, targets)
+    for block in bundle.network.blocks:
+        block.attn.__class__ = CustomAttention
+    fallback = capture(bundle, images, targets)
+    assert standard["rebuilt_attention"] and not fallback["rebuilt_attention"]
+    assert all(block.attn.fused_attn for block in bundle.network.blocks)  # restored after the unfused pass
+    for a, b in zip(standard["saved"]["A"], fallback["saved"]["A"]):
+        assert torch.allclose(a, b.detach(), atol=1e-6)
+    for a, b in zip(standard["grads"], fallback["grads"]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
