@@ -503,8 +503,8 @@ def test_class_gated_is_attention_relevance_times_the_blurred_residual_gate():
 
 @pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square"])
 def test_class_gated_propagates_both_forms_as_their_own_propagations_do(variant):
-    """The joint propagation of "class_gated" (one einsum over both forms, b_main folded into the matrices) gives
-    what each form's own propagation gives, also with head weights that zero whole layers (identity rows)."""
+    """The joint propagation of "class_gated" (both forms as one batch of 2B) gives what each form's own
+    propagation gives, also with head weights that zero whole layers (identity rows)."""
     bundle = tiny_vit(**VARIANTS[variant])
     images, targets = _images(bundle), torch.tensor([0, 1, 2])
     state = prepare(bundle, images, targets)
