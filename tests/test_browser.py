@@ -543,14 +543,40 @@ def test_learn_gridpg_mosaic_then_one_class(page, shots):
     page.screenshot(path=str(shots / "learn-gridpg.png"), full_page=True)
 
 
-def test_models_tab_trains_an_aha_explainer_for_the_imported_model(page, shots):
-    """(After the import test: it uses page-resnet.) Start a 3-step AHA job from the Models tab on the shipped
-    cells; the validation curve appears, the job ends done and AHA is one-pass for the model."""
+def _ensure_page_resnet(tmp_path) -> None:
+    """The import test's model (a tiny resnet18, 3 classes), imported through the library when that test has not
+    run first in this data folder (a test run alone)."""
+    import json
+
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    from explainers.import_model import import_model, imported_models
+
+    if any(card.get("name") == "page-resnet" for card in imported_models()):
+        return
+    torch.manual_seed(0)
+    args = {"channels": [8, 16, 16, 16]}
+    network = timm.create_model("resnet18", pretrained=False, num_classes=3, **args)
+    weights, classes = tmp_path / "my-cells.safetensors", tmp_path / "classes.txt"
+    save_file(network.state_dict(), str(weights))
+    classes.write_text("healthy cell\natypical cell\nartefact\n")
+    import_model(arch="resnet18", name="page-resnet", weights=weights, classes=classes, input_size=(32, 32),
+                 model_args=json.dumps(args))
+
+
+def test_models_tab_trains_an_aha_explainer_for_the_imported_model(page, shots, tmp_path):
+    """Start a 3-step AHA job from the Models tab on the shipped cells for page-resnet (the import test's model,
+    imported here if that test did not run first); the validation curve appears, the job ends done and AHA is
+    one-pass for the model."""
     if os.environ.get("SALIENCY_LAB_URL"):
-        pytest.skip("trains for the model the import test imported: only against the in-process test app")
+        pytest.skip("trains for a model it imports into the data folder: only against the in-process test app")
     import csv
 
     from explainers.paths import user_dir
+
+    _ensure_page_resnet(tmp_path)
 
     folder = user_dir("datasets") / "three-cells"  # the imported model has 3 classes: 12 shipped cells as 0-2
     folder.mkdir(exist_ok=True)
