@@ -611,7 +611,7 @@ def test_beta_profile_library_function():
                                      "layer_scale_non_square", "qk_norm"])
 def test_rebuilt_attention_equals_the_unfused_capture(variant):
     """rebuild_attention=True (the "auto" default on timm's Attention) keeps timm's fused attention on and rebuilds
-    A = softmax(q k^T s), dA = dO v^T for all layers at once; rebuild_attention=False switches fused attention off
+    A = softmax(q k^T s), dA = dO v^T after the pass; rebuild_attention=False switches fused attention off
     and reads A at attn_drop. Both must give the same statistics."""
     from explainers.methods.gradskip import capture
 
