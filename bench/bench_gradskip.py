@@ -345,8 +345,9 @@ def cost(bundle, images, batch_size: int, repeats: int) -> dict:
         "forward + full backward (parameter grads)": lambda x, t: floor_pass(bundle, x, t),
         "gradskip": lambda x, t: gradskip.prepare(bundle, x, t).map(),
         "gradskip capture only (prepare)": lambda x, t: gradskip.prepare(bundle, x, t),
-        "gradskip capture (the default: fused attention kept, A rebuilt)": lambda x, t: capture(bundle, x, t),
-        "gradskip capture, unfused attention (the fallback path)":
+        "gradskip capture, fused attention kept, A rebuilt (the GPU default)":
+            lambda x, t: capture(bundle, x, t, rebuild_attention=True),
+        "gradskip capture, unfused attention (the CPU default)":
             lambda x, t: capture(bundle, x, t, rebuild_attention=False),
         "gradskip map only (new alpha)": None,
         "gradcam (ours)": lambda x, t: gradcam.attribute(bundle, x, t),

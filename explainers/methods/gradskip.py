@@ -509,18 +509,21 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
     """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached).
 
     Two ways to see A and dA (the same values up to float rounding):
-    - rebuilt (`rebuild_attention=True`, or "auto" where every block is timm's standard Attention): the model
+    - rebuilt (`rebuild_attention=True`; "auto" on a GPU; every block must be timm's standard Attention): the model
       runs as it is (fused attention kept on); a hook keeps the qkv projection's output (q and k after q_norm /
       k_norm, which are hooked only when they are not the identity, and v), another the attention output before
       `norm` / `proj`, whose gradient dO is one of the activations asked for. After the pass A = softmax(q k^T s)
       and dA = dO v^T, outside autograd (x = A v: exactly the unfused graph's gradient). No module state is
-      switched, and a GPU keeps its fused kernel; on the bundled 64 px ViT on a CPU both paths cost the same
-      within timing noise (bench/results/gradskip-cost-session7.json).
-    - unfused (`rebuild_attention=False`, and the fallback for other attention modules): fused attention is
-      switched off for the pass and A is read at `attn_drop`'s output; no assumption about the module's insides.
+      switched, and a GPU keeps its fused kernel (not measured here: no GPU).
+    - unfused (`rebuild_attention=False`; "auto" on a CPU; the fallback for other attention modules): fused
+      attention is switched off for the pass and A is read at `attn_drop`'s output; no assumption about the
+      module's insides. On the bundled 64 px ViT on a CPU it measured as fast or faster at batch 1 (four quiet
+      runs: 13.96-15.81 vs 14.23-16.57 ms, bench/results/gradskip-cost-session7-quiet-*.json), equal at batch 16.
     Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients."""
     blocks = bundle.blocks
     layers = len(blocks)
+    if rebuild_attention == "auto":
+        rebuild_attention = images.device.type != "cpu"
     rebuild_attention = bool(rebuild_attention) and all(_reads_qkv(block.attn) for block in blocks)
     saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None,
              "q": [None] * layers, "k": [None] * layers, "values": [None] * layers, "out": [None] * layers}
