@@ -338,12 +338,8 @@ def test_six_methods_fit_with_every_number_readable(page):
     assert not page.errors, page.errors
 
 
-def test_models_tab_import_then_explain(page, shots, tmp_path):
-    """(Last: it leaves the imported model picked.) Import a tiny timm resnet18 (3 classes) through the page, then explain an example with it."""
-    if os.environ.get("SALIENCY_LAB_URL"):
-        pytest.skip("imports into the running server's data folder: only against the in-process test app")
-    import json
-
+def _page_resnet_files(tmp_path) -> tuple:
+    """(weights, class names, timm arguments) of the import test's model: a tiny resnet18 with 3 classes."""
     import timm
     import torch
     from safetensors.torch import save_file
@@ -354,6 +350,16 @@ def test_models_tab_import_then_explain(page, shots, tmp_path):
     weights, classes = tmp_path / "my-cells.safetensors", tmp_path / "classes.txt"
     save_file(network.state_dict(), str(weights))
     classes.write_text("healthy cell\natypical cell\nartefact\n")
+    return weights, classes, args
+
+
+def test_models_tab_import_then_explain(page, shots, tmp_path):
+    """(Last: it leaves the imported model picked.) Import a tiny timm resnet18 (3 classes) through the page, then explain an example with it."""
+    if os.environ.get("SALIENCY_LAB_URL"):
+        pytest.skip("imports into the running server's data folder: only against the in-process test app")
+    import json
+
+    weights, classes, args = _page_resnet_files(tmp_path)
     page.get_by_role("tab", name="Models").click()
     page.locator("#import-weights input[type=file]").set_input_files(str(weights))
     page.locator("#import-classes input[type=file]").set_input_files(str(classes))
@@ -544,24 +550,15 @@ def test_learn_gridpg_mosaic_then_one_class(page, shots):
 
 
 def _ensure_page_resnet(tmp_path) -> None:
-    """The import test's model (a tiny resnet18, 3 classes), imported through the library when that test has not
-    run first in this data folder (a test run alone)."""
+    """The import test's model, imported through the library when that test has not run first in this data
+    folder (a test run alone)."""
     import json
-
-    import timm
-    import torch
-    from safetensors.torch import save_file
 
     from explainers.import_model import import_model, imported_models
 
     if any(card.get("name") == "page-resnet" for card in imported_models()):
         return
-    torch.manual_seed(0)
-    args = {"channels": [8, 16, 16, 16]}
-    network = timm.create_model("resnet18", pretrained=False, num_classes=3, **args)
-    weights, classes = tmp_path / "my-cells.safetensors", tmp_path / "classes.txt"
-    save_file(network.state_dict(), str(weights))
-    classes.write_text("healthy cell\natypical cell\nartefact\n")
+    weights, classes, args = _page_resnet_files(tmp_path)
     import_model(arch="resnet18", name="page-resnet", weights=weights, classes=classes, input_size=(32, 32),
                  model_args=json.dumps(args))
 
