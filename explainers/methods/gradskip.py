@@ -746,8 +746,10 @@ class GradSkip(Method):
                 value_norms = torch.stack(saved["v"], dim=1)
             else:
                 value_norms = torch.ones(attention.shape[:3] + attention.shape[-1:], device=attention.device)
-            main_flow = torch.stack([torch.linalg.vecdot(g.float(), o.detach().float()) for g, o in zip(grad_o, saved["o"])], 1)
-            skip_flow = torch.stack([torch.linalg.vecdot(g.float(), x.detach().float()) for g, x in zip(grad_x, saved["x"])], 1)
+            main_flow = torch.stack([torch.linalg.vecdot(g.float(), o.detach().float())
+                                     for g, o in zip(grad_o, saved["o"])], 1)
+            skip_flow = torch.stack([torch.linalg.vecdot(g.float(), x.detach().float())
+                                     for g, x in zip(grad_x, saved["x"])], 1)
             state = GradSkipState(
                 attention_flow=flows,
                 attention=attention,
