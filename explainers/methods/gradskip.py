@@ -510,11 +510,10 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
 
     Two ways to see A and dA (the same values up to float rounding):
     - rebuilt (`rebuild_attention=True`; "auto" on a GPU; every block must be timm's standard Attention): the model
-      runs as it is (fused attention kept on); a hook keeps the qkv projection's output (q and k after q_norm /
-      k_norm, which are hooked only when they are not the identity, and v), another the attention output before
-      `norm` / `proj`, whose gradient dO is one of the activations asked for. After the pass A = softmax(q k^T s)
-      and dA = dO v^T, outside autograd (x = A v: exactly the unfused graph's gradient). No module state is
-      switched, and a GPU keeps its fused kernel (not measured here: no GPU).
+      runs as it is (fused attention kept on); hooks keep q, k (after q_norm / k_norm) and v, and the attention
+      output before `norm` / `proj`, whose gradient dO is one of the activations asked for. After the pass
+      A = softmax(q k^T s) and dA = dO v^T, outside autograd (x = A v: exactly the unfused graph's gradient). No
+      module state is switched, and a GPU keeps its fused kernel (not measured here: no GPU).
     - unfused (`rebuild_attention=False`; "auto" on a CPU; the fallback for other attention modules): fused
       attention is switched off for the pass and A is read at `attn_drop`'s output; no assumption about the
       module's insides. On the bundled 64 px ViT on a CPU it measured as fast or faster at batch 1 (four quiet
@@ -543,15 +542,12 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
                 saved[key][index] = output
         return hook
 
-    def keep_qkv(index, attn, queries_keys):
+    def keep_values(index, attn):
         heads = int(attn.num_heads)
 
-        def hook(_module, _inputs, output):  # views, no copy: A, dA and the norms are computed after the pass
+        def hook(_module, _inputs, output):  # a view, no copy: norms and dA are computed after the pass
             b, n, width = output.shape
-            qkv = output.detach().reshape(b, n, 3, heads, width // (3 * heads))
-            saved["values"][index] = qkv[:, :, 2]
-            if queries_keys:  # q_norm and k_norm are the identity: q, k are the projection's own slices
-                saved["q"][index], saved["k"][index] = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+            saved["values"][index] = output.detach().reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]
         return hook
 
     with bundle.lock:
@@ -562,18 +558,15 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
                 attn = block.attn
                 handles.append(block.register_forward_pre_hook(keep_input("x", index), with_kwargs=True))
                 handles.append(_branch_module(block).register_forward_hook(keep_output("o", index)))
-                plain_qk = rebuild_attention and all(isinstance(getattr(attn, name), nn.Identity)
-                                                     for name in ("q_norm", "k_norm"))
                 if rebuild_attention:
-                    if not plain_qk:
-                        handles.append(attn.q_norm.register_forward_hook(keep_output("q", index, detach=True)))
-                        handles.append(attn.k_norm.register_forward_hook(keep_output("k", index, detach=True)))
+                    handles.append(attn.q_norm.register_forward_hook(keep_output("q", index, detach=True)))
+                    handles.append(attn.k_norm.register_forward_hook(keep_output("k", index, detach=True)))
                     handles.append(attn.norm.register_forward_pre_hook(keep_input("out", index), with_kwargs=True))
                 else:
                     handles.append(attn.attn_drop.register_forward_hook(keep_output("A", index)))
                 qkv = getattr(attn, "qkv", None)
                 if isinstance(qkv, nn.Linear) and hasattr(attn, "num_heads"):
-                    handles.append(qkv.register_forward_hook(keep_qkv(index, attn, plain_qk)))
+                    handles.append(qkv.register_forward_hook(keep_values(index, attn)))
             handles.append(blocks[-1].register_forward_hook(keep_output("z")))
             with torch.enable_grad():
                 inputs = images.detach().requires_grad_(True)  # a graph even for a frozen model
@@ -610,8 +603,7 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
 
 
 def _rebuild_attention(saved: dict, grads: list, scales: list) -> None:
-    """A = softmax(q k^T s) into saved["A"] and dA = dO v^T into grads[:L], layer by layer on the views the hooks
-    kept (stacking the layers first copies q, k, v and dO and measured slower at batch 1)."""
+    """A = softmax(q k^T s) into saved["A"] and dA = dO v^T into grads[:L], layer by layer on what the hooks kept."""
     for index, scale in enumerate(scales):
         q, k, v = saved["q"][index], saved["k"][index], saved["values"][index].transpose(1, 2)  # B x Hd x N x d
         saved["A"][index] = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
