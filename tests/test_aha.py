@@ -216,6 +216,24 @@ def test_loss_decreases_on_a_tiny_model(trained_cnn):
     assert bundle.network.layer1[0].conv1.weight.grad is None  # the classifier stays frozen
 
 
+def test_deletion_weight_scales_only_the_deletion_term(trained_cnn):
+    bundle = trained_cnn
+    torch.manual_seed(0)
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16)
+    images, _ = quadrant_images(3, seed=4)
+    encoded = explainer.encode(images)
+    targets = encoded.logits.argmax(1)
+    refs = reference_batch(images, "mean", bundle.reference_color)
+    maps = explainer(encoded, targets).detach()
+    kwargs = dict(grid=8, tau=0.3, noise=False, fractions=np.linspace(0, 1, 6), reduce=False)
+    plain = aha_loss(bundle, images, maps, targets, refs, **kwargs)
+    weighted = aha_loss(bundle, images, maps, targets, refs, deletion_weight=2.5, **kwargs)
+    assert torch.allclose(weighted.deletion_auc, plain.deletion_auc) and torch.allclose(weighted.insertion_auc,
+                                                                                           plain.insertion_auc)
+    assert torch.allclose(weighted.loss - plain.loss, 1.5 * plain.deletion_auc, atol=1e-6)
+    assert float(plain.deletion_auc.min()) > 0  # so the check above is not 0 == 0
+
+
 # --- the explainer network -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make", [tiny_cnn, tiny_vit])

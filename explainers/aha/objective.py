@@ -212,14 +212,15 @@ def aha_loss(classify, images, maps, targets, references, *, grid: int, tau: flo
              noise: bool = True, noise_scale: float = 1.0, peak_weight: float = PEAK_WEIGHT,
              smooth_sigma: float = 1.0, fraction_samples: int | None = None,
              generator: torch.Generator | None = None, rng: random.Random | None = None,
-             endpoint_probs: tuple | None = None, reduce: bool = True) -> LossTerms:
-    """deletion AUC + (1 - insertion AUC) + peak_weight * peak penalty, averaged over the batch."""
+             endpoint_probs: tuple | None = None, reduce: bool = True, deletion_weight: float = 1.0) -> LossTerms:
+    """deletion_weight * deletion AUC + (1 - insertion AUC) + peak_weight * peak penalty, averaged over the batch.
+    (deletion_weight > 1 trades insertion for deletion where a model's baseline is strong on deletion.)"""
     curves = soft_curves(classify, images, maps, targets, references, grid=grid, tau=tau, fractions=fractions,
                          noise=noise, noise_scale=noise_scale, smooth_sigma=smooth_sigma,
                          fraction_samples=fraction_samples, generator=generator, rng=rng,
                          endpoint_probs=endpoint_probs)
     deletion_auc, insertion_auc = curves.deletion_auc, curves.insertion_auc
     peak = peak_penalty(standardise_maps(maps.float()))  # on the standardised map: scale-free like the sort
-    per_sample = deletion_auc + (1 - insertion_auc) + peak_weight * peak
+    per_sample = deletion_weight * deletion_auc + (1 - insertion_auc) + peak_weight * peak
     return LossTerms(loss=per_sample.mean() if reduce else per_sample, deletion_auc=deletion_auc.detach(),
                      insertion_auc=insertion_auc.detach(), peak=peak.detach())

@@ -314,13 +314,15 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               checkpoint_every: int = 25, log_every: int = 5, compare: tuple = ("gradcam", "random"),
               val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None,
               val_holdout: float | None = None, checkpoint=None, report=None, cancelled=None,
-              card_extra: dict | None = None, mosaic_every: int = 0) -> dict:
+              card_extra: dict | None = None, mosaic_every: int = 0, deletion_weight: float = 1.0) -> dict:
     """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0).
     `mosaic_every` k > 0 (globally pooled networks only): every k-th step trains on 2 x 2 mosaics of the batch's
     images at twice the input size, each explained for one quadrant's label, so the explainer cannot learn
     "the centre of the image" as its answer (the grid pointing game measures that).
     `val_every` > 0 measures the fixed validation metric (hard AUCs on `val_track` images of `val_data`)
     every that many steps, logs it, and exports the best checkpoint by ins-del instead of the last.
+    `deletion_weight` w weighs the deletion AUC in the loss (w * deletion + 1 - insertion); the best checkpoint is
+    then the one with the highest insertion - w * deletion (ins-del when w = 1, the default).
 
     `val_holdout` (a fraction, only without `val_data`): hold that share of `data` out of training (spread evenly
     over the file) and validate on it. `checkpoint`: the resume file (default `<out>.ckpt`). The job runner's
@@ -340,8 +342,10 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
                    checkpoint_every=checkpoint_every, log_every=log_every, compare=compare, val_every=val_every,
                    val_track=val_track, progress=progress, command=command, val_holdout=val_holdout,
                    checkpoint=checkpoint, report=report, cancelled=cancelled, card_extra=card_extra,
-                   mosaic_every=mosaic_every)
+                   mosaic_every=mosaic_every, deletion_weight=deletion_weight)
 
+    if not 0.0 < float(deletion_weight) <= 10.0:
+        raise ValueError(f"deletion_weight must be in (0, 10], got {deletion_weight}")
     if targets not in TARGET_MODES:
         raise ValueError(f"targets must be one of {TARGET_MODES}")
     if augment not in AUGMENTS:
@@ -369,7 +373,8 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                   weight_decay, warmup, clip, targets, fractions, fraction_samples, peak_weight, tau_start, tau_end,
                   grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
                   fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
-                  progress, command, val_holdout, checkpoint, report, cancelled, card_extra, mosaic_every) -> dict:
+                  progress, command, val_holdout, checkpoint, report, cancelled, card_extra, mosaic_every,
+                  deletion_weight) -> dict:
     model = bundle.name
     stem = stem_from_out(out) if out else explainer_stem(model)
     checkpoint_path = Path(checkpoint) if checkpoint else Path(str(stem) + ".ckpt")
@@ -457,8 +462,9 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         scores = validation_scores(explainer, x_track)
         scores.update(step=step, seconds=round(elapsed_before + time.time() - started, 1))
         validation.append(scores)
-        if best is None or scores["ins_minus_del"] > best["ins_minus_del"]:
-            best = {"step": step, "ins_minus_del": scores["ins_minus_del"],
+        selection = scores["insertion_auc"] - deletion_weight * scores["deletion_auc"]  # ins-del when w = 1
+        if best is None or selection > best["ins_minus_del"]:
+            best = {"step": step, "ins_minus_del": selection,
                     "state": {k: v.detach().clone().cpu() for k, v in explainer.state_dict().items()}}
         if report is not None and rank == 0:
             report(step, total_steps, val_deletion_auc=scores["deletion_auc"], val_insertion_auc=scores["insertion_auc"],
@@ -498,7 +504,8 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             maps = model_ddp(encoded.select(index), target)
             terms = aha_loss(bundle, x[index], maps.float(), target, refs[index], grid=grid, tau=tau,
                              fractions=fraction_grid, fraction_samples=fraction_samples, peak_weight=peak_weight,
-                             generator=generator, rng=rng, endpoint_probs=(clean, blank))
+                             generator=generator, rng=rng, endpoint_probs=(clean, blank),
+                             deletion_weight=deletion_weight)
         optimizer.zero_grad(set_to_none=True)
         terms.loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(explainer.parameters(), clip)
@@ -566,7 +573,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             "mosaic_every": mosaic_every,
             "references": list(references), "tau": [tau_start, tau_end], "optimizer": "AdamW",
             "lr": lr, "weight_decay": weight_decay, "warmup_fraction": warmup, "schedule": "linear warm-up, cosine",
-            "grad_clip": clip, "peak_weight": peak_weight, "seed": seed,
+            "grad_clip": clip, "peak_weight": peak_weight, "seed": seed, "deletion_weight": deletion_weight,
         }
         if held_indices is not None:
             recipe["validation_data"] = (f"held out of {data}: {len(held_indices)} of {len(held_indices) + len(images)} "
@@ -578,7 +585,9 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             source = (f"the {len(held_indices)} held-out images" if held_indices is not None else str(val_data))
             recipe["validation_metric"] = (f"hard deletion/insertion (engine, K=20, mean reference) of top-1 maps on "
                                            f"{len(x_track)} images of {source} spread over the file, every "
-                                           f"{val_every} steps; the exported weights are the best by ins-del")
+                                           f"{val_every} steps; the exported weights are the best by "
+                                           + ("ins-del" if deletion_weight == 1 else
+                                              f"insertion - {deletion_weight:g} x deletion (the loss's weighting)"))
         card = {"base_model": model, "recipe": recipe, "train_seconds": round(train_seconds, 1),
                 "exported_step": exported_step, "validation": validation,
                 "training_command": command or " ".join(["python -m explainers"] + sys.argv[1:]),
@@ -730,6 +739,8 @@ def add_train_aha_parser(commands) -> None:
                    help="without --val-data: hold this fraction of --data out of training and validate on it")
     p.add_argument("--mosaic-every", type=int, default=0,
                    help="every N-th step on 2 x 2 mosaics of the batch (globally pooled CNNs; 0: never)")
+    p.add_argument("--deletion-weight", type=float, default=1.0,
+                   help="weight of the deletion AUC in the loss (and the checkpoint choice): w * deletion + 1 - insertion")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--push-to", default=None, help=argparse.SUPPRESS)  # an HF Jobs run: the explainer goes back
     p.set_defaults(handler=cmd_train_aha)
@@ -743,7 +754,8 @@ def cmd_train_aha(args) -> int:
                      grid_min=args.grid_min, grid_max=args.grid_max, augment=args.augment, subset=args.subset,
                      width=args.width, fusion_units=args.fusion_units, time_budget_minutes=args.time_budget_minutes,
                      checkpoint_every=args.checkpoint_every, seed=args.seed, val_every=args.val_every,
-                     val_track=args.val_track, val_holdout=args.val_holdout, mosaic_every=args.mosaic_every)
+                     val_track=args.val_track, val_holdout=args.val_holdout, mosaic_every=args.mosaic_every,
+                     deletion_weight=args.deletion_weight)
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")
