@@ -340,10 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--seed", type=int, default=0)
     report.set_defaults(handler=cmd_review_report)
 
-    from .aha.train import add_aha_figures_parser, add_train_aha_parser  # AHA explainers (explainers/aha/train.py)
+    from .aha.output_blur import add_output_blur_parser  # AHA explainers (explainers/aha/)
+    from .aha.train import add_aha_figures_parser, add_train_aha_parser
 
     add_train_aha_parser(commands)
     add_aha_figures_parser(commands)
+    add_output_blur_parser(commands)
     return parser
 
 

@@ -305,6 +305,57 @@ def test_save_and_load_roundtrip(tmp_path, fusion_units):
     assert card["architecture"]["fusion_units"] == fusion_units and card["architecture"]["scales"] == [1.0, 0.5]
 
 
+def test_output_blur_is_a_gaussian_of_the_unblurred_map_and_survives_save_and_load(tmp_path):
+    from explainers.smoothing import gaussian_smooth
+
+    bundle = tiny_vit()
+    torch.manual_seed(0)
+    sharp = AHAExplainer(bundle, width=16, embed_dim=16)
+    with torch.no_grad():
+        sharp.head.conv2.weight.normal_()
+    blurred = AHAExplainer(bundle, width=16, embed_dim=16, output_blur=2.0)
+    blurred.load_state_dict(sharp.state_dict())  # no new parameter: the same weights fit
+    images, targets = torch.rand(2, 3, 32, 32), torch.tensor([1, 2])
+    with torch.no_grad():
+        a, b = sharp(images, targets), blurred(images, targets)
+        assert torch.allclose(b, gaussian_smooth(a.unsqueeze(1), 2.0).squeeze(1), atol=1e-6)
+        assert (a - b).abs().max() > 1e-3  # the blur did something
+        card = save_explainer(blurred, tmp_path / "aha-tiny-vit", {"base_model": "tiny-vit"})
+        assert card["architecture"]["output_blur"] == 2.0
+        assert torch.allclose(load_explainer(bundle, tmp_path / "aha-tiny-vit")(images, targets), b)
+    with pytest.raises(ValueError, match="output_blur"):
+        AHAExplainer(bundle, width=16, embed_dim=16, output_blur=-1)
+
+
+def test_output_blur_selection_measures_every_sigma_and_writes_only_the_card(tmp_path, trained_cnn):
+    from explainers.aha.output_blur import select_output_blur
+
+    torch.manual_seed(0)
+    explainer = AHAExplainer(trained_cnn, width=16, embed_dim=16)
+    with torch.no_grad():
+        explainer.head.conv2.weight.normal_()
+    stem = tmp_path / "aha-tiny-quadrant"
+    save_explainer(explainer, stem, {"base_model": trained_cnn.name, "held_out": {"images": 4}})
+    weights_before = (tmp_path / "aha-tiny-quadrant.safetensors").read_bytes()
+    val = write_folder(tmp_path / "val", count=6, seed=3)
+    dry = select_output_blur(bundle=trained_cnn, stem=stem, val_data=str(val), sigmas=[2, 4], apply=False)
+    assert [row["sigma_px"] for row in dry["rows"]] == [0.0, 2.0, 4.0]  # no blur is always a candidate
+    assert "output_blur_selection" not in json.loads((tmp_path / "aha-tiny-quadrant.json").read_text())
+    best = max(dry["rows"], key=lambda r: r["ins_minus_del"])
+    assert dry["chosen_sigma_px"] == best["sigma_px"] and dry["images"] == 6
+    for row in dry["rows"][1:]:
+        diff = row["ins_minus_del_vs_no_blur"]["mean"]
+        assert abs(diff - (row["ins_minus_del"] - dry["rows"][0]["ins_minus_del"])) < 2e-5
+    chosen = select_output_blur(bundle=trained_cnn, stem=stem, val_data=str(val), sigmas=[2, 4])
+    card = json.loads((tmp_path / "aha-tiny-quadrant.json").read_text())
+    assert card["architecture"]["output_blur"] == chosen["chosen_sigma_px"] == dry["chosen_sigma_px"]
+    assert card["held_out"]["output_blur_px"] == 0.0  # those figures predate the choice, and say so
+    assert (tmp_path / "aha-tiny-quadrant.safetensors").read_bytes() == weights_before
+    assert load_explainer(trained_cnn, stem).output_blur == chosen["chosen_sigma_px"]
+    with pytest.raises(ValueError, match="held-out"):
+        select_output_blur(bundle=trained_cnn, stem=stem, sigmas=[2])  # no --val-data and none in the card
+
+
 # --- the method and refinement -----------------------------------------------------------------------------
 
 def test_method_without_explainer_says_how_to_train_one():

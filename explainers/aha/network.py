@@ -16,6 +16,8 @@
   `head`) moves it towards the deletion/insertion optimum. The CAM skip is used on globally pooled networks
   only: on class-token ViTs the patch-token CAM points the wrong way (measured), so there it is off.
   The loss only sees a map's ranking (standardised scores), so the gain is inert: refinement leaves it.
+- Output blur (`output_blur`, sigma in input pixels, default 0): a Gaussian blur of the output map, chosen
+  after training on held-out images by `aha-output-blur` (no parameter; the card's architecture holds it).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..smoothing import gaussian_smooth
 
 DEFAULT_ARCH = {"levels": 4, "width": 32, "embed_dim": 64, "gain_init": 10.0}
 PRIORS = ("cam", "rollout", "none")
@@ -146,8 +150,13 @@ class AHAExplainer(nn.Module):
 
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
                  class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
-                 fusion_units: int = 2, prior: str = "auto"):
+                 fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0):
         super().__init__()
+        if not 0.0 <= float(output_blur) <= 64.0:
+            raise ValueError(f"output_blur must be in [0, 64] pixels, got {output_blur}")
+        # a Gaussian blur (sigma in input pixels) of the output map, chosen after training on held-out images
+        # (`python -m explainers aha-output-blur`); 0 = none. No parameter: the weights do not change.
+        self.output_blur = float(output_blur)
         object.__setattr__(self, "bundle", bundle)  # not a submodule: never trained, never saved
         network = bundle.network
         auto_indices, uniform = _level_indices(network, levels)
@@ -217,6 +226,7 @@ class AHAExplainer(nn.Module):
             self.cam_proj = nn.Conv2d(1, width, 1)
         self.fusions = nn.ModuleList(FusionBlock(width, fusion_units) for _ in channels)
         self.arch["fusion_units"] = int(fusion_units)
+        self.arch["output_blur"] = self.output_blur
         self.head = OutputHead(width, gain_init)
 
     # --- the classifier pass ------------------------------------------------------------------------
@@ -312,10 +322,16 @@ class AHAExplainer(nn.Module):
                                      align_corners=False).squeeze(1)
         return fused, cam_full
 
+    def smooth(self, maps: torch.Tensor) -> torch.Tensor:
+        """The output blur (B x H x W; unchanged when `output_blur` is 0)."""
+        if self.output_blur <= 0:
+            return maps
+        return gaussian_smooth(maps.unsqueeze(1), self.output_blur).squeeze(1)
+
     def head_output(self, fused, cam, image_hw, params: dict | None = None) -> torch.Tensor:
         if params is None:
-            return self.head(fused, cam, image_hw)
-        return OutputHead.forward_with(params, fused, cam, image_hw)
+            return self.smooth(self.head(fused, cam, image_hw))
+        return self.smooth(OutputHead.forward_with(params, fused, cam, image_hw))
 
     def forward(self, encoded, targets: torch.Tensor) -> torch.Tensor:
         """B x H x W maps (unbounded, higher = more important) for images (B x 3 x H x W in [0, 1]) or an

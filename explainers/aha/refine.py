@@ -40,7 +40,7 @@ def refine_maps(explainer: AHAExplainer, images: torch.Tensor, targets: torch.Te
         fused, cam = explainer.trunk(encoded, targets)
         shared = {name: p.detach() for name, p in explainer.head.named_parameters()}
         if steps == 0:
-            return OutputHead.forward_with(shared, fused, cam, image_hw)
+            return explainer.smooth(OutputHead.forward_with(shared, fused, cam, image_hw))
         references = reference_batch(images, reference, bundle.reference_color)
         clean = encoded.logits.float().softmax(1).gather(1, targets.view(-1, 1)).squeeze(1)
         blank = bundle(references).float().softmax(1).gather(1, targets.view(-1, 1)).squeeze(1)
@@ -54,7 +54,7 @@ def refine_maps(explainer: AHAExplainer, images: torch.Tensor, targets: torch.Te
         trace = []
         for _ in range(steps):
             with torch.enable_grad():
-                current = OutputHead.forward_with(params, fused[i:i + 1], cam_i, image_hw)
+                current = explainer.smooth(OutputHead.forward_with(params, fused[i:i + 1], cam_i, image_hw))
                 terms = aha_loss(bundle, images[i:i + 1], current, targets[i:i + 1], references[i:i + 1],
                                  grid=grid, tau=tau, fractions=fractions, noise=noise_scale > 0,
                                  noise_scale=noise_scale, generator=generator,
@@ -66,7 +66,7 @@ def refine_maps(explainer: AHAExplainer, images: torch.Tensor, targets: torch.Te
             optimizer.step()
             trace.append(float(terms.loss.detach()))
         with torch.no_grad():
-            maps.append(OutputHead.forward_with(params, fused[i:i + 1], cam_i, image_hw))
+            maps.append(explainer.smooth(OutputHead.forward_with(params, fused[i:i + 1], cam_i, image_hw)))
             if history is not None:  # the loss of the returned map too (one more evaluation)
                 final = aha_loss(bundle, images[i:i + 1], maps[-1], targets[i:i + 1], references[i:i + 1],
                                  grid=grid, tau=tau, fractions=fractions, noise=noise_scale > 0,

@@ -120,8 +120,9 @@ def load_explainer(bundle, stem=None) -> AHAExplainer:
     if base and base != bundle.name:
         raise ExplainerUnavailable(f"{card_file} explains '{base}', not '{bundle.name}'. " + training_hint(bundle.name))
     arch = dict(card["architecture"])
-    explainer = AHAExplainer(bundle, **{k: arch[k] for k in ("width", "embed_dim", "gain_init", "class_embedding",
-                                                             "use_cam", "indices", "scales", "fusion_units", "prior") if k in arch}
+    keys = ("width", "embed_dim", "gain_init", "class_embedding", "use_cam", "indices", "scales", "fusion_units",
+            "prior", "output_blur")
+    explainer = AHAExplainer(bundle, **{k: arch[k] for k in keys if k in arch}
                              | ({} if "prior" in arch else {"prior": "cam" if arch.get("use_cam", True) else "none"}))
     try:
         explainer.load_state_dict(load_file(str(weights_file)))

@@ -1,0 +1,135 @@
+"""Choose a trained explainer's output blur on held-out images (`python -m explainers aha-output-blur`).
+
+The loss ranks cells of a grid, so a trained explainer's map can be rougher than its curves need: on ImageNet
+photos a Gaussian blur of the map removed whole regions sooner and lowered deletion (the validation runs are in
+bench/results/README.md). This measures hard deletion / insertion (the evaluation engine) of the explainer's maps
+under each candidate sigma on held-out images the training never saw, picks the highest mean ins-del (ties: the
+smaller sigma) and writes the choice into the card's architecture. The weights are not touched; the table,
+with bootstrap intervals and paired differences to no blur, goes into the card beside it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..smoothing import gaussian_smooth
+from ..statistics import bootstrap_ci, paired_difference
+
+DEFAULT_SIGMAS = (0.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def _held_out(card: dict, val_data, val_limit: int):
+    """(data, split, indices) to measure on: --val-data, else the images the training held out (from the card)."""
+    if val_data:
+        return str(val_data), "val", None
+    recipe = card.get("recipe") or {}
+    indices = recipe.get("held_out_indices")
+    if not indices:
+        raise ValueError("this explainer's card names no held-out images (it was trained with --val-data): give "
+                         "--val-data, e.g. the validation split the training used")
+    return str(recipe["data"]), "val", [int(i) for i in indices]
+
+
+def measure_output_blur(explainer, images: torch.Tensor, sigmas, *, batch_size: int = 16, steps: int = 20,
+                        progress: bool = False) -> dict:
+    """Per-image hard deletion / insertion AUCs of the explainer's top-1 maps under each blur sigma:
+    {sigma: {"deletion": array, "insertion": array}}. One classifier pass and one decoder pass per batch."""
+    from ..metrics import deletion_insertion
+
+    bundle = explainer.bundle
+    scores = {float(s): {"deletion": [], "insertion": []} for s in sigmas}
+    bar = tqdm(total=len(images), desc=f"output blur ({len(scores)} sigmas)", unit="image", file=sys.stderr,
+               disable=not progress)
+    for start in range(0, len(images), batch_size):
+        x = images[start:start + batch_size].to(bundle.device)
+        with torch.no_grad():
+            encoded = explainer.encode(x)
+            targets = encoded.logits.argmax(1)
+            fused, cam = explainer.trunk(encoded, targets)
+            raw = explainer.head(fused, cam, encoded.image_hw)  # before any blur the card may already name
+            for sigma, row in scores.items():
+                maps = gaussian_smooth(raw.unsqueeze(1), sigma).squeeze(1) if sigma > 0 else raw
+                curves = deletion_insertion(bundle, x, maps.float(), targets, steps=steps, reference="mean")
+                row["deletion"].append(np.asarray(curves.deletion_auc))
+                row["insertion"].append(np.asarray(curves.insertion_auc))
+        bar.update(len(x))
+    bar.close()
+    return {s: {k: np.concatenate(v) for k, v in row.items()} for s, row in scores.items()}
+
+
+def summarise(scores: dict) -> tuple:
+    """(table rows, chosen sigma): mean deletion / insertion / ins-del with 95% intervals, paired to sigma 0."""
+    base = scores.get(0.0)
+    rows = []
+    for sigma, row in sorted(scores.items()):
+        ins_del = row["insertion"] - row["deletion"]
+        entry = {"sigma_px": sigma, "deletion_auc": round(float(row["deletion"].mean()), 5),
+                 "insertion_auc": round(float(row["insertion"].mean()), 5),
+                 "ins_minus_del": round(float(ins_del.mean()), 5),
+                 "ins_minus_del_ci95": [round(v, 5) for v in bootstrap_ci(ins_del)]}
+        if base is not None and sigma != 0.0:
+            for key, name in (("deletion", "deletion"), ("insertion", "insertion")):
+                diff = paired_difference(row[key], base[key])
+                entry[f"{name}_vs_no_blur"] = {"mean": round(diff["mean"], 5),
+                                               "ci95": [round(v, 5) for v in diff["ci95"]]}
+            diff = paired_difference(ins_del, base["insertion"] - base["deletion"])
+            entry["ins_minus_del_vs_no_blur"] = {"mean": round(diff["mean"], 5),
+                                                 "ci95": [round(v, 5) for v in diff["ci95"]]}
+        rows.append(entry)
+    best = max(rows, key=lambda r: (r["ins_minus_del"], -r["sigma_px"]))  # ties: the smaller blur
+    return rows, best["sigma_px"]
+
+
+def select_output_blur(model: str | None = None, *, bundle=None, sigmas=DEFAULT_SIGMAS, val_data=None,
+                       val_limit: int = 256, stem=None, apply: bool = True, batch_size: int = 16,
+                       progress: bool = False) -> dict:
+    """Measure `sigmas` on held-out images and (with `apply`) store the best in the explainer's card."""
+    from ..models import load_model
+    from ..training import atomic_write_text
+    from .store import explainer_stem, forget_explainers, load_explainer, stem_from_out
+    from .train import load_eval_images
+
+    sigmas = sorted({float(s) for s in sigmas} | {0.0})
+    if any(not 0.0 <= s <= 64.0 for s in sigmas):
+        raise ValueError(f"blur sigmas must be in [0, 64] pixels, got {sigmas}")
+    bundle = bundle or load_model(model)
+    model = bundle.name
+    stem = stem_from_out(stem) if stem else explainer_stem(model)
+    explainer = load_explainer(bundle, stem).eval()
+    data, split, indices = _held_out(explainer.card, val_data, val_limit)
+    images, _ = load_eval_images(bundle, data, val_limit, split=split, indices=indices)
+    rows, chosen = summarise(measure_output_blur(explainer, images, sigmas, batch_size=batch_size,
+                                                         progress=progress))
+    selection = {"data": data if indices is None else f"the {len(indices)} images of {data} held out of training",
+                 "images": int(len(images)), "rule": "highest mean ins-del (hard curves, K=20, mean reference, "
+                 "top-1 targets); ties: the smaller sigma", "rows": rows, "chosen_sigma_px": chosen,
+                 "command": " ".join(["python -m explainers"] + sys.argv[1:])}
+    if apply:
+        card_file = Path(str(stem) + ".json")
+        card = json.loads(card_file.read_text())
+        card["architecture"]["output_blur"] = chosen
+        card["output_blur_selection"] = selection
+        if isinstance(card.get("held_out"), dict):  # those figures were measured on the maps before this choice
+            card["held_out"].setdefault("output_blur_px", 0.0)
+        atomic_write_text(json.dumps(card, indent=2), card_file)
+        forget_explainers(model)  # the next explanation loads the card again
+    return selection
+
+
+def add_output_blur_parser(commands) -> None:
+    p = commands.add_parser("aha-output-blur", help="choose a trained AHA explainer's output blur on held-out images")
+    p.add_argument("--model", required=True)
+    p.add_argument("--val-data", default=None,
+                   help="held-out images (default: the images the training held out, named in the card)")
+    p.add_argument("--val-limit", type=int, default=256)
+    p.add_argument("--sigmas", default=",".join(f"{s:g}" for s in DEFAULT_SIGMAS), help="candidate sigmas, pixels")
+    p.add_argument("--explainer", default=None, help="explainer stem (default weights/aha-<model>)")
+    p.add_argument("--dry-run", action="store_true", help="measure and print only; the card is not changed")
+    p.set_defaults(handler=lambda args: print(json.dumps(select_output_blur(
+        args.model, sigmas=[float(s) for s in args.sigmas.split(",") if s.strip()], val_data=args.val_data,
+        val_limit=args.val_limit, stem=args.explainer, apply=not args.dry_run, progress=True), indent=2)) or 0)
