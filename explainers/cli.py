@@ -350,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .aha.store import ExplainerUnavailable
     from .images import ImageError
     from .methods import MethodNotApplicable
     from .models import ModelUnavailableError
@@ -359,6 +360,6 @@ def main(argv=None) -> int:
     try:
         return args.handler(args)
     except (ModelUnavailableError, MethodNotApplicable, ImageError, FileNotFoundError, KeyError, ValueError,
-            ImportError) as error:
+            ImportError, ExplainerUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

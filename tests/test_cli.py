@@ -98,6 +98,9 @@ def test_clear_errors_not_tracebacks(tmp_path, registered, capsys):
     assert "cannot explain" in capsys.readouterr().err
     assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data",
                  str(tmp_path / "missing")]) == 2
+    capsys.readouterr()
+    assert main(["aha-output-blur", "--model", "cli-tiny-cnn", "--val-data", str(tmp_path), "--dry-run"]) == 2
+    assert "no trained AHA explainer for 'cli-tiny-cnn'" in capsys.readouterr().err  # not a traceback
 
 
 def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
