@@ -327,6 +327,23 @@ def test_output_blur_is_a_gaussian_of_the_unblurred_map_and_survives_save_and_lo
         AHAExplainer(bundle, width=16, embed_dim=16, output_blur=-1)
 
 
+def test_output_blur_rule_takes_only_a_gain_beyond_chance():
+    from explainers.aha.output_blur import summarise
+
+    rng = np.random.default_rng(0)
+    deletion = rng.uniform(0.1, 0.3, 40)
+    insertion = rng.uniform(0.5, 0.7, 40)
+    steady = {0.0: {"deletion": deletion, "insertion": insertion},
+              2.0: {"deletion": deletion - 0.02, "insertion": insertion + 0.01},  # better on every image
+              4.0: {"deletion": deletion - 0.01, "insertion": insertion}}
+    rows, chosen = summarise(steady)
+    assert chosen == 2.0 and rows[1]["ins_minus_del_vs_no_blur"]["mean"] == pytest.approx(0.03, abs=1e-5)
+    noisy = {0.0: steady[0.0], 8.0: {"deletion": deletion, "insertion": insertion + rng.normal(0.005, 0.1, 40)}}
+    rows, chosen = summarise(noisy)
+    assert rows[1]["ins_minus_del"] > rows[0]["ins_minus_del"]  # a higher mean ...
+    assert rows[1]["ins_minus_del_vs_no_blur"]["ci95"][0] < 0 and chosen == 0.0  # ... that is noise: no blur
+
+
 def test_output_blur_selection_measures_every_sigma_and_writes_only_the_card(tmp_path, trained_cnn):
     from explainers.aha.output_blur import select_output_blur
 
@@ -341,8 +358,9 @@ def test_output_blur_selection_measures_every_sigma_and_writes_only_the_card(tmp
     dry = select_output_blur(bundle=trained_cnn, stem=stem, val_data=str(val), sigmas=[2, 4], apply=False)
     assert [row["sigma_px"] for row in dry["rows"]] == [0.0, 2.0, 4.0]  # no blur is always a candidate
     assert "output_blur_selection" not in json.loads((tmp_path / "aha-tiny-quadrant.json").read_text())
-    best = max(dry["rows"], key=lambda r: r["ins_minus_del"])
-    assert dry["chosen_sigma_px"] == best["sigma_px"] and dry["images"] == 6
+    significant = [r for r in dry["rows"][1:] if r["ins_minus_del_vs_no_blur"]["ci95"][0] > 0]
+    expected = max(significant, key=lambda r: r["ins_minus_del"])["sigma_px"] if significant else 0.0
+    assert dry["chosen_sigma_px"] == expected and dry["images"] == 6
     for row in dry["rows"][1:]:
         diff = row["ins_minus_del_vs_no_blur"]["mean"]
         assert abs(diff - (row["ins_minus_del"] - dry["rows"][0]["ins_minus_del"])) < 2e-5
