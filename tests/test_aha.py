@@ -195,14 +195,18 @@ def test_fraction_subsampling_is_unbiased(trained_cnn):
     assert torch.allclose(torch.stack(estimates).mean(0), full.deletion_auc, atol=0.03)
 
 
-def test_loss_decreases_on_a_tiny_model(trained_cnn):
-    bundle = trained_cnn
+def _explainer_batch(bundle, count: int, seed: int):
+    """A fresh tiny explainer and one encoded batch: (explainer, images, encoded, top-1 targets, mean references)."""
     torch.manual_seed(0)
     explainer = AHAExplainer(bundle, width=16, embed_dim=16)
-    images, _ = quadrant_images(4, seed=9)
+    images, _ = quadrant_images(count, seed=seed)
     encoded = explainer.encode(images)
-    targets = encoded.logits.argmax(1)
-    refs = reference_batch(images, "mean", bundle.reference_color)
+    return explainer, images, encoded, encoded.logits.argmax(1), reference_batch(images, "mean", bundle.reference_color)
+
+
+def test_loss_decreases_on_a_tiny_model(trained_cnn):
+    bundle = trained_cnn
+    explainer, images, encoded, targets, refs = _explainer_batch(bundle, 4, seed=9)
     optimizer = torch.optim.Adam(explainer.parameters(), lr=3e-3)
     losses = []
     for _ in range(12):
@@ -218,12 +222,7 @@ def test_loss_decreases_on_a_tiny_model(trained_cnn):
 
 def test_deletion_weight_scales_only_the_deletion_term(trained_cnn):
     bundle = trained_cnn
-    torch.manual_seed(0)
-    explainer = AHAExplainer(bundle, width=16, embed_dim=16)
-    images, _ = quadrant_images(3, seed=4)
-    encoded = explainer.encode(images)
-    targets = encoded.logits.argmax(1)
-    refs = reference_batch(images, "mean", bundle.reference_color)
+    explainer, images, encoded, targets, refs = _explainer_batch(bundle, 3, seed=4)
     maps = explainer(encoded, targets).detach()
     kwargs = dict(grid=8, tau=0.3, noise=False, fractions=np.linspace(0, 1, 6), reduce=False)
     plain = aha_loss(bundle, images, maps, targets, refs, **kwargs)
