@@ -25,16 +25,16 @@ from ..statistics import bootstrap_ci, paired_difference
 DEFAULT_SIGMAS = (0.0, 2.0, 4.0, 8.0, 16.0)
 
 
-def _held_out(card: dict, val_data, val_limit: int):
-    """(data, split, indices) to measure on: --val-data, else the images the training held out (from the card)."""
+def _held_out(card: dict, val_data):
+    """(data, indices) to measure on: --val-data, else the images the training held out (from the card)."""
     if val_data:
-        return str(val_data), "val", None
+        return str(val_data), None
     recipe = card.get("recipe") or {}
     indices = recipe.get("held_out_indices")
     if not indices:
         raise ValueError("this explainer's card names no held-out images (it was trained with --val-data): give "
                          "--val-data, e.g. the validation split the training used")
-    return str(recipe["data"]), "val", [int(i) for i in indices]
+    return str(recipe["data"]), [int(i) for i in indices]
 
 
 def measure_output_blur(explainer, images: torch.Tensor, sigmas, *, batch_size: int = 16, steps: int = 20,
@@ -76,9 +76,9 @@ def summarise(scores: dict) -> tuple:
                  "ins_minus_del": round(float(ins_del.mean()), 5),
                  "ins_minus_del_ci95": [round(v, 5) for v in bootstrap_ci(ins_del)]}
         if base is not None and sigma != 0.0:
-            for key, name in (("deletion", "deletion"), ("insertion", "insertion")):
+            for key in ("deletion", "insertion"):
                 diff = paired_difference(row[key], base[key])
-                entry[f"{name}_vs_no_blur"] = {"mean": round(diff["mean"], 5),
+                entry[f"{key}_vs_no_blur"] = {"mean": round(diff["mean"], 5),
                                                "ci95": [round(v, 5) for v in diff["ci95"]]}
             diff = paired_difference(ins_del, base["insertion"] - base["deletion"])
             entry["ins_minus_del_vs_no_blur"] = {"mean": round(diff["mean"], 5),
@@ -108,8 +108,8 @@ def select_output_blur(model: str | None = None, *, bundle=None, sigmas=DEFAULT_
     model = bundle.name
     stem = stem_from_out(stem) if stem else explainer_stem(model)
     explainer = load_explainer(bundle, stem).eval()
-    data, split, indices = _held_out(explainer.card, val_data, val_limit)
-    images, _ = load_eval_images(bundle, data, val_limit, split=split, indices=indices)
+    data, indices = _held_out(explainer.card, val_data)
+    images, _ = load_eval_images(bundle, data, val_limit, split="val", indices=indices)
     rows, chosen = summarise(measure_output_blur(explainer, images, sigmas, batch_size=batch_size,
                                                          progress=progress))
     selection = {"data": data if indices is None else f"the {len(indices)} images of {data} held out of training",
