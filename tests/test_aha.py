@@ -257,6 +257,29 @@ def test_explainer_shares_the_classifier_pass_and_is_class_conditional(make):
     assert explainer.num_parameters() < 1_000_000
 
 
+def test_the_returned_map_is_standardised_with_the_raw_maps_ranking():
+    """The raw map's offset is arbitrary (the loss reads ranks); the returned one has mean 0 and unit spread per
+    image, so its sign means above / below this image's mean importance, and ranks exactly as the raw map."""
+    from explainers.aha.network import standardise
+    from explainers.metrics import pixel_ranks
+
+    bundle = tiny_cnn()
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16)
+    torch.nn.init.normal_(explainer.head.conv2.weight, std=0.5)
+    with torch.no_grad():
+        explainer.head.conv2.bias.fill_(3.0)  # a raw map that is positive almost everywhere
+    images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    _, maps, targets = explainer.predict_and_explain(images)
+    with torch.no_grad():
+        raw = explainer(images, targets)
+    assert float((raw > 0).float().mean()) > 0.9 and 0.2 < float((maps > 0).float().mean()) < 0.8
+    flat = maps.flatten(1)
+    assert torch.allclose(flat.mean(1), torch.zeros(3), atol=1e-5)
+    assert torch.allclose(flat.std(1, unbiased=False), torch.ones(3), atol=1e-4)
+    assert torch.equal(pixel_ranks(maps), pixel_ranks(raw))
+    assert torch.equal(standardise(torch.ones(1, 4, 4)), torch.zeros(1, 4, 4))  # a flat map stays flat
+
+
 def test_priors_cam_for_pooled_networks_rollout_for_class_token_vits():
     from explainers.methods import get_method
     from scipy.stats import spearmanr

@@ -18,6 +18,9 @@
   The loss only sees a map's ranking (standardised scores), so the gain is inert: refinement leaves it.
 - Output blur (`output_blur`, sigma in input pixels, default 0): a Gaussian blur of the output map, chosen
   after training on held-out images by `aha-output-blur` (no parameter; the card's architecture holds it).
+- What `predict_and_explain` returns is standardised per image (mean 0, unit spread), as the refined and the
+  per-image maps are: the raw map's offset is arbitrary (the loss reads ranks only), so without this its sign,
+  which the grid pointing game and a signed colour scale read, would mean nothing. The ranking is unchanged.
 """
 from __future__ import annotations
 
@@ -134,6 +137,14 @@ def attention_rollout_grid(attentions: list, bundle, image_hw: tuple) -> torch.T
         step = step / step.sum(dim=-1, keepdim=True)
         rollout = step if rollout is None else step @ rollout
     return tokens_to_map(class_token_relevance(rollout, bundle), bundle, image_hw).unsqueeze(1)
+
+
+def standardise(maps: torch.Tensor) -> torch.Tensor:
+    """B x H x W maps with mean 0 and unit (population) spread per image; the ranking is unchanged. A flat map
+    stays flat (all 0)."""
+    flat = maps.flatten(1)
+    centred = flat - flat.mean(1, keepdim=True)
+    return (centred / flat.std(1, keepdim=True, unbiased=False).clamp_min(1e-6)).view_as(maps)
 
 
 def resolve_targets(logits: torch.Tensor, targets=None) -> torch.Tensor:
@@ -344,10 +355,10 @@ class AHAExplainer(nn.Module):
 
     @torch.no_grad()
     def predict_and_explain(self, images: torch.Tensor, targets=None):
-        """(logits, maps, targets) from one classifier pass; targets default to the top-1 classes."""
+        """(logits, standardised maps, targets) from one classifier pass; targets default to the top-1 classes."""
         encoded = self.encode(images)
         targets = resolve_targets(encoded.logits, targets)
-        return encoded.logits, self.forward(encoded, targets), targets
+        return encoded.logits, standardise(self.forward(encoded, targets)), targets
 
     def head_parameters(self) -> dict:
         return dict(self.head.named_parameters())

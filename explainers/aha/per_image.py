@@ -12,6 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .network import standardise
 from .objective import TAU_END, aha_loss, default_fractions, grid_range, reference_batch
 
 PER_IMAGE_STEPS = 10
@@ -38,11 +39,6 @@ def prior_method(bundle) -> str:
     return "gradcam"
 
 
-def _standardised(maps: torch.Tensor) -> torch.Tensor:
-    flat = maps.flatten(1)
-    return ((flat - flat.mean(1, keepdim=True)) / flat.std(1, keepdim=True, unbiased=False).clamp_min(1e-6)).view_as(maps)
-
-
 def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps: int = PER_IMAGE_STEPS,
                   lr: float = PER_IMAGE_LR, grid: int | None = None, tau: float = TAU_END, reference: str = "mean",
                   prior_maps: torch.Tensor | None = None, progress=None, history: list | None = None) -> torch.Tensor:
@@ -56,7 +52,7 @@ def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps:
     grid = grid or per_image_grid(image_hw)
     if prior_maps is None:
         prior_maps = get_method(prior_method(bundle)).attribute(bundle, images, targets).detach()
-    base = _standardised(prior_maps.detach().float())
+    base = standardise(prior_maps.detach().float())
     if steps == 0:
         return base
     fractions = default_fractions()

@@ -37,7 +37,8 @@ class AHA(Method):
                    "about the cost of one forward pass. Refinement steps (0-10) optimise it further for this "
                    "image. On a model without a trained explainer the same objective is optimised for this one "
                    "image from a prior map (per-image mode: slower, a progress bar shows it). Higher = more "
-                   "important; the map is unbounded (only its ranking matters).")
+                   "important; the map is standardised per image (0 = this image's mean importance; only its ranking "
+                   "enters the curves).")
     colour = "#0072B2"
     order = 0
     user_options = (Option("refine_steps", "AHA refinement steps T", 0, 0, MAX_REFINE_STEPS, 1, int,
