@@ -349,6 +349,38 @@ def test_output_blur_is_a_gaussian_of_the_unblurred_map_and_survives_save_and_lo
         AHAExplainer(bundle, width=16, embed_dim=16, output_blur=-1)
 
 
+def test_the_method_can_override_the_cards_output_blur_for_one_call():
+    """`aha:output_blur=S` measures a card's blur against another in one evaluation; the shared explainer is
+    not changed, and the per-image mode (no explainer, so no blur) refuses the option."""
+    from explainers.aha.network import standardise
+    from explainers.methods import get_method
+    from explainers.smoothing import gaussian_smooth
+
+    forget_explainers()
+    bundle = tiny_cnn("blur-override")
+    torch.manual_seed(0)
+    explainer = AHAExplainer(bundle, width=16, embed_dim=16, output_blur=3.0)
+    with torch.no_grad():
+        explainer.head.conv2.weight.normal_()
+    register_explainer(bundle, explainer)
+    images, targets = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2)), torch.tensor([0, 1])
+    with torch.no_grad():
+        raw = explainer(images, targets, output_blur=0)
+    card_blur = get_method("aha")
+    assert torch.allclose(card_blur.attribute(bundle, images, targets),
+                          standardise(gaussian_smooth(raw.unsqueeze(1), 3.0).squeeze(1)), atol=1e-5)
+    assert card_blur.resolved_options["output_blur"] == 3.0 and "output_blur" not in card_blur.options
+    none = get_method("aha", output_blur=0)
+    assert torch.allclose(none.attribute(bundle, images, targets), standardise(raw), atol=1e-5)
+    assert none.options["output_blur"] == 0.0 == none.resolved_options["output_blur"]
+    assert explainer.output_blur == 3.0  # the shared explainer kept its card's blur
+    with pytest.raises(ValueError, match="output_blur"):
+        get_method("aha", output_blur=100)
+    with pytest.raises(ValueError, match="per-image mode"):
+        get_method("aha", mode="per-image", output_blur=2).attribute(bundle, images, targets)
+    forget_explainers()
+
+
 def test_output_blur_rule_takes_only_a_gain_beyond_chance():
     from explainers.aha.output_blur import summarise
 

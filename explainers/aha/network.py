@@ -139,6 +139,20 @@ def attention_rollout_grid(attentions: list, bundle, image_hw: tuple) -> torch.T
     return tokens_to_map(class_token_relevance(rollout, bundle), bundle, image_hw).unsqueeze(1)
 
 
+MAX_OUTPUT_BLUR = 64.0
+
+
+def check_output_blur(sigma) -> float:
+    """A blur sigma in input pixels, 0..64 (0 = none)."""
+    try:
+        value = float(sigma)
+    except (TypeError, ValueError):
+        raise ValueError(f"output_blur must be a number of pixels in [0, {MAX_OUTPUT_BLUR:g}], got {sigma!r}") from None
+    if isinstance(sigma, bool) or not 0.0 <= value <= MAX_OUTPUT_BLUR:
+        raise ValueError(f"output_blur must be a number of pixels in [0, {MAX_OUTPUT_BLUR:g}], got {sigma!r}")
+    return value
+
+
 def standardise(maps: torch.Tensor) -> torch.Tensor:
     """B x H x W maps with mean 0 and unit (population) spread per image; the ranking is unchanged. A flat map
     stays flat (all 0)."""
@@ -163,11 +177,9 @@ class AHAExplainer(nn.Module):
                  class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
                  fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0):
         super().__init__()
-        if not 0.0 <= float(output_blur) <= 64.0:
-            raise ValueError(f"output_blur must be in [0, 64] pixels, got {output_blur}")
         # a Gaussian blur (sigma in input pixels) of the output map, chosen after training on held-out images
         # (`python -m explainers aha-output-blur`); 0 = none. No parameter: the weights do not change.
-        self.output_blur = float(output_blur)
+        self.output_blur = check_output_blur(output_blur)
         object.__setattr__(self, "bundle", bundle)  # not a submodule: never trained, never saved
         network = bundle.network
         auto_indices, uniform = _level_indices(network, levels)
@@ -333,32 +345,34 @@ class AHAExplainer(nn.Module):
                                      align_corners=False).squeeze(1)
         return fused, cam_full
 
-    def smooth(self, maps: torch.Tensor) -> torch.Tensor:
-        """The output blur (B x H x W; unchanged when `output_blur` is 0)."""
-        if self.output_blur <= 0:
+    def smooth(self, maps: torch.Tensor, sigma: float | None = None) -> torch.Tensor:
+        """The output blur (B x H x W; unchanged when it is 0). `sigma` overrides the card's `output_blur` for
+        this call only (the shared explainer is not changed)."""
+        sigma = self.output_blur if sigma is None else check_output_blur(sigma)
+        if sigma <= 0:
             return maps
-        return gaussian_smooth(maps.unsqueeze(1), self.output_blur).squeeze(1)
+        return gaussian_smooth(maps.unsqueeze(1), sigma).squeeze(1)
 
-    def head_output(self, fused, cam, image_hw, params: dict | None = None) -> torch.Tensor:
+    def head_output(self, fused, cam, image_hw, params: dict | None = None, output_blur: float | None = None):
         if params is None:
-            return self.smooth(self.head(fused, cam, image_hw))
-        return self.smooth(OutputHead.forward_with(params, fused, cam, image_hw))
+            return self.smooth(self.head(fused, cam, image_hw), output_blur)
+        return self.smooth(OutputHead.forward_with(params, fused, cam, image_hw), output_blur)
 
-    def forward(self, encoded, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, encoded, targets: torch.Tensor, output_blur: float | None = None) -> torch.Tensor:
         """B x H x W maps (unbounded, higher = more important) for images (B x 3 x H x W in [0, 1]) or an
-        `Encoded` pass, and B target classes."""
+        `Encoded` pass, and B target classes; `output_blur` (pixels) overrides the card's for this call."""
         if isinstance(encoded, torch.Tensor):
             encoded = self.encode(encoded)
         targets = targets.to(encoded.logits.device).long().view(-1)
         fused, cam = self.trunk(encoded, targets)
-        return self.head_output(fused, cam, encoded.image_hw)
+        return self.head_output(fused, cam, encoded.image_hw, output_blur=output_blur)
 
     @torch.no_grad()
-    def predict_and_explain(self, images: torch.Tensor, targets=None):
+    def predict_and_explain(self, images: torch.Tensor, targets=None, output_blur: float | None = None):
         """(logits, standardised maps, targets) from one classifier pass; targets default to the top-1 classes."""
         encoded = self.encode(images)
         targets = resolve_targets(encoded.logits, targets)
-        return encoded.logits, standardise(self.forward(encoded, targets)), targets
+        return encoded.logits, standardise(self.forward(encoded, targets, output_blur)), targets
 
     def head_parameters(self) -> dict:
         return dict(self.head.named_parameters())

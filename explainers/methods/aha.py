@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..aha.network import resolve_targets
+from ..aha.network import check_output_blur, resolve_targets
 from ..aha.per_image import PER_IMAGE_LR, PER_IMAGE_STEPS, expected_seconds, optimise_maps, prior_method
 from ..aha.refine import MAX_REFINE_STEPS, check_refine_steps
 from ..aha.store import ExplainerUnavailable, get_explainer
@@ -70,15 +70,21 @@ class AHA(Method):
         return cls.has_trained_explainer(bundle)
 
     def __init__(self, refine_steps: int = 0, refine_lr: float = REFINE_MAP_LR, reference: str = "mean",
-                 mode: str = "auto", per_image_steps: int = PER_IMAGE_STEPS, per_image_lr: float = PER_IMAGE_LR):
+                 mode: str = "auto", per_image_steps: int = PER_IMAGE_STEPS, per_image_lr: float = PER_IMAGE_LR,
+                 output_blur: float | None = None):
+        """`output_blur` (pixels; None = the card's) overrides a trained explainer's output blur, e.g. to measure
+        a card's choice against none (`evaluate --methods aha,aha:output_blur=0`); the per-image mode has none."""
         refine_steps = check_refine_steps(refine_steps)
+        output_blur = None if output_blur is None else check_output_blur(output_blur)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if isinstance(per_image_steps, bool) or int(per_image_steps) != per_image_steps or not (
                 1 <= int(per_image_steps) <= MAX_PER_IMAGE_STEPS):
             raise ValueError(f"per_image_steps must be an integer in 1..{MAX_PER_IMAGE_STEPS}, got {per_image_steps!r}")
         super().__init__(refine_steps=refine_steps, refine_lr=refine_lr, reference=reference, mode=mode,
-                         per_image_steps=int(per_image_steps), per_image_lr=per_image_lr)
+                         per_image_steps=int(per_image_steps), per_image_lr=per_image_lr,
+                         **({} if output_blur is None else {"output_blur": output_blur}))
+        self.output_blur = output_blur
         self.refine_steps, self.refine_lr, self.reference = refine_steps, refine_lr, reference
         self.mode, self.per_image_steps, self.per_image_lr = mode, int(per_image_steps), per_image_lr
         self.resolved_options: dict = {}
@@ -114,6 +120,9 @@ class AHA(Method):
         mode = self.resolve_mode(bundle)
         self.resolved_options = {"mode": mode}
         if mode == "per-image":
+            if self.output_blur is not None:
+                raise ValueError("output_blur overrides a trained explainer's blur; the per-image mode (no trained "
+                                 f"explainer for '{bundle.name}') has none")
             with torch.no_grad():
                 logits = bundle(images)
             targets = resolve_targets(logits, targets)
@@ -127,7 +136,8 @@ class AHA(Method):
             return logits, maps.detach(), targets
         explainer = self.explainer(bundle)
         with torch.inference_mode():  # the single pass: no autograd bookkeeping at all
-            logits, maps, targets = explainer.predict_and_explain(images, targets)
+            logits, maps, targets = explainer.predict_and_explain(images, targets, output_blur=self.output_blur)
+        self.resolved_options["output_blur"] = explainer.output_blur if self.output_blur is None else self.output_blur
         logits, maps, targets = logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
         if self.refine_steps > 0:
             maps = optimise_maps(bundle, images, targets, steps=self.refine_steps, lr=self.refine_lr,
