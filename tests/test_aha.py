@@ -582,6 +582,32 @@ def test_training_resumes_exactly(tmp_path, trained_cnn):
     assert card["base_model"] == "tiny-quadrant" and card["recipe"]["fractions"] == 5
 
 
+def test_training_can_start_from_an_existing_explainer(tmp_path, trained_cnn):
+    """--init: the start explainer's architecture and weights, a new schedule, no output blur; recorded."""
+    from safetensors.torch import load_file
+
+    from explainers.aha.train import train_aha
+
+    data = write_folder(tmp_path / "train")
+    torch.manual_seed(0)
+    start = AHAExplainer(trained_cnn, width=12, embed_dim=16, output_blur=4.0)
+    with torch.no_grad():
+        start.head.conv2.weight.normal_()
+    save_explainer(start, tmp_path / "start" / "aha-x", {"base_model": trained_cnn.name, "exported_step": 7})
+    common = dict(bundle=trained_cnn, data=str(data), batch_size=4, fractions=5, checkpoint_every=1, progress=False)
+    card = train_aha(out=str(tmp_path / "warm" / "aha-x"), steps=1, lr=1e-12, init=str(tmp_path / "start" / "aha-x"),
+                     **common)
+    assert card["architecture"]["width"] == 12 and card["architecture"]["output_blur"] == 0.0
+    assert card["recipe"]["init_from"]["exported_step"] == 7 and card["recipe"]["init_from"]["its_output_blur_px"] == 4.0
+    warm = load_file(str(tmp_path / "warm" / "aha-x.safetensors"))
+    before = load_file(str(tmp_path / "start" / "aha-x.safetensors"))
+    assert all(torch.allclose(warm[k], before[k], atol=1e-6) for k in before)  # lr ~0: the start's weights
+    moved = train_aha(out=str(tmp_path / "moved" / "aha-x"), steps=2, lr=1e-2, init=str(tmp_path / "start" / "aha-x"),
+                      **common)
+    after = load_file(str(tmp_path / "moved" / "aha-x.safetensors"))
+    assert moved["recipe"]["init_from"] is not None and any(not torch.allclose(after[k], before[k]) for k in before)
+
+
 def write_tiny_model(weights: Path, name: str, size=32):
     from safetensors.torch import save_file
 

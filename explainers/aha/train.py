@@ -33,7 +33,7 @@ from tqdm import tqdm
 from .network import AHAExplainer, DEFAULT_ARCH, _pools_class_token
 from .objective import (NUM_FRACTIONS, PEAK_WEIGHT, REFERENCE_KINDS, TAU_END, TAU_START, aha_loss,
                         default_fractions, grid_range, reference_batch, tau_at)
-from .store import explainer_stem, save_explainer, stem_from_out
+from .store import explainer_stem, load_explainer, save_explainer, stem_from_out
 
 TARGET_MODES = ("top1+second", "top1")
 AUGMENTS = ("auto", "photo", "cells", "none")
@@ -314,8 +314,11 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               checkpoint_every: int = 25, log_every: int = 5, compare: tuple = ("gradcam", "random"),
               val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None,
               val_holdout: float | None = None, checkpoint=None, report=None, cancelled=None,
-              card_extra: dict | None = None, mosaic_every: int = 0, deletion_weight: float = 1.0) -> dict:
+              card_extra: dict | None = None, mosaic_every: int = 0, deletion_weight: float = 1.0,
+              init: str | None = None) -> dict:
     """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0).
+    `init`: an explainer stem of the same model to start from (its architecture and weights; a new optimiser and
+    schedule, and no output blur: the exported card has none, choose it again with `aha-output-blur`).
     `mosaic_every` k > 0 (globally pooled networks only): every k-th step trains on 2 x 2 mosaics of the batch's
     images at twice the input size, each explained for one quadrant's label, so the explainer cannot learn
     "the centre of the image" as its answer (the grid pointing game measures that).
@@ -342,7 +345,7 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
                    checkpoint_every=checkpoint_every, log_every=log_every, compare=compare, val_every=val_every,
                    val_track=val_track, progress=progress, command=command, val_holdout=val_holdout,
                    checkpoint=checkpoint, report=report, cancelled=cancelled, card_extra=card_extra,
-                   mosaic_every=mosaic_every, deletion_weight=deletion_weight)
+                   mosaic_every=mosaic_every, deletion_weight=deletion_weight, init=init)
 
     if not 0.0 < float(deletion_weight) <= 10.0:
         raise ValueError(f"deletion_weight must be in (0, 10], got {deletion_weight}")
@@ -374,7 +377,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                   grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
                   fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
                   progress, command, val_holdout, checkpoint, report, cancelled, card_extra, mosaic_every,
-                  deletion_weight) -> dict:
+                  deletion_weight, init) -> dict:
     model = bundle.name
     stem = stem_from_out(out) if out else explainer_stem(model)
     checkpoint_path = Path(checkpoint) if checkpoint else Path(str(stem) + ".ckpt")
@@ -405,8 +408,16 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     warmup_steps = max(1, int(round(warmup * total_steps)))
 
     torch.manual_seed(seed)
-    explainer = AHAExplainer(bundle, width=width, embed_dim=embed_dim, gain_init=gain_init,
-                             fusion_units=fusion_units).to(device)
+    init_from = None
+    if init:  # warm start: the architecture and weights of an explainer of this model, without its blur
+        explainer = load_explainer(bundle, stem_from_out(init)).to(device)  # a fresh copy, not the shared one
+        init_from = {"stem": str(init), "exported_step": explainer.card.get("exported_step"),
+                     "trained_at": explainer.card.get("trained_at"), "its_output_blur_px": explainer.output_blur}
+        explainer.output_blur = 0.0
+        explainer.arch["output_blur"] = 0.0
+    else:
+        explainer = AHAExplainer(bundle, width=width, embed_dim=embed_dim, gain_init=gain_init,
+                                 fusion_units=fusion_units).to(device)
     explainer.train()
     model_ddp = explainer
     if world > 1:
@@ -574,6 +585,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             "references": list(references), "tau": [tau_start, tau_end], "optimizer": "AdamW",
             "lr": lr, "weight_decay": weight_decay, "warmup_fraction": warmup, "schedule": "linear warm-up, cosine",
             "grad_clip": clip, "peak_weight": peak_weight, "seed": seed, "deletion_weight": deletion_weight,
+            "init_from": init_from,
         }
         if held_indices is not None:
             recipe["validation_data"] = (f"held out of {data}: {len(held_indices)} of {len(held_indices) + len(images)} "
@@ -742,6 +754,8 @@ def add_train_aha_parser(commands) -> None:
     p.add_argument("--deletion-weight", type=float, default=1.0,
                    help="weight of the deletion AUC in the loss (and the checkpoint choice): w * deletion + 1 - insertion")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init", default=None, help="start from this explainer stem of the same model (warm start; "
+                   "its architecture, a new schedule, no output blur)")
     p.add_argument("--push-to", default=None, help=argparse.SUPPRESS)  # an HF Jobs run: the explainer goes back
     p.set_defaults(handler=cmd_train_aha)
 
@@ -755,7 +769,7 @@ def cmd_train_aha(args) -> int:
                      width=args.width, fusion_units=args.fusion_units, time_budget_minutes=args.time_budget_minutes,
                      checkpoint_every=args.checkpoint_every, seed=args.seed, val_every=args.val_every,
                      val_track=args.val_track, val_holdout=args.val_holdout, mosaic_every=args.mosaic_every,
-                     deletion_weight=args.deletion_weight)
+                     deletion_weight=args.deletion_weight, init=args.init)
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")

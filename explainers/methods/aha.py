@@ -137,7 +137,9 @@ class AHA(Method):
         explainer = self.explainer(bundle)
         with torch.inference_mode():  # the single pass: no autograd bookkeeping at all
             logits, maps, targets = explainer.predict_and_explain(images, targets, output_blur=self.output_blur)
-        self.resolved_options["output_blur"] = explainer.output_blur if self.output_blur is None else self.output_blur
+        blur = explainer.output_blur if self.output_blur is None else self.output_blur
+        if blur > 0 or self.output_blur is not None:  # said where it shapes the map (or was asked for)
+            self.resolved_options["output_blur"] = blur
         logits, maps, targets = logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
         if self.refine_steps > 0:
             maps = optimise_maps(bundle, images, targets, steps=self.refine_steps, lr=self.refine_lr,
