@@ -608,6 +608,36 @@ def test_training_can_start_from_an_existing_explainer(tmp_path, trained_cnn):
     assert moved["recipe"]["init_from"] is not None and any(not torch.allclose(after[k], before[k]) for k in before)
 
 
+def test_training_can_require_a_grid_pointing_game_floor(tmp_path, trained_cnn):
+    """--val-gridpg-min: every validation also scores val mosaics, only checkpoints at the floor are exported;
+    when none reaches it the best by ins-del is, and the card says the floor was not met."""
+    from explainers.aha.train import train_aha, validation_gridpg, validation_mosaics
+
+    data = write_folder(tmp_path / "train")
+    val = write_folder(tmp_path / "val", count=8, seed=1)
+    common = dict(bundle=trained_cnn, data=str(data), steps=3, batch_size=4, fractions=5, width=16, checkpoint_every=1,
+                  progress=False, val_data=str(val), val_limit=4, val_every=1, val_track=4, val_mosaics=3)
+    open_floor = train_aha(out=str(tmp_path / "a" / "aha-x"), val_gridpg_min=0.0, **common)
+    shares = [entry["gridpg"] for entry in open_floor["validation"]]
+    assert len(shares) == 4 and all(0.0 <= v <= 1.0 for v in shares)
+    best = max(open_floor["validation"], key=lambda e: e["ins_minus_del"])
+    assert open_floor["exported_step"] == best["step"] and open_floor["recipe"]["val_gridpg"]["exported_meets_min"]
+    mosaics, classes = validation_mosaics(trained_cnn, str(val), 3)
+    assert mosaics.shape == (3, 3, 64, 64) and classes.shape == (3, 4)
+    floor = sorted(shares)[-1]  # only the checkpoints with the highest share qualify
+    strict = train_aha(out=str(tmp_path / "b" / "aha-x"), val_gridpg_min=floor, **common)
+    qualified = [e for e in strict["validation"] if e["gridpg"] >= floor]
+    assert strict["exported_step"] == max(qualified, key=lambda e: e["ins_minus_del"])["step"]
+    explainer = load_explainer(trained_cnn, tmp_path / "b" / "aha-x")
+    assert validation_gridpg(explainer, mosaics, classes) == pytest.approx(floor, abs=1e-4)  # the exported one
+    unreachable = train_aha(out=str(tmp_path / "d" / "aha-x"), val_gridpg_min=min(1.0, floor + 0.01), **common)
+    if all(e["gridpg"] < min(1.0, floor + 0.01) for e in unreachable["validation"]):  # (as with this seed)
+        assert not unreachable["recipe"]["val_gridpg"]["exported_meets_min"]
+        assert unreachable["exported_step"] == max(unreachable["validation"], key=lambda e: e["ins_minus_del"])["step"]
+    with pytest.raises(ValueError, match="val-gridpg-min needs"):
+        train_aha(out=str(tmp_path / "c" / "aha-x"), **{**common, "val_every": 0}, val_gridpg_min=0.5)
+
+
 def write_tiny_model(weights: Path, name: str, size=32):
     from safetensors.torch import save_file
 

@@ -254,6 +254,36 @@ def validation_scores(explainer: AHAExplainer, images: torch.Tensor, *, batch_si
             "ins_minus_del": round(float((insertion - deletion).mean()), 5)}
 
 
+def validation_mosaics(bundle, data, count: int, split: str = "val") -> tuple:
+    """(mosaics, classes): `count` fixed 2 x 2 mosaics of four classes of `data` (seed 0, as `gridpg` draws them)."""
+    from ..data import open_dataset
+    from ..gridpg import build_mosaics, plan_mosaics
+
+    dataset = open_dataset(data, split=split)
+    plan = plan_mosaics(dataset.labels, count, 0)
+    return build_mosaics(dataset, plan, tuple(bundle.input_size), bundle)
+
+
+def validation_gridpg(explainer: AHAExplainer, mosaics: torch.Tensor, classes: torch.Tensor,
+                      batch_size: int = 8) -> float:
+    """Mean GridPG share (positive attribution in the asked class's quadrant) of the explainer's maps of each
+    mosaic's four classes."""
+    from ..gridpg import quadrant_share
+
+    was_training = explainer.training
+    explainer.eval()
+    shares = []
+    try:
+        for start in range(0, len(mosaics), batch_size):
+            chunk, asked = mosaics[start:start + batch_size], classes[start:start + batch_size]
+            with torch.no_grad():
+                _, maps, _ = explainer.predict_and_explain(chunk.repeat_interleave(4, dim=0), asked.reshape(-1))
+            shares.append(quadrant_share(maps, torch.arange(4).repeat(len(chunk))))
+    finally:
+        explainer.train(was_training)
+    return round(float(np.concatenate(shares).mean()), 5)
+
+
 def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 256,
                      compare: tuple = ("gradcam", "random")) -> dict:
     """Measure a trained explainer's held-out figures again (e.g. on another sample) and store them in its card;
@@ -315,10 +345,14 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None,
               val_holdout: float | None = None, checkpoint=None, report=None, cancelled=None,
               card_extra: dict | None = None, mosaic_every: int = 0, deletion_weight: float = 1.0,
-              init: str | None = None) -> dict:
+              init: str | None = None, val_gridpg_min: float | None = None, val_mosaics: int = 16) -> dict:
     """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0).
     `init`: an explainer stem of the same model to start from (its architecture and weights; a new optimiser and
     schedule, and no output blur: the exported card has none, choose it again with `aha-output-blur`).
+    `val_gridpg_min` (globally pooled networks, with `val_data` and `val_every`): each validation also measures the
+    grid pointing game on `val_mosaics` 2 x 2 mosaics of `val_data` (seed 0), and only checkpoints scoring at least
+    this are exported (a run whose single-cell ins-del rose while its mosaics fell to 0.68 is why; when none reaches
+    it, the best by ins-del is exported and the card says so).
     `mosaic_every` k > 0 (globally pooled networks only): every k-th step trains on 2 x 2 mosaics of the batch's
     images at twice the input size, each explained for one quadrant's label, so the explainer cannot learn
     "the centre of the image" as its answer (the grid pointing game measures that).
@@ -345,7 +379,8 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
                    checkpoint_every=checkpoint_every, log_every=log_every, compare=compare, val_every=val_every,
                    val_track=val_track, progress=progress, command=command, val_holdout=val_holdout,
                    checkpoint=checkpoint, report=report, cancelled=cancelled, card_extra=card_extra,
-                   mosaic_every=mosaic_every, deletion_weight=deletion_weight, init=init)
+                   mosaic_every=mosaic_every, deletion_weight=deletion_weight, init=init,
+                   val_gridpg_min=val_gridpg_min, val_mosaics=val_mosaics)
 
     if not 0.0 < float(deletion_weight) <= 10.0:
         raise ValueError(f"deletion_weight must be in (0, 10], got {deletion_weight}")
@@ -377,7 +412,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                   grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
                   fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
                   progress, command, val_holdout, checkpoint, report, cancelled, card_extra, mosaic_every,
-                  deletion_weight, init) -> dict:
+                  deletion_weight, init, val_gridpg_min, val_mosaics) -> dict:
     model = bundle.name
     stem = stem_from_out(out) if out else explainer_stem(model)
     checkpoint_path = Path(checkpoint) if checkpoint else Path(str(stem) + ".ckpt")
@@ -392,6 +427,15 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         raise ValueError("mosaic steps need a globally pooled network (a class-token ViT does not read a mosaic "
                          "at twice its input size) and at least 4 images per process and step")
 
+    if val_gridpg_min is not None:
+        if not (val_data and val_every):
+            raise ValueError("--val-gridpg-min needs --val-data and --val-every (it scores val mosaics at each validation)")
+        if _pools_class_token(bundle.network):
+            raise ValueError("--val-gridpg-min needs a globally pooled network (a class-token ViT does not read a "
+                             "mosaic at twice its input size)")
+        if not 0.0 <= float(val_gridpg_min) <= 1.0 or int(val_mosaics) < 1:
+            raise ValueError(f"val_gridpg_min must be a share in [0, 1] and val_mosaics >= 1, got {val_gridpg_min}, "
+                             f"{val_mosaics}")
     train_indices, held_indices, val_split = None, None, "val"
     if val_holdout is not None:
         from ..data import open_dataset
@@ -433,6 +477,9 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     x_track = None
     if val_every and val_data and rank == 0:
         x_track, _ = load_eval_images(bundle, val_data, val_track, split=val_split, indices=held_indices)
+    track_mosaics = None
+    if val_gridpg_min is not None and rank == 0:
+        track_mosaics = validation_mosaics(bundle, val_data, int(val_mosaics), split=val_split)
     if checkpoint_path.exists():
         state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
         if state["total_steps"] != total_steps:
@@ -445,6 +492,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         validation = json.loads(state.get("validation", "[]"))
         if "best_state" in state:
             best = {"step": int(state["best_step"]), "ins_minus_del": float(state["best_score"]),
+                    "eligible": bool(state.get("best_eligible", True)),
                     "state": state["best_state"]}
         if rank == 0:
             print(f"Resuming aha-{model} at step {step}/{total_steps}", file=sys.stderr)
@@ -465,23 +513,31 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                      "elapsed": elapsed_before + time.time() - started, "history": json.dumps(history),
                      "validation": json.dumps(validation)}
             if best is not None:
-                state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"])
+                state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"],
+                             best_eligible=best.get("eligible", True))
             atomic_save(state, checkpoint_path)
 
     def track_validation():
         nonlocal best
         scores = validation_scores(explainer, x_track)
+        eligible = True
+        if track_mosaics is not None:
+            scores["gridpg"] = validation_gridpg(explainer, *track_mosaics)
+            eligible = scores["gridpg"] >= float(val_gridpg_min)
         scores.update(step=step, seconds=round(elapsed_before + time.time() - started, 1))
         validation.append(scores)
         selection = scores["insertion_auc"] - deletion_weight * scores["deletion_auc"]  # ins-del when w = 1
-        if best is None or selection > best["ins_minus_del"]:
-            best = {"step": step, "ins_minus_del": selection,
+        if eligible and best is not None and not best.get("eligible", True):
+            best = None  # the first checkpoint above the GridPG floor replaces any fallback below it
+        if best is None or (selection > best["ins_minus_del"] and (eligible or not best.get("eligible", True))):
+            best = {"step": step, "ins_minus_del": selection, "eligible": eligible,
                     "state": {k: v.detach().clone().cpu() for k, v in explainer.state_dict().items()}}
         if report is not None and rank == 0:
             report(step, total_steps, val_deletion_auc=scores["deletion_auc"], val_insertion_auc=scores["insertion_auc"],
                    val_ins_minus_del=scores["ins_minus_del"], best_step=best["step"])
+        gridpg = f" GridPG {scores['gridpg']:.3f}" if "gridpg" in scores else ""
         bar.write(f"step {step}: validation deletion {scores['deletion_auc']:.4f} insertion "
-                  f"{scores['insertion_auc']:.4f} ins-del {scores['ins_minus_del']:.4f} (best at step {best['step']})")
+                  f"{scores['insertion_auc']:.4f} ins-del {scores['ins_minus_del']:.4f}{gridpg} (best at step {best['step']})")
 
     if x_track is not None and step == 0:
         track_validation()  # the untrained explainer (its prior) is a candidate too
@@ -587,6 +643,9 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             "grad_clip": clip, "peak_weight": peak_weight, "seed": seed, "deletion_weight": deletion_weight,
             "init_from": init_from,
         }
+        if val_gridpg_min is not None:
+            recipe["val_gridpg"] = {"min": float(val_gridpg_min), "mosaics": int(val_mosaics), "seed": 0,
+                                    "exported_meets_min": bool(best is not None and best.get("eligible", False))}
         if held_indices is not None:
             recipe["validation_data"] = (f"held out of {data}: {len(held_indices)} of {len(held_indices) + len(images)} "
                                          f"images ({val_holdout:g}), spread evenly over the file, never trained on")
@@ -599,7 +658,9 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                                            f"{len(x_track)} images of {source} spread over the file, every "
                                            f"{val_every} steps; the exported weights are the best by "
                                            + ("ins-del" if deletion_weight == 1 else
-                                              f"insertion - {deletion_weight:g} x deletion (the loss's weighting)"))
+                                              f"insertion - {deletion_weight:g} x deletion (the loss's weighting)")
+                                           + (f", among the checkpoints whose GridPG on {val_mosaics} val mosaics is "
+                                              f"at least {val_gridpg_min:g}" if val_gridpg_min is not None else ""))
         card = {"base_model": model, "recipe": recipe, "train_seconds": round(train_seconds, 1),
                 "exported_step": exported_step, "validation": validation,
                 "training_command": command or " ".join(["python -m explainers"] + sys.argv[1:]),
@@ -754,6 +815,10 @@ def add_train_aha_parser(commands) -> None:
     p.add_argument("--deletion-weight", type=float, default=1.0,
                    help="weight of the deletion AUC in the loss (and the checkpoint choice): w * deletion + 1 - insertion")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-gridpg-min", type=float, default=None,
+                   help="export only checkpoints whose grid pointing game on --val-mosaics val mosaics is at least this "
+                        "(globally pooled networks; e.g. Grad-CAM's share there)")
+    p.add_argument("--val-mosaics", type=int, default=16)
     p.add_argument("--init", default=None, help="start from this explainer stem of the same model (warm start; "
                    "its architecture, a new schedule, no output blur)")
     p.add_argument("--push-to", default=None, help=argparse.SUPPRESS)  # an HF Jobs run: the explainer goes back
@@ -769,7 +834,8 @@ def cmd_train_aha(args) -> int:
                      width=args.width, fusion_units=args.fusion_units, time_budget_minutes=args.time_budget_minutes,
                      checkpoint_every=args.checkpoint_every, seed=args.seed, val_every=args.val_every,
                      val_track=args.val_track, val_holdout=args.val_holdout, mosaic_every=args.mosaic_every,
-                     deletion_weight=args.deletion_weight, init=args.init)
+                     deletion_weight=args.deletion_weight, init=args.init, val_gridpg_min=args.val_gridpg_min,
+                     val_mosaics=args.val_mosaics)
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")
