@@ -376,7 +376,11 @@ def test_the_method_can_override_the_cards_output_blur_for_one_call():
     assert explainer.output_blur == 3.0  # the shared explainer kept its card's blur
     with pytest.raises(ValueError, match="output_blur"):
         get_method("aha", output_blur=100)
-    with pytest.raises(ValueError, match="per-image mode"):
+    from explainers.methods import MethodNotApplicable
+
+    with pytest.raises(MethodNotApplicable, match="no trained explainer"):  # refused before any model pass ...
+        get_method("aha", mode="per-image", output_blur=2).check(bundle)
+    with pytest.raises(MethodNotApplicable, match="no trained explainer"):  # ... and by a direct call
         get_method("aha", mode="per-image", output_blur=2).attribute(bundle, images, targets)
     forget_explainers()
 

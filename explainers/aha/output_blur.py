@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..smoothing import gaussian_smooth
 from ..statistics import bootstrap_ci, paired_difference
+from .network import check_output_blur
 
 DEFAULT_SIGMAS = (0.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -101,9 +102,7 @@ def select_output_blur(model: str | None = None, *, bundle=None, sigmas=DEFAULT_
     from .store import explainer_stem, forget_explainers, load_explainer, stem_from_out
     from .train import load_eval_images
 
-    sigmas = sorted({float(s) for s in sigmas} | {0.0})
-    if any(not 0.0 <= s <= 64.0 for s in sigmas):
-        raise ValueError(f"blur sigmas must be in [0, 64] pixels, got {sigmas}")
+    sigmas = sorted({check_output_blur(s) for s in sigmas} | {0.0})
     bundle = bundle or load_model(model)
     model = bundle.name
     stem = stem_from_out(stem) if stem else explainer_stem(model)

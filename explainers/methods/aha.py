@@ -104,6 +104,13 @@ class AHA(Method):
         super().check(bundle)
         if self.resolve_mode(bundle) == "trained":
             self.explainer(bundle)
+        else:
+            self._refuse_blur_without_explainer(bundle)
+
+    def _refuse_blur_without_explainer(self, bundle) -> None:
+        if self.output_blur is not None:
+            raise MethodNotApplicable(f"output_blur overrides a trained explainer's blur; '{bundle.name}' has no trained "
+                                      "explainer (the per-image mode has no blur)")
 
     def expected_seconds(self, bundle, images: int = 1) -> float:
         """About how long one map takes in the mode this model gets (measured with one step now)."""
@@ -120,9 +127,7 @@ class AHA(Method):
         mode = self.resolve_mode(bundle)
         self.resolved_options = {"mode": mode}
         if mode == "per-image":
-            if self.output_blur is not None:
-                raise ValueError("output_blur overrides a trained explainer's blur; the per-image mode (no trained "
-                                 f"explainer for '{bundle.name}') has none")
+            self._refuse_blur_without_explainer(bundle)
             with torch.no_grad():
                 logits = bundle(images)
             targets = resolve_targets(logits, targets)
