@@ -140,7 +140,8 @@ def augment_batch(images_u8: torch.Tensor, mode: str, image_hw, generator: torch
 # --- distributed --------------------------------------------------------------------------------------
 
 def distributed_setup():
-    """(rank, world size, device) from torchrun's environment; initialises the process group if needed."""
+    """(rank, world size, device, started) from torchrun's environment; initialises the process group if needed
+    (`started` says this call did, so the caller also tears it down)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -149,9 +150,11 @@ def distributed_setup():
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    started = False
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return rank, world, device
+        started = True
+    return rank, world, device, started
 
 
 def replicas_identical(module: torch.nn.Module) -> bool:
@@ -390,7 +393,7 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         raise ValueError(f"augment must be one of {AUGMENTS}")
     if val_holdout is not None and val_data:
         raise ValueError("give either validation data or a held-out fraction of the training data, not both")
-    rank, world, device = distributed_setup()
+    rank, world, device, started_group = distributed_setup()
     if device.type == "cpu" and world > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     bundle = bundle or load_model(model)
@@ -405,6 +408,10 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         for parameter, flag in saved_flags:
             parameter.requires_grad_(flag)
         bundle.network.train(saved_mode)
+        if started_group and dist.is_initialized():
+            # a gloo group left alive at interpreter exit can abort a rank ("terminate called without an
+            # active exception") after the work is done: end it here, on every rank
+            dist.destroy_process_group()
 
 
 def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit, steps, epochs, batch_size, lr,
