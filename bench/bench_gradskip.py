@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from explainers.data import mean_colour, open_dataset  # noqa: E402
-from explainers.evaluate import evaluate_methods, format_table  # noqa: E402
+from explainers.evaluate import build_methods, evaluate_methods, format_table  # noqa: E402
 from explainers.statistics import compare_methods, format_comparison  # noqa: E402
 from explainers.images import prepare_image  # noqa: E402
 from explainers.methods import get_method  # noqa: E402
@@ -167,22 +167,24 @@ def _timed(function):
 
 
 def parse_gates(text: str) -> list:
-    """'3:2,2:1.5:0.5' -> [(3.0, 2.0, 1.0), (2.0, 1.5, 0.5)]: class_gated (gate_sigma, gate_power, gate_knee)
-    triples to add (power 1 and knee 1 when left out)."""
-    triples = []
+    """'3:2,2:1.5:0.5,3:1.5:1:attention' -> [(3.0, 2.0, 1.0, 'none'), (2.0, 1.5, 0.5, 'none'),
+    (3.0, 1.5, 1.0, 'attention')]: class_gated (gate_sigma, gate_power, gate_knee, gate_reference) to add (power 1,
+    knee 1 and reference "none" when left out)."""
+    gates = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        sigma, power, knee = (item.split(":") + ["", ""])[:3]
-        triples.append((float(sigma), float(power or 1.0), float(knee or 1.0)))
-    return triples
+        sigma, power, knee, reference = (item.split(":") + ["", "", ""])[:4]
+        gates.append((float(sigma), float(power or 1.0), float(knee or 1.0), reference or "none"))
+    return gates
 
 
 def gate_variants(gates, alpha: float = 0.5) -> dict:
-    """Labelled GradSkip options of the class_gated form for every (gate_sigma, gate_power, gate_knee)."""
+    """Labelled GradSkip options of the class_gated form for every (gate_sigma, gate_power, gate_knee,
+    gate_reference)."""
     return {f"gradskip class_gated sigma={sigma:g} power={power:g}" + (f" knee={knee:g}" if knee != 1 else "")
-            + f" alpha={alpha:g}":
+            + (f" reference={reference}" if reference != "none" else "") + f" alpha={alpha:g}":
             {"attention_weighting": "class_gated", "gate_sigma": sigma, "gate_power": power, "gate_knee": knee,
-             "alpha": alpha}
-            for sigma, power, knee in gates}
+             "gate_reference": reference, "alpha": alpha}
+            for sigma, power, knee, reference in gates}
 
 
 def weightings(bundle, images, batch_size: int, steps: int, reference: str, peers=PEERS, gates=(),
@@ -231,9 +233,10 @@ def weightings(bundle, images, batch_size: int, steps: int, reference: str, peer
 
 def paired(bundle, images, batch_size: int, steps: int, reference: str, options: dict | None = None,
            peers=("rollout", "chefer")) -> dict:
-    """GradSkip (its defaults, or `options`) vs the peers on the same images and targets, paired intervals."""
+    """GradSkip (its defaults, or `options`) vs the peers on the same images and targets, paired intervals.
+    A peer is a method spec ('name' or 'name:key=value', e.g. GradSkip with another option)."""
     methods = {"gradskip": GradSkip(**(options or {}))}
-    methods.update({name: get_method(name) for name in peers})
+    methods.update(build_methods(bundle, peers))
     scores = {label: {"deletion": [], "insertion": []} for label in methods}
     seconds = dict.fromkeys(methods, 0.0)
     for start in range(0, images.shape[0], batch_size):
@@ -454,7 +457,11 @@ def main(argv=None) -> int:
                         help='JSON options for GradSkip in the paired part (default: its defaults), e.g. '
                              '\'{"attention_weighting": "attention"}\'')
     parser.add_argument("--gates", default="", help="weightings part: also the class_gated form at these "
-                        "gate_sigma:gate_power[:gate_knee] (alpha 0.5), e.g. 2:1.5,3:2:0.5")
+                        "gate_sigma:gate_power[:gate_knee[:gate_reference]] (alpha 0.5), e.g. 2:1.5,3:2:0.5,"
+                        "3:1.5:1:attention")
+    parser.add_argument("--paired-peers", nargs="+", default=["rollout", "chefer"],
+                        help="paired part: the methods GradSkip is paired with, as specs (each its own argument, "
+                             "e.g. rollout gradskip:gate_reference=none,gate_power=1.5)")
     parser.add_argument("--weightings", default=",".join(ATTENTION_WEIGHTINGS),
                         help="weightings part: the attention_weighting forms to run")
     parser.add_argument("--alphas", default=",".join(f"{a:g}" for a in WEIGHTING_ALPHAS),
@@ -491,7 +498,8 @@ def main(argv=None) -> int:
     if "paired" in parts:
         options = json.loads(args.gradskip_options)
         print(f"\nGradSkip {GradSkip(**options).options} vs rollout and Chefer on {images.shape[0]} images")
-        report["paired"] = paired(bundle, images, args.batch_size, args.steps, args.reference, options)
+        report["paired"] = paired(bundle, images, args.batch_size, args.steps, args.reference, options,
+                                  peers=tuple(args.paired_peers))
         print_rows(report["paired"]["rows"])
         for label, row in report["paired"]["differences"].items():
             print(f"  {label:<34}" + "".join(f"{_fmt(row[k]):>26}" for k in ("deletion", "insertion", "ins_minus_del")))

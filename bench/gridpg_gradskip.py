@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument("--alphas", default="0,0.5,1")
     parser.add_argument("--extra", default="chefer,rollout,gradcam,random")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--gates", default="", help="also the class_gated form at these gate_sigma:gate_power "
-                        "pairs (alpha 0.5), e.g. 2:1.5,3:2")
+    parser.add_argument("--gates", default="", help="also the class_gated form at these "
+                        "gate_sigma:gate_power[:gate_knee[:gate_reference]] (alpha 0.5), e.g. 2:1.5,3:2,3:1.5:1:attention")
     parser.add_argument("--weightings", default=",".join(ATTENTION_WEIGHTINGS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     bundle = load_model(args.model)
     specs = [f"gradskip:attention_weighting={w},alpha={a}" for w in args.weightings.split(",") if w
              for a in args.alphas.split(",")]
-    specs += [f"gradskip:attention_weighting=class_gated,gate_sigma={s:g},gate_power={p:g},gate_knee={k:g},alpha=0.5"
-              for s, p, k in parse_gates(args.gates)]
+    specs += [f"gradskip:attention_weighting=class_gated,gate_sigma={s:g},gate_power={p:g},gate_knee={k:g},"
+              f"gate_reference={r},alpha=0.5" for s, p, k, r in parse_gates(args.gates)]
     specs += [m for m in args.extra.split(",") if m]
     started = time.time()
     report = run_gridpg(bundle, args.data, specs, n_mosaics=args.mosaics, seed=args.seed, split=args.split)

@@ -162,7 +162,10 @@ def test_gradskip_alpha_recombines_without_a_model_pass(running):
     # on release the curves follow
     overlays, plot, table, status = client.predict(0.0, 0.5, "cividis", api_name="/alpha_curves")
     rows = {row[0]: row for row in table["data"]}
-    assert rows["GradSkip"][1] == "alpha=0.0, focus=1.5" and rows["GradSkip"][2] is not None  # focus kept
+    from explainers.methods.gradskip import DEFAULT_GATE_POWER
+
+    assert rows["GradSkip"][1] == f"alpha=0.0, focus={DEFAULT_GATE_POWER:g}"  # the focus slider's value is kept
+    assert rows["GradSkip"][2] is not None
     assert len(plot_traces(plot)) == 4
 
 

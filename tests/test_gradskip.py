@@ -481,16 +481,19 @@ def test_gradient_residual_lets_a_weak_layer_pass_relevance_on():
 
 
 def test_class_gated_is_attention_relevance_times_the_blurred_residual_gate():
+    """gate_reference="none" (session 6's gate): attention's relevance times the evidence over its maximum, to the
+    power; the default reference divides by attention first (its own test below)."""
     state = _two_layer_state("class_gated")
     attention = state.token_relevance(attention_weighting="attention")[:, 1:]
     residual = state.token_relevance(attention_weighting="gradient_residual")[:, 1:]
     ungated = state.token_relevance(gate_sigma=0, gate_power=0)[:, 1:]
     assert torch.allclose(ungated, attention / attention.sum())
     product = attention * residual / residual.max()
-    assert torch.allclose(state.token_relevance(gate_sigma=0, gate_power=1)[:, 1:], product / product.sum())
+    evidence = {"gate_reference": "none", "gate_sigma": 0}
+    assert torch.allclose(state.token_relevance(gate_power=1, **evidence)[:, 1:], product / product.sum())
     squared = attention * (residual / residual.max()) ** 2
-    assert torch.allclose(state.token_relevance(gate_sigma=0, gate_power=2)[:, 1:], squared / squared.sum())
-    gated = state.token_relevance()  # the defaults: blurred over the 1 x 2 patch grid, squared
+    assert torch.allclose(state.token_relevance(gate_power=2, **evidence)[:, 1:], squared / squared.sum())
+    gated = state.token_relevance(gate_power=2, gate_reference="none")  # blurred over the 1 x 2 patch grid
     assert gated[0, 0] == 0 and torch.isclose(gated.sum(), torch.tensor(1.0))
     # blurring pulls the gate towards uniform, so the gated map moves towards attention's
     assert (gated[0, 2] - attention[0, 1] / attention.sum()).abs() < (squared[0, 1] / squared.sum()
@@ -534,6 +537,36 @@ def test_class_gate_knee_flattens_the_gate_above_it():
         state.map(gate_knee=0)
     with pytest.raises(ValueError, match="gate_knee"):
         GradSkip(gate_knee=1.5)
+
+
+def test_class_gate_relative_to_attention_is_the_evidence_per_unit_of_attention():
+    """gate_reference="attention": with no blur the gate is (r / sum r) / (a / sum a + f max(a / sum a)) over its
+    maximum, to the power (f = GATE_REFERENCE_FLOOR); evidence that only repeats attention's (r = a) gives the
+    nearly flat (1 + f) a / (a + f max a), and where the evidence outweighs attention the gate is highest."""
+    from explainers.methods.gradskip import GATE_REFERENCE_FLOOR as f
+
+    state = _two_layer_state("class_gated")
+    attention = torch.tensor([[0.2, 0.6, 0.2]])  # prefix token first, then the 2 patches
+    residual = torch.tensor([[0.0, 0.5, 0.5]])
+    gate = state.class_gate(None, residual, attention, gate_sigma=0, gate_power=2, gate_reference="attention")
+    a, r = torch.tensor([0.75, 0.25]), torch.tensor([0.5, 0.5])
+    expected = r / (a + f * a.max())
+    assert torch.allclose(gate, ((expected / expected.max()) ** 2).unsqueeze(0))
+    assert gate[0, 1] == 1 and gate[0, 0] < 1  # patch 2 has more evidence than attention there
+    same = state.class_gate(None, attention, attention, gate_sigma=0, gate_power=1, gate_reference="attention")
+    assert torch.allclose(same, ((1 + f) * a / (a + f * a.max())).unsqueeze(0))
+    # "none": the evidence alone (equal on both patches here); "attention" is the default (chosen on val data)
+    plain = state.class_gate(None, residual, attention, gate_sigma=0, gate_power=1, gate_reference="none")
+    assert torch.allclose(plain, torch.ones(1, 2))
+    assert state.options["gate_reference"] == "attention" and GradSkip().options["gate_reference"] == "attention"
+    # through the map: attention's patch relevance times the gate, from one joint propagation
+    relevance, evidence = state._gated_relevance(None)
+    gated = relevance[:, 1:] * state.class_gate(None, evidence, relevance, gate_reference="attention")
+    assert torch.allclose(state.token_relevance(gate_reference="attention")[:, 1:], gated / gated.sum())
+    with pytest.raises(ValueError, match="gate_reference"):
+        state.map(gate_reference="rollout")
+    with pytest.raises(ValueError, match="gate_reference"):
+        GradSkip(gate_reference="evidence")
 
 
 def test_gaussian_blur_keeps_mass_and_symmetry():
