@@ -363,3 +363,13 @@ def main(argv=None) -> int:
             ImportError, ExplainerUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    finally:
+        _end_process_group()
+
+
+def _end_process_group() -> None:
+    """End a torchrun process group a command joined (evaluate, gridpg, ...): a gloo group left alive at
+    interpreter exit can abort a rank after its work is done, which torchrun reports as a failure."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
