@@ -95,7 +95,7 @@ DEFAULT_GATE_POWER = 1.25
 DEFAULT_GATE_KNEE = 1.0
 # what the class evidence is measured against (see GradSkipState.class_gate): "none", the evidence itself;
 # "attention", the evidence per unit of attention's relevance nearby, so a gate that only repeats where the object
-# is stays flat and leaves attention's ranking of the object's own patches alone
+# is stays nearly flat and leaves attention's ranking of the object's own patches (almost) alone
 GATE_REFERENCES = ("none", "attention")
 DEFAULT_GATE_REFERENCE = "attention"
 # "attention" reference: the blurred attention relevance gets this share of its maximum added before dividing,
