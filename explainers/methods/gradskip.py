@@ -585,9 +585,8 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
     - "function" ("auto" on a CPU; timm's standard Attention without gate or active attention dropout): for the
       pass each block's attention runs as one autograd function that keeps A and v and receives dO, so
       dA = dO v^T comes out of the backward itself. The attention's forward is re-stated from timm's (an instance
-      attribute, removed afterwards); the module's own hooks still run. Measured at batch 1 on the bundled ViT,
-      the whole method: 1.17-1.21x the floor, as fast as or 0.01-0.09 of the floor faster than the other two
-      paths in every paired run (bench/results/gradskip-cost-session10-*.json; the VM's drift is as large).
+      attribute, removed afterwards); the module's own hooks still run. Measured at batch 1 on the bundled ViT:
+      1.12x the floor where the unfused capture was 1.25x (bench/results/gradskip-cost-session10-*.json).
     - "rebuilt" ("auto" on a GPU): the model runs as it is (fused attention kept on); hooks keep q, k (after
       q_norm / k_norm) and v, and the attention output before `norm` / `proj`, whose gradient dO is one of the
       activations asked for. After the pass A = softmax(q k^T s) and dA = dO v^T, outside autograd. A GPU keeps
