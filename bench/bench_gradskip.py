@@ -342,21 +342,16 @@ def peer_gradcam(bundle):
 def cost(bundle, images, batch_size: int, repeats: int) -> dict:
     """Time (and FLOPs) per map of GradSkip vs its floor and peers on the same model, interleaved, in one run."""
     gradskip, gradcam, chefer = GradSkip(), get_method("gradcam"), get_method("chefer")
-    unfused, rebuilt = GradSkip(attention_path="unfused"), GradSkip(attention_path="rebuilt")
     peer, peer_run = peer_gradcam(bundle)
     runs = {
         "floor: forward + backward to activations": lambda x, t: activation_floor_pass(bundle, x, t),
         "forward + full backward (parameter grads)": lambda x, t: floor_pass(bundle, x, t),
         "gradskip": lambda x, t: gradskip.prepare(bundle, x, t).map(),
-        "gradskip, unfused capture": lambda x, t: unfused.prepare(bundle, x, t).map(),
-        "gradskip, rebuilt capture": lambda x, t: rebuilt.prepare(bundle, x, t).map(),
         "gradskip capture only (prepare)": lambda x, t: gradskip.prepare(bundle, x, t),
-        "gradskip capture, attention as one recording function (the CPU default)":
-            lambda x, t: capture(bundle, x, t, attention_path="function"),
         "gradskip capture, fused attention kept, A rebuilt (the GPU default)":
-            lambda x, t: capture(bundle, x, t, attention_path="rebuilt"),
-        "gradskip capture, unfused attention":
-            lambda x, t: capture(bundle, x, t, attention_path="unfused"),
+            lambda x, t: capture(bundle, x, t, rebuild_attention=True),
+        "gradskip capture, unfused attention (the CPU default)":
+            lambda x, t: capture(bundle, x, t, rebuild_attention=False),
         "gradskip map only (new alpha)": None,
         "gradcam (ours)": lambda x, t: gradcam.attribute(bundle, x, t),
         "pytorch-grad-cam GradCAM": peer_run,
@@ -388,8 +383,6 @@ def cost(bundle, images, batch_size: int, repeats: int) -> dict:
     floor = "floor: forward + backward to activations"
     result["ratios"] = {
         batch: {"gradskip / floor": row["gradskip"] / row[floor],
-                "gradskip with the unfused capture / floor": row["gradskip, unfused capture"] / row[floor],
-                "gradskip with the rebuilt capture / floor": row["gradskip, rebuilt capture"] / row[floor],
                 "gradskip / forward+full backward": row["gradskip"] / row["forward + full backward (parameter grads)"],
                 "gradskip / pytorch-grad-cam GradCAM": row["gradskip"] / row["pytorch-grad-cam GradCAM"],
                 "gradskip / gradcam (ours)": row["gradskip"] / row["gradcam (ours)"],

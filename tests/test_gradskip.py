@@ -642,11 +642,10 @@ def test_beta_profile_library_function():
 
 @pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square",
                                      "layer_scale_non_square", "qk_norm"])
-def test_every_attention_path_gives_the_unfused_capture(variant):
-    """attention_path "function" (the "auto" default on a CPU: the attention as one autograd node that hands dA
-    over in its backward), "rebuilt" (the GPU default: fused attention kept on, A = softmax(q k^T s) and
-    dA = dO v^T rebuilt after the pass) and "unfused" (fused attention off, A read at attn_drop) must give the
-    same statistics; the model is left as it was (no instance forward, fused flag and hooks as before)."""
+def test_rebuilt_attention_equals_the_unfused_capture(variant):
+    """rebuild_attention=True (the "auto" default on a GPU, for timm's Attention) keeps timm's fused attention on and rebuilds
+    A = softmax(q k^T s), dA = dO v^T after the pass; rebuild_attention=False switches fused attention off
+    and reads A at attn_drop. Both must give the same statistics."""
     from explainers.methods.gradskip import capture
 
     bundle = tiny_vit(**({"qk_norm": True} if variant == "qk_norm" else VARIANTS[variant]))
@@ -654,76 +653,24 @@ def test_every_attention_path_gives_the_unfused_capture(variant):
     seen = []
     handle = bundle.network.blocks[0].attn.register_forward_pre_hook(lambda m, _a: seen.append(m.fused_attn))
     try:
-        paths = {path: capture(bundle, images, targets, attention_path=path)
-                 for path in ("function", "rebuilt", "unfused")}
-        automatic = capture(bundle, images, targets)
+        rebuilt = capture(bundle, images, targets, rebuild_attention=True)
+        unfused = capture(bundle, images, targets, rebuild_attention=False)
     finally:
         handle.remove()
-    assert {path: raw["attention_path"] for path, raw in paths.items()} == {p: p for p in paths}
-    assert automatic["attention_path"] == "function"  # "auto" on a CPU (measured fastest there)
-    assert seen == [True, True, False, True]  # the module's own hooks run on every path; only "unfused" flips it
-    for block in bundle.network.blocks:
-        assert "forward" not in vars(block.attn) and block.attn.fused_attn
-        assert not block.attn._forward_hooks and not block.attn._forward_pre_hooks
-    unfused = paths["unfused"]
-    for path in ("function", "rebuilt"):
-        for a, b in zip(paths[path]["saved"]["A"], unfused["saved"]["A"]):
-            assert torch.allclose(a, b.detach(), atol=1e-6)
-        for a, b in zip(paths[path]["saved"]["v"], unfused["saved"]["v"]):
-            assert torch.allclose(a, b, atol=1e-5)
-        for a, b in zip(paths[path]["grads"], unfused["grads"]):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
-        assert torch.equal(paths[path]["logits"], unfused["logits"]) or torch.allclose(
-            paths[path]["logits"], unfused["logits"], atol=1e-5)
+    assert rebuilt["rebuilt_attention"] and not unfused["rebuilt_attention"]
+    assert seen == [True, False]  # the rebuilding path leaves the fused kernel on
+    assert not capture(bundle, images, targets)["rebuilt_attention"]  # "auto" on a CPU: unfused (measured faster)
+    for a, b in zip(rebuilt["saved"]["A"], unfused["saved"]["A"]):
+        assert torch.allclose(a, b.detach(), atol=1e-6)
+    for a, b in zip(rebuilt["grads"], unfused["grads"]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
     state = prepare(bundle, images, targets)
     assert state.attention_flow.abs().sum() > 0
-    maps = {path: GradSkip(attention_path=path).attribute(bundle, images, targets) for path in paths}
-    # the method takes any path; statistics agree to 1e-6 (above), max-normalised maps to float rounding through
-    # the gate's division and power
-    assert all(torch.allclose(maps[path], state.map(), atol=1e-3) for path in paths)
-    with pytest.raises(ValueError, match="attention_path"):
-        capture(bundle, images, targets, attention_path="fused")
-    with pytest.raises(ValueError, match="attention_path"):
-        GradSkip(attention_path="fused")
-
-
-def test_the_function_path_puts_back_an_instance_forward_and_needs_plain_attention():
-    """A forward someone set on the attention instance comes back after the pass; a module the function path
-    does not re-state exactly (attention dropout at work in training mode) takes the unfused path."""
-    from explainers.methods.gradskip import capture
-
-    bundle = tiny_vit()
-    images, targets = _images(bundle), torch.tensor([0, 1, 2])
-    attn = bundle.network.blocks[1].attn
-    calls = []
-    original = attn.forward
-
-    def wrapped(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    attn.forward = wrapped
-    try:
-        assert capture(bundle, images, targets)["attention_path"] == "function"
-        assert vars(attn)["forward"] is wrapped and not calls  # put back; the pass used the re-stated forward
-        bundle(images)
-        assert calls == [1]
-    finally:
-        del attn.forward
-    attn.attn_drop.p = 0.1
-    bundle.network.train()
-    try:
-        # dropout acts in this pass: only the unfused path reads A after it
-        assert capture(bundle, images, targets)["attention_path"] == "unfused"
-        assert capture(bundle, images, targets, attention_path="rebuilt")["attention_path"] == "unfused"
-    finally:
-        bundle.network.eval()
-        attn.attn_drop.p = 0.0
 
 
 def test_attention_modules_other_than_timms_fall_back_to_the_unfused_capture():
-    """The rebuilt and function paths take only timm's own Attention class; a subclass under another name (whose
-    forward may differ) is read at attn_drop with fused attention switched off, and its statistics are the same."""
+    """The rebuilt path takes only timm's own Attention class; a subclass under another name (whose forward may
+    differ) is read at attn_drop with fused attention switched off, and its statistics are the same."""
     from timm.models.vision_transformer import Attention
 
     from explainers.methods.gradskip import capture
@@ -733,11 +680,11 @@ def test_attention_modules_other_than_timms_fall_back_to_the_unfused_capture():
 
     bundle = tiny_vit()
     images, targets = _images(bundle), torch.tensor([0, 1, 2])
-    standard = capture(bundle, images, targets, attention_path="function")
+    standard = capture(bundle, images, targets, rebuild_attention=True)
     for block in bundle.network.blocks:
         block.attn.__class__ = CustomAttention
-    fallback = capture(bundle, images, targets, attention_path="function")
-    assert standard["attention_path"] == "function" and fallback["attention_path"] == "unfused"
+    fallback = capture(bundle, images, targets, rebuild_attention=True)
+    assert standard["rebuilt_attention"] and not fallback["rebuilt_attention"]
     assert all(block.attn.fused_attn for block in bundle.network.blocks)  # restored after the unfused pass
     for a, b in zip(standard["saved"]["A"], fallback["saved"]["A"]):
         assert torch.allclose(a, b.detach(), atol=1e-6)

@@ -4,8 +4,7 @@ One forward pass captures, for every block l, the attention probabilities A (B x
 value vectors (their norms: the "embedding magnitudes"), the block input x (the skip path) and the
 attention-branch output o (the main path); one batch-level backward pass of sum_b y_b[target_b] gives
 dA, dx, do and the gradient at the last block's output. Nothing else is kept, and the model is left as
-it was (every hook removed in a `finally`, timm's fused attention flag and the attention's own forward restored;
-`capture` says which of its three ways to see A and dA it took).
+it was (every hook removed in a `finally`, timm's fused attention restored).
 
 From the captured statistics (all alpha-independent):
 - head weights  w_q = alpha * g~_q + (1 - alpha) * s~_q  (per image, per layer);
@@ -522,93 +521,29 @@ def _reads_qkv(attn: nn.Module) -> bool:
             and getattr(attn, "attn_dim", attn.num_heads * attn.head_dim) == attn.num_heads * attn.head_dim)
 
 
-def _dropout_acts(attn: nn.Module) -> bool:
-    """Attention dropout at work (a module in training mode with p > 0): only the unfused path reads A after it."""
-    dropout = getattr(attn, "attn_drop", None)
-    return bool(attn.training and isinstance(dropout, nn.Dropout) and dropout.p > 0)
-
-
-def _function_fits(attn: nn.Module) -> bool:
-    """The "function" path re-states timm's Attention.forward (below); it takes only the modules whose forward
-    it restates exactly: timm's own class, no output gate, no attention dropout at work."""
-    return _reads_qkv(attn) and getattr(attn, "gate", None) is None and not _dropout_acts(attn)
-
-
-class _AttentionWithProbabilities(torch.autograd.Function):
-    """softmax(q k^T s) v as one autograd node that keeps A (and v) in its forward and hands dA = dO v^T over in
-    its backward: the statistics GradSkip reads, without the unfused graph's separate nodes, without hooks
-    on them and without asking autograd for dA as an extra output (which is where the unfused capture's time
-    over the floor went)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale, store, index):
-        attention = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-        ctx.save_for_backward(q, k, v, attention)
-        ctx.scale, ctx.store, ctx.index = scale, store, index
-        store["A"][index], store["v"][index] = attention, v
-        return attention @ v
-
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, attention = ctx.saved_tensors
-        d_attention = d_out @ v.transpose(-2, -1)
-        ctx.store["dA"][ctx.index] = d_attention
-        d_v = attention.transpose(-2, -1) @ d_out
-        d_scores = attention * (d_attention - (d_attention * attention).sum(dim=-1, keepdim=True))  # softmax'
-        return (d_scores @ k) * ctx.scale, (d_scores.transpose(-2, -1) @ q) * ctx.scale, d_v, None, None, None
-
-
-def _forward_with_probabilities(attn: nn.Module, store: dict, index: int):
-    """timm's Attention.forward (timm 1.0.x, no gate, no mask) with the attention as one recording node."""
-    def forward(x, attn_mask=None, is_causal=False):
-        if attn_mask is not None or is_causal:
-            raise MethodNotApplicable("GradSkip explains full (unmasked) self-attention; this model passed an "
-                                      "attention mask.")
-        b, n, _ = x.shape
-        qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = attn.q_norm(q), attn.k_norm(k)
-        out = _AttentionWithProbabilities.apply(q, k, v, float(attn.scale), store, index)
-        out = attn.norm(out.transpose(1, 2).reshape(b, n, attn.num_heads * attn.head_dim))
-        return attn.proj_drop(attn.proj(out))
-    return forward
-
-
-ATTENTION_PATHS = ("auto", "function", "rebuilt", "unfused")
-
-
 def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: bool = True,
-            attention_path: str = "auto") -> dict:
+            rebuild_attention: bool | str = "auto") -> dict:
     """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached).
 
-    Three ways to see A and dA (the same values up to float rounding; tested on five ViT variants):
-    - "function" ("auto" on a CPU; timm's standard Attention without gate or active attention dropout): for the
-      pass each block's attention runs as one autograd function that keeps A and v and receives dO, so
-      dA = dO v^T comes out of the backward itself. The attention's forward is re-stated from timm's (an instance
-      attribute, removed afterwards); the module's own hooks still run. Measured at batch 1 on the bundled ViT:
-      1.12x the floor where the unfused capture was 1.25x (bench/results/gradskip-cost-session10-*.json).
-    - "rebuilt" ("auto" on a GPU): the model runs as it is (fused attention kept on); hooks keep q, k (after
-      q_norm / k_norm) and v, and the attention output before `norm` / `proj`, whose gradient dO is one of the
-      activations asked for. After the pass A = softmax(q k^T s) and dA = dO v^T, outside autograd. A GPU keeps
-      its fused kernel (not measured here: no GPU).
-    - "unfused" (the fallback for other attention modules): fused attention is switched off for the pass and A is
-      read at `attn_drop`'s output; no assumption about the module's insides.
+    Two ways to see A and dA (the same values up to float rounding):
+    - rebuilt (`rebuild_attention=True`; "auto" on a GPU; every block must be timm's standard Attention): the model
+      runs as it is (fused attention kept on); hooks keep q, k (after q_norm / k_norm) and v, and the attention
+      output before `norm` / `proj`, whose gradient dO is one of the activations asked for. After the pass
+      A = softmax(q k^T s) and dA = dO v^T, outside autograd (x = A v: exactly the unfused graph's gradient). No
+      module state is switched, and a GPU keeps its fused kernel (not measured here: no GPU).
+    - unfused (`rebuild_attention=False`; "auto" on a CPU; the fallback for other attention modules): fused
+      attention is switched off for the pass and A is read at `attn_drop`'s output; no assumption about the
+      module's insides. On the bundled 64 px ViT on a CPU it measured as fast or faster at batch 1 (four quiet
+      runs: 13.96-15.81 vs 14.23-16.57 ms, bench/results/gradskip-cost-session7-quiet-*.json), equal at batch 16.
     Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients."""
-    if attention_path not in ATTENTION_PATHS:
-        raise ValueError(f"attention_path must be one of {', '.join(ATTENTION_PATHS)}, got {attention_path!r}")
     blocks = bundle.blocks
     layers = len(blocks)
-    path = attention_path
-    if path == "auto":
-        path = "function" if images.device.type == "cpu" else "rebuilt"
-    if path == "function" and not all(_function_fits(block.attn) for block in blocks):
-        path = "rebuilt"
-    if path == "rebuilt" and not all(_reads_qkv(block.attn) and not _dropout_acts(block.attn) for block in blocks):
-        path = "unfused"
+    if rebuild_attention == "auto":
+        rebuild_attention = images.device.type != "cpu"
+    rebuild_attention = bool(rebuild_attention) and all(_reads_qkv(block.attn) for block in blocks)
     saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None,
              "q": [None] * layers, "k": [None] * layers, "values": [None] * layers, "out": [None] * layers}
-    recorded = {"A": [None] * layers, "v": [None] * layers, "dA": [None] * layers}  # the "function" path's
-    handles, fused, replaced = [], [], []
+    handles, fused = [], []
 
     def keep_input(key, index):
         def hook(_module, args, kwargs):
@@ -634,17 +569,13 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
 
     with bundle.lock:
         try:
-            if path == "unfused":
+            if not rebuild_attention:
                 fused = disable_fused_attention(bundle.network, [block.attn for block in blocks])
             for index, block in enumerate(blocks):
                 attn = block.attn
                 handles.append(block.register_forward_pre_hook(keep_input("x", index), with_kwargs=True))
                 handles.append(_branch_module(block).register_forward_hook(keep_output("o", index)))
-                if path == "function":
-                    replaced.append((attn, attn.__dict__.get("forward")))  # an instance forward someone set
-                    attn.forward = _forward_with_probabilities(attn, recorded, index)
-                    continue
-                if path == "rebuilt":
+                if rebuild_attention:
                     handles.append(attn.q_norm.register_forward_hook(keep_output("q", index, detach=True)))
                     handles.append(attn.k_norm.register_forward_hook(keep_output("k", index, detach=True)))
                     handles.append(attn.norm.register_forward_pre_hook(keep_input("out", index), with_kwargs=True))
@@ -658,35 +589,24 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
                 inputs = images.detach().requires_grad_(True)  # a graph even for a frozen model
                 logits = bundle(inputs)
                 score = logits.gather(1, targets.view(-1, 1).to(logits.device)).sum()
-                first = {"function": (), "rebuilt": ("q", "k", "values", "out"), "unfused": ("A",)}[path]
+                first = ("q", "k", "values", "out") if rebuild_attention else ("A",)
                 missing = [key for key in first + ("x", "o") if any(t is None for t in saved[key])]
-                if path == "function" and any(a is None for a in recorded["A"]):
-                    missing.append("A")
                 if missing or saved["z"] is None:
                     raise MethodNotApplicable(
                         f"GradSkip could not see {', '.join(missing) or 'the last block output'} in '{bundle.name}': "
                         "its blocks do not follow timm's ViT block layout.")
-                attention_side = {"function": [], "rebuilt": saved["out"], "unfused": saved["A"]}[path]
+                attention_side = saved["out"] if rebuild_attention else saved["A"]
                 wanted = attention_side + saved["x"] + saved["o"] + [saved["z"]]
                 # gradients with respect to activations only: parameters' .grad are neither computed nor touched
                 grads = list(torch.autograd.grad(score, wanted, allow_unused=True))
         finally:
             for handle in handles:
                 handle.remove()
-            for attn, own in replaced:
-                del attn.forward
-                if own is not None:
-                    attn.forward = own
             restore_fused_attention(fused)
-    if path == "function":  # dA came out of each attention node's backward; A and v from its forward
-        saved["A"] = [a.detach() for a in recorded["A"]]
-        saved["values"] = [v.detach().transpose(1, 2) for v in recorded["v"]]  # B x N x Hd x d, as the hook keeps
-        grads = recorded["dA"] + grads
-        wanted = saved["A"] + wanted
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
     with torch.no_grad():
         values = saved["values"]  # B x N x Hd x d each, or None where qkv was not seen
-        if path == "rebuilt":
+        if rebuild_attention:
             _rebuild_attention(saved, grads, [float(block.attn.scale) for block in blocks])
         if value_norm and all(v is not None for v in values):
             if len({tuple(v.shape) for v in values}) == 1:
@@ -696,7 +616,7 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
                 saved["v"] = [torch.linalg.vector_norm(v.float(), dim=-1).transpose(1, 2) for v in values]
     for key in ("q", "k", "values", "out"):
         saved.pop(key)
-    return {"saved": saved, "grads": grads, "logits": logits.detach(), "attention_path": path}
+    return {"saved": saved, "grads": grads, "logits": logits.detach(), "rebuilt_attention": bool(rebuild_attention)}
 
 
 def _rebuild_attention(saved: dict, grads: list, scales: list) -> None:
@@ -787,9 +707,7 @@ class GradSkip(Method):
                  value_norm: bool = True, start: str = "auto",
                  attention_weighting: str = DEFAULT_ATTENTION_WEIGHTING, gate_sigma: float = DEFAULT_GATE_SIGMA,
                  gate_power: float = DEFAULT_GATE_POWER, gate_knee: float = DEFAULT_GATE_KNEE,
-                 gate_reference: str = DEFAULT_GATE_REFERENCE, attention_path: str = "auto"):
-        if attention_path not in ATTENTION_PATHS:
-            raise ValueError(f"attention_path must be one of {', '.join(ATTENTION_PATHS)}, got {attention_path!r}")
+                 gate_reference: str = DEFAULT_GATE_REFERENCE):
         _validate_options(alpha=alpha, head_threshold=head_threshold, beta_reduction=beta_reduction,
                           head_selection=head_selection, head_fraction=head_fraction, start=start,
                           attention_weighting=attention_weighting, gate_sigma=gate_sigma, gate_power=gate_power,
@@ -805,9 +723,6 @@ class GradSkip(Method):
         self.alpha, self.head_threshold, self.beta_reduction = float(alpha), float(head_threshold), beta_reduction
         self.rescale, self.head_selection, self.head_fraction = bool(rescale), head_selection, float(head_fraction)
         self.value_norm, self.start = bool(value_norm), start
-        # how the capture sees A and dA (see `capture`): every path gives the same statistics, so it is not one of
-        # the options a result reports or a cache keys on; the benchmarks compare the paths' cost with it
-        self.attention_path = attention_path
 
     def check(self, bundle) -> None:
         reason = _unsupported_reason(bundle)
@@ -824,7 +739,7 @@ class GradSkip(Method):
                              f"got {targets.tolist()}")
         image_hw = tuple(images.shape[-2:])
         grid = bundle.patch_grid(image_hw)
-        raw = capture(bundle, images, targets, value_norm=self.value_norm, attention_path=self.attention_path)
+        raw = capture(bundle, images, targets, value_norm=self.value_norm)
         saved, grads = raw["saved"], raw["grads"]
         layers = len(saved["A"])
         grad_a, grad_x, grad_o, grad_z = grads[:layers], grads[layers:2 * layers], grads[2 * layers:3 * layers], grads[-1]
