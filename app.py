@@ -593,12 +593,16 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         methods.change(friendly(lambda m, chosen: explain.expected_text(services, m, chosen)), [model, methods],
                        expected, api_name="expected_time", **light)
         for slider, (_, option) in zip(sliders, SLIDERS):
+            previews = []
             if option.live:  # recombined while it moves (no model pass); the curves when it is released
-                slider.change(live_change_handler(services, option), [slider, explain_state, opacity, colormap],
-                              [overlays, heads, explain_state], api_name=option.preview_api_name or None, **light)
+                previews.append(slider.change(live_change_handler(services, option),
+                                              [slider, explain_state, opacity, colormap], [overlays, heads, explain_state],
+                                              api_name=option.preview_api_name or None, **light))
+            # a preview still waiting when the slider is released is superseded: were it to run after the release's
+            # result, it would put back a caption without curves (and a state without them)
             slider.release(option_release_handler(services, option), [slider, explain_state, opacity, colormap],
                            [overlays, curves, aucs, status, explain_state], api_name=option.api_name or None,
-                           trigger_mode="always_last", **heavy)
+                           trigger_mode="always_last", cancels=previews, **heavy)
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
         colormap.change(pictures.colour_bar_html, colormap, colour_bar, api_visibility="private", queue=False)

@@ -119,8 +119,13 @@ def test_explain_tab(page, shots):
         slider = page.locator("#alpha input[type=range]")
         slider.fill("0.2")
         slider.dispatch_event("pointerup")  # 'release': the curves follow
-        wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')]"
-                      ".some(e => e.innerText.includes('alpha=0.2') && e.innerText.includes('ins'))")
+        released = ("[...document.querySelectorAll('#overlays .caption-label')]"
+                    ".some(e => e.innerText.includes('alpha=0.2') && e.innerText.includes('ins'))")
+        try:
+            wait_js(page, released, timeout=45_000)
+        except Exception:  # once in CI the released value never showed (not reproduced here: a synthetic pointerup
+            slider.dispatch_event("pointerup")  # racing the filled value, or a late preview): release once more
+            wait_js(page, released)
     else:
         assert external, "the tiny test app defaults to a ViT, so the alpha slider must be shown"
     time.sleep(0.5)
