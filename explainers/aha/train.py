@@ -534,9 +534,8 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         scores.update(step=step, seconds=round(elapsed_before + time.time() - started, 1))
         validation.append(scores)
         selection = scores["insertion_auc"] - deletion_weight * scores["deletion_auc"]  # ins-del when w = 1
-        if eligible and best is not None and not best.get("eligible", True):
-            best = None  # the first checkpoint above the GridPG floor replaces any fallback below it
-        if best is None or (selection > best["ins_minus_del"] and (eligible or not best.get("eligible", True))):
+        # a checkpoint at the GridPG floor beats any below it; among equals the higher selection score wins
+        if best is None or (eligible, selection) > (best.get("eligible", True), best["ins_minus_del"]):
             best = {"step": step, "ins_minus_del": selection, "eligible": eligible,
                     "state": {k: v.detach().clone().cpu() for k, v in explainer.state_dict().items()}}
         if report is not None and rank == 0:
