@@ -85,7 +85,8 @@ def train(args) -> None:
     with torch.no_grad():
         targets = torch.cat([bundle(images[s:s + 256]).argmax(1) for s in range(0, len(images), 256)])
     val_images, _ = load_eval_images(bundle, args.val_data, args.val_limit, split="val")
-    mosaics, mosaic_classes = validation_mosaics(bundle, args.val_data, args.val_mosaics)
+    mosaics, mosaic_classes = (validation_mosaics(bundle, args.val_data, args.val_mosaics) if args.val_mosaics
+                               else (None, None))
     keeper = load_explainer(bundle).eval()  # the shipped explainer, frozen: its mosaic maps are kept
     bundle.network.requires_grad_(False)  # this process only: the objective's backward needs no classifier grads
     params = [p for p in explainer.parameters() if p.requires_grad]
@@ -94,12 +95,13 @@ def train(args) -> None:
 
     def evaluate(step):
         scores = validation_scores(explainer, val_images)
-        scores["gridpg"] = validation_gridpg(explainer, mosaics, mosaic_classes)
+        if mosaics is not None:
+            scores["gridpg"] = validation_gridpg(explainer, mosaics, mosaic_classes)
         scores["step"] = step
         scores["seconds"] = round(time.time() - started, 1)
         history.append(scores)
         print(json.dumps(scores), flush=True)
-        return (scores["gridpg"] >= args.gridpg_min, scores["ins_minus_del"])
+        return (scores.get("gridpg", 1.0) >= args.gridpg_min, scores["ins_minus_del"])
 
     started = time.time()
     best = evaluate(0)
@@ -181,7 +183,8 @@ def main(argv=None) -> int:
     r.add_argument("--mosaic-every", type=int, default=0, help="every k-th step: keep the shipped mosaic maps")
     r.add_argument("--mosaics", type=int, default=8)
     r.add_argument("--mosaic-weight", type=float, default=1.0)
-    r.add_argument("--val-mosaics", type=int, default=64)
+    r.add_argument("--val-mosaics", type=int, default=64, help="0: no GridPG tracking (e.g. a ViT that does not "
+                   "read mosaics)")
     r.add_argument("--gridpg-min", type=float, default=0.0, help="a checkpoint is eligible at this val GridPG")
     r.add_argument("--val-every", type=int, default=200)
     r.add_argument("--minutes", type=float, default=60)
