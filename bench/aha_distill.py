@@ -50,7 +50,8 @@ def write_targets(args) -> None:
     done = load_file(str(out)) if out.exists() else {}
     indices = done.get("indices", torch.zeros(0, dtype=torch.long)).tolist()
     maps = [done["maps"]] if "maps" in done else []
-    todo = [i for i in chosen if i not in set(indices)]
+    seen = set(indices)
+    todo = [i for i in chosen if i not in seen]
     started = time.time()
     for start in range(0, len(todo), args.chunk):
         batch = todo[start:start + args.chunk]
@@ -67,6 +68,18 @@ def write_targets(args) -> None:
 
 
 def train(args) -> None:
+    """The objective's backward needs no classifier gradients: they are switched off for the run and restored."""
+    frozen = [p for p in load_model(args.model).network.parameters() if p.requires_grad]  # (the cached bundle)
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        _train(args)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def _train(args) -> None:
     from safetensors.torch import load_file
 
     from explainers.aha.objective import aha_loss, grid_range, reference_batch
@@ -88,7 +101,6 @@ def train(args) -> None:
     mosaics, mosaic_classes = (validation_mosaics(bundle, args.val_data, args.val_mosaics) if args.val_mosaics
                                else (None, None))
     keeper = load_explainer(bundle).eval()  # the shipped explainer, frozen: its mosaic maps are kept
-    bundle.network.requires_grad_(False)  # this process only: the objective's backward needs no classifier grads
     params = [p for p in explainer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=1e-3)
     history = []
