@@ -33,7 +33,7 @@ from explainers.aha.refine import refine_maps  # noqa: E402
 from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
 from explainers.aha.train import (load_eval_images, validation_gridpg, validation_mosaics,  # noqa: E402
                                   validation_scores)
-from explainers.models import load_model  # noqa: E402
+from explainers.models import kept_training_state, load_model  # noqa: E402
 
 
 def write_targets(args) -> None:
@@ -68,24 +68,19 @@ def write_targets(args) -> None:
 
 
 def train(args) -> None:
-    """The objective's backward needs no classifier gradients: they are switched off for the run and restored."""
-    frozen = [p for p in load_model(args.model).network.parameters() if p.requires_grad]  # (the cached bundle)
-    for p in frozen:
-        p.requires_grad_(False)
-    try:
-        _train(args)
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
+    """The objective's backward needs no classifier gradients: they are switched off for the run and put back."""
+    bundle = load_model(args.model)
+    with kept_training_state(bundle.network):
+        bundle.network.requires_grad_(False)
+        _train(args, bundle)
 
 
-def _train(args) -> None:
+def _train(args, bundle) -> None:
     from safetensors.torch import load_file
 
     from explainers.aha.objective import aha_loss, grid_range, reference_batch
 
     torch.manual_seed(args.seed)
-    bundle = load_model(args.model)
     explainer = load_explainer(bundle)
     indices, maps = [], []
     for path in args.targets:
@@ -100,7 +95,8 @@ def _train(args) -> None:
     val_images, _ = load_eval_images(bundle, args.val_data, args.val_limit, split="val")
     mosaics, mosaic_classes = (validation_mosaics(bundle, args.val_data, args.val_mosaics) if args.val_mosaics
                                else (None, None))
-    keeper = load_explainer(bundle).eval()  # the shipped explainer, frozen: its mosaic maps are kept
+    # the shipped explainer, frozen: its mosaic maps are kept (only the mosaic steps read it)
+    keeper = load_explainer(bundle).eval() if args.mosaic_every else None
     params = [p for p in explainer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=1e-3)
     history = []

@@ -355,7 +355,7 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
     Resumes from `checkpoint` (written atomically after every epoch) if it exists and was made with the same
     settings. `progress(step, total, **metrics)` and `cancelled()` are the job runner's hooks. Returns
     {"history": [...per epoch...], "cancelled": bool, "steps": n, "seconds": t}."""
-    from .models import disable_fused_attention, restore_fused_attention
+    from .models import disable_fused_attention, kept_training_state, restore_fused_attention
     from .training import atomic_save
 
     if cam_mode not in CAM_MODES:
@@ -366,105 +366,102 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
     network, device = bundle.network, bundle.device
     use_bf16 = bool(bf16) and device.type == "cuda"
     torch.manual_seed(seed)
-    flags = [(p, p.requires_grad) for p in network.parameters()]  # restored as they were, whatever they were
-    was_training = network.training
-    frozen = freeze_early_layers(network, freeze_early)
-    parameters = [p for p in network.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
-    n = len(train)
-    steps_per_epoch = max(1, math.ceil(n / batch_size))
-    total_steps = epochs * steps_per_epoch
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(total_steps, 1)))))
-    settings = {"epochs": epochs, "lam": lam, "lr": lr, "batch_size": batch_size, "cam_mode": cam_mode,
-                "freeze_early": freeze_early, "seed": seed, "n": n, "world": world, "bn_train": bn_train}
-    start_epoch, history = 0, []
-    checkpoint = Path(checkpoint) if checkpoint else None
-    if checkpoint and checkpoint.exists():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if json.loads(state["settings"]) == settings:
-            network.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            schedule.load_state_dict(state["schedule"])
-            start_epoch, history = int(state["epoch"]), json.loads(state["history"])
-            print(f"CAMAL: resuming from epoch {start_epoch} ({checkpoint})", file=sys.stderr)
-        else:
-            print(f"CAMAL: ignoring {checkpoint}: made with other settings", file=sys.stderr)
-    if world > 1:
-        _broadcast_state(network)
-    changed = disable_fused_attention(network) if lam and bundle.is_vit else []  # math attention: double backward
-    started, was_cancelled, step_count = time.time(), False, 0
-    try:
-        for epoch in range(start_epoch, epochs):
-            network.train()
-            _set_frozen_eval(network, frozen)
-            if not bn_train:
-                _batchnorm_eval(network)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-            sums = {k: 0.0 for k in ("ce", "reg", "alpha", "beta", "correct", "count")}
-            for step in range(steps_per_epoch):
-                global_index = order[step * batch_size:(step + 1) * batch_size]
-                draws = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 10_007 + step)
-                turns = torch.randint(0, 4, (len(global_index),), generator=draws)
-                flips = torch.rand(len(global_index), generator=draws) < 0.5
-                index = global_index[rank::world]
-                x, m = train.float_images(index), train.masks[index]
-                if augment:
-                    x, m = paired_augment(x, m, turns[rank::world], flips[rank::world])
-                x, m, y = x.to(device), m.to(device), train.labels[index].to(device)
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    loss, stats = camal_loss(bundle, x, y, m, lam=lam, cam_mode=cam_mode, layer=layer,
-                                             reduction_size=len(global_index))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if world > 1:
-                    for p in parameters:
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-                    _all_reduce_([p.grad for p in parameters])
-                    packed = torch.stack([stats[k].float() for k in sums])
-                    _all_reduce_([packed])
-                    stats = dict(zip(sums, packed))
-                if grad_clip:
-                    torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
-                optimizer.step()
-                schedule.step()
-                step_count += 1
-                for k in sums:
-                    sums[k] += float(stats[k])
-                global_step = epoch * steps_per_epoch + step + 1
-                if progress is not None and rank == 0 and not (step % log_every == 0 or step == steps_per_epoch - 1):
-                    progress(global_step, total_steps)  # the step alone, every step: an exact bar, a cheap write
-                elif progress is not None and rank == 0:
-                    count = max(float(stats["count"]), 1.0)
-                    progress(global_step, total_steps, epoch=epoch + 1,
-                             loss=(float(stats["ce"]) + lam * float(stats["reg"])) / count,
-                             ce=float(stats["ce"]) / count,
-                             reg=float(stats["reg"]) / count, alpha=float(stats["alpha"]) / count,
-                             beta=float(stats["beta"]) / count, lr=schedule.get_last_lr()[0])
-                if cancelled is not None and cancelled():
-                    was_cancelled = True
+    with kept_training_state(network):  # early layers frozen, train mode: all put back on leaving, errors too
+        frozen = freeze_early_layers(network, freeze_early)
+        parameters = [p for p in network.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+        n = len(train)
+        steps_per_epoch = max(1, math.ceil(n / batch_size))
+        total_steps = epochs * steps_per_epoch
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(total_steps, 1)))))
+        settings = {"epochs": epochs, "lam": lam, "lr": lr, "batch_size": batch_size, "cam_mode": cam_mode,
+                    "freeze_early": freeze_early, "seed": seed, "n": n, "world": world, "bn_train": bn_train}
+        start_epoch, history = 0, []
+        checkpoint = Path(checkpoint) if checkpoint else None
+        if checkpoint and checkpoint.exists():
+            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+            if json.loads(state["settings"]) == settings:
+                network.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                schedule.load_state_dict(state["schedule"])
+                start_epoch, history = int(state["epoch"]), json.loads(state["history"])
+                print(f"CAMAL: resuming from epoch {start_epoch} ({checkpoint})", file=sys.stderr)
+            else:
+                print(f"CAMAL: ignoring {checkpoint}: made with other settings", file=sys.stderr)
+        if world > 1:
+            _broadcast_state(network)
+        changed = disable_fused_attention(network) if lam and bundle.is_vit else []  # math attention: double backward
+        started, was_cancelled, step_count = time.time(), False, 0
+        try:
+            for epoch in range(start_epoch, epochs):
+                network.train()
+                _set_frozen_eval(network, frozen)
+                if not bn_train:
+                    _batchnorm_eval(network)
+                order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+                sums = {k: 0.0 for k in ("ce", "reg", "alpha", "beta", "correct", "count")}
+                for step in range(steps_per_epoch):
+                    global_index = order[step * batch_size:(step + 1) * batch_size]
+                    draws = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 10_007 + step)
+                    turns = torch.randint(0, 4, (len(global_index),), generator=draws)
+                    flips = torch.rand(len(global_index), generator=draws) < 0.5
+                    index = global_index[rank::world]
+                    x, m = train.float_images(index), train.masks[index]
+                    if augment:
+                        x, m = paired_augment(x, m, turns[rank::world], flips[rank::world])
+                    x, m, y = x.to(device), m.to(device), train.labels[index].to(device)
+                    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                        loss, stats = camal_loss(bundle, x, y, m, lam=lam, cam_mode=cam_mode, layer=layer,
+                                                 reduction_size=len(global_index))
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if world > 1:
+                        for p in parameters:
+                            if p.grad is None:
+                                p.grad = torch.zeros_like(p)
+                        _all_reduce_([p.grad for p in parameters])
+                        packed = torch.stack([stats[k].float() for k in sums])
+                        _all_reduce_([packed])
+                        stats = dict(zip(sums, packed))
+                    if grad_clip:
+                        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+                    optimizer.step()
+                    schedule.step()
+                    step_count += 1
+                    for k in sums:
+                        sums[k] += float(stats[k])
+                    global_step = epoch * steps_per_epoch + step + 1
+                    logged = step % log_every == 0 or step == steps_per_epoch - 1
+                    if progress is not None and rank == 0 and not logged:
+                        progress(global_step, total_steps)  # the step alone, every step: an exact bar, a cheap write
+                    elif progress is not None and rank == 0:
+                        count = max(float(stats["count"]), 1.0)
+                        progress(global_step, total_steps, epoch=epoch + 1,
+                                 loss=(float(stats["ce"]) + lam * float(stats["reg"])) / count,
+                                 ce=float(stats["ce"]) / count,
+                                 reg=float(stats["reg"]) / count, alpha=float(stats["alpha"]) / count,
+                                 beta=float(stats["beta"]) / count, lr=schedule.get_last_lr()[0])
+                    if cancelled is not None and cancelled():
+                        was_cancelled = True
+                        break
+                if was_cancelled:
                     break
-            if was_cancelled:
-                break
-            if world > 1 and bn_train:
-                _average_buffers(network, world)
-            count = max(sums["count"], 1.0)
-            history.append({"epoch": epoch + 1, "ce": sums["ce"] / count, "reg_per_image": sums["reg"] / count,
-                            "alpha": sums["alpha"] / count, "beta": sums["beta"] / count,
-                            "train_accuracy": sums["correct"] / count})
-            print(f"CAMAL epoch {epoch + 1}/{epochs}: " + " ".join(f"{k} {v:.4f}" for k, v in history[-1].items()
-                                                                 if k != "epoch"), file=sys.stderr)
-            if checkpoint and rank == 0:
-                checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                atomic_save({"model": network.state_dict(), "optimizer": optimizer.state_dict(),
-                             "schedule": schedule.state_dict(), "epoch": epoch + 1, "history": json.dumps(history),
-                             "settings": json.dumps(settings)}, checkpoint)
-    finally:
-        restore_fused_attention(changed)
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        network.train(was_training)
+                if world > 1 and bn_train:
+                    _average_buffers(network, world)
+                count = max(sums["count"], 1.0)
+                history.append({"epoch": epoch + 1, "ce": sums["ce"] / count, "reg_per_image": sums["reg"] / count,
+                                "alpha": sums["alpha"] / count, "beta": sums["beta"] / count,
+                                "train_accuracy": sums["correct"] / count})
+                print(f"CAMAL epoch {epoch + 1}/{epochs}: " + " ".join(f"{k} {v:.4f}" for k, v in history[-1].items()
+                                                                     if k != "epoch"), file=sys.stderr)
+                if checkpoint and rank == 0:
+                    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_save({"model": network.state_dict(), "optimizer": optimizer.state_dict(),
+                                 "schedule": schedule.state_dict(), "epoch": epoch + 1, "history": json.dumps(history),
+                                 "settings": json.dumps(settings)}, checkpoint)
+        finally:
+            restore_fused_attention(changed)
     return {"history": history, "cancelled": was_cancelled, "steps": step_count,
             "seconds": round(time.time() - started, 2), "frozen": frozen}
 

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -187,6 +188,21 @@ def disable_fused_attention(network: nn.Module, modules=None) -> list:
 def restore_fused_attention(changed: list) -> None:
     for module, value in changed:
         module.fused_attn = value
+
+
+@contextmanager
+def kept_training_state(network: nn.Module):
+    """Inside the block a caller may freeze, unfreeze or switch modes freely: on leaving it (also on an error) every
+    parameter's requires_grad and the network's train / eval mode are put back as they were. The classifiers are
+    shared through the model cache, so a training run must not leave one frozen or in train mode."""
+    flags = [(parameter, parameter.requires_grad) for parameter in network.parameters()]
+    was_training = network.training
+    try:
+        yield network
+    finally:
+        for parameter, flag in flags:
+            parameter.requires_grad_(flag)
+        network.train(was_training)
 
 
 # --- loaders ---------------------------------------------------------------------------------

@@ -354,3 +354,18 @@ def test_finetune_restores_the_models_flags_as_they_were(tmp_path):
     assert {name: p.requires_grad for name, p in network.named_parameters()} == before
     assert not network.training and not any(m.training for m in network.modules())
     assert not before["fc.bias"] and before["fc.weight"] and not before["layer4.0.conv1.weight"]
+
+
+def test_finetune_that_fails_after_freezing_leaves_the_model_as_it_was(tmp_path):
+    """The early layers are frozen before the checkpoint is read: a checkpoint that cannot be read must not leave the
+    shared model frozen or in train mode (the flags used to be put back only by the training loop's `finally`)."""
+    data = load_mask_set(make_mask_set(tmp_path / "d", count=8))
+    torch.manual_seed(0)
+    bundle = models.bundle_from_timm("t", timm.create_model(CNN[0], pretrained=False, **CNN[1]), input_size=(32, 32))
+    bundle.network.eval()
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(Exception):
+        C.finetune(bundle, data, epochs=1, batch_size=4, freeze_early=0.5, checkpoint=broken)
+    assert all(p.requires_grad for p in bundle.network.parameters())
+    assert not any(m.training for m in bundle.network.modules())

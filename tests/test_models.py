@@ -173,3 +173,17 @@ def test_limit_spreads_over_a_class_sorted_file(tmp_path):
              test_labels=np.repeat(np.arange(4), 10).reshape(-1, 1))
     npz = open_dataset(str(tmp_path / "sorted.npz"), split="test", limit=8)
     assert len(npz) == 8 and sorted(set(npz.labels.tolist())) == [0, 1, 2, 3]
+
+
+def test_kept_training_state_puts_flags_and_mode_back_also_on_an_error():
+    network = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    network[0].bias.requires_grad_(False)
+    network.eval()
+    before = [p.requires_grad for p in network.parameters()]
+    with pytest.raises(RuntimeError):
+        with models.kept_training_state(network):
+            network.train().requires_grad_(False)
+            assert network.training and not any(p.requires_grad for p in network.parameters())
+            raise RuntimeError("a failed run")
+    assert [p.requires_grad for p in network.parameters()] == before == [True, False, True, True]
+    assert not any(m.training for m in network.modules())

@@ -371,7 +371,7 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
     `phase="start"` with `resumed_from` and `elapsed_s` just before the first step of this run) and
     `cancelled()`, checked after every step: when it is true the run saves its checkpoint and returns
     {"cancelled": True, "step": ..., "total_steps": ...} without exporting. `card_extra` is merged into the card."""
-    from ..models import load_model
+    from ..models import kept_training_state, load_model
 
     options = dict(data=data, out=out, val_data=val_data, val_limit=val_limit, steps=steps, epochs=epochs,
                    batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, clip=clip, targets=targets,
@@ -398,16 +398,11 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     bundle = bundle or load_model(model)
     bundle.to(device)
-    # the classifier is shared (the model cache): freeze it for training, put every flag back afterwards
-    saved_flags = [(p, p.requires_grad) for p in bundle.network.parameters()]
-    saved_mode = bundle.network.training
-    bundle.network.eval().requires_grad_(False)
     try:
-        return _train_frozen(bundle, rank=rank, world=world, device=device, **options)
+        with kept_training_state(bundle.network):  # the classifier is shared (the model cache): frozen for the run
+            bundle.network.eval().requires_grad_(False)
+            return _train_frozen(bundle, rank=rank, world=world, device=device, **options)
     finally:
-        for parameter, flag in saved_flags:
-            parameter.requires_grad_(flag)
-        bundle.network.train(saved_mode)
         if started_group and dist.is_initialized():
             # a gloo group left alive at interpreter exit can abort a rank ("terminate called without an
             # active exception") after the work is done: end it here, on every rank
