@@ -402,6 +402,25 @@ def test_output_blur_rule_takes_only_a_gain_beyond_chance():
     assert rows[1]["ins_minus_del_vs_no_blur"]["ci95"][0] < 0 and chosen == 0.0  # ... that is noise: no blur
 
 
+def test_output_blur_rule_with_a_baseline_takes_the_best_sigma_ahead_of_it_on_both_curves():
+    from explainers.aha.output_blur import summarise
+
+    rng = np.random.default_rng(1)
+    deletion = rng.uniform(0.1, 0.3, 40)
+    insertion = rng.uniform(0.5, 0.7, 40)
+    # the blur trades insertion for deletion: no blur loses on deletion, 8 px on insertion, 2 and 4 px win on both
+    scores = {0.0: {"deletion": deletion + 0.01, "insertion": insertion + 0.02},
+              2.0: {"deletion": deletion - 0.001, "insertion": insertion + 0.016},  # more ins-del, a thin lead
+              4.0: {"deletion": deletion - 0.005, "insertion": insertion + 0.01},
+              8.0: {"deletion": deletion - 0.03, "insertion": insertion - 0.005}}
+    peer = {"deletion": deletion, "insertion": insertion}
+    rows, chosen = summarise(scores, peer)
+    assert chosen == 4.0  # not 8 (the best ins-del, behind on insertion), not 0 (behind on deletion), not 2 (thin)
+    assert summarise(scores)[1] == 8.0  # without a baseline: the significant ins-del gain
+    behind = {"deletion": deletion - 0.1, "insertion": insertion + 0.1}  # ahead of every sigma: the old rule
+    assert summarise(scores, behind)[1] == summarise(scores)[1]
+
+
 def test_output_blur_selection_measures_every_sigma_and_writes_only_the_card(tmp_path, trained_cnn):
     from explainers.aha.output_blur import select_output_blur
 
@@ -419,6 +438,17 @@ def test_output_blur_selection_measures_every_sigma_and_writes_only_the_card(tmp
     significant = [r for r in dry["rows"][1:] if r["ins_minus_del_vs_no_blur"]["ci95"][0] > 0]
     expected = max(significant, key=lambda r: r["ins_minus_del"])["sigma_px"] if significant else 0.0
     assert dry["chosen_sigma_px"] == expected and dry["images"] == 6
+    against = select_output_blur(bundle=trained_cnn, stem=stem, val_data=str(val), sigmas=[2, 4], apply=False,
+                                 baseline="gradcam")
+    peer = against["baseline"]
+    assert peer["method"] == "gradcam" and 0 <= peer["deletion_auc"] <= 1 and "gradcam" in against["rule"]
+    ahead = [r for r in against["rows"] if r["deletion_auc"] < peer["deletion_auc"]
+             and r["insertion_auc"] > peer["insertion_auc"]]
+    if ahead:
+        lead = [min(peer["deletion_auc"] - r["deletion_auc"], r["insertion_auc"] - peer["insertion_auc"]) for r in ahead]
+        assert against["chosen_sigma_px"] == ahead[int(np.argmax(lead))]["sigma_px"]
+    else:
+        assert against["chosen_sigma_px"] == dry["chosen_sigma_px"]
     for row in dry["rows"][1:]:
         diff = row["ins_minus_del_vs_no_blur"]["mean"]
         assert abs(diff - (row["ins_minus_del"] - dry["rows"][0]["ins_minus_del"])) < 2e-5
@@ -545,6 +575,45 @@ def test_refinement_restores_weights_and_is_thread_safe(trained_cnn):
     for i in range(2):
         assert torch.allclose(results[i], sequential[i], atol=1e-5)
     assert all(torch.equal(before[k], v) for k, v in explainer.state_dict().items())
+    forget_explainers()
+
+
+def test_refinement_takes_the_settings_its_card_names_and_says_so(trained_cnn, monkeypatch):
+    from explainers.aha.per_image import optimise_maps
+    from explainers.methods import aha as aha_module
+    from explainers.methods import get_method
+
+    bundle = trained_cnn
+    torch.manual_seed(0)
+    explainer = register_explainer(bundle, AHAExplainer(bundle, width=16, embed_dim=16))
+    images, _ = quadrant_images(2, seed=12)
+    targets = torch.tensor([1, 2])
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return optimise_maps(*args, **kwargs)
+
+    monkeypatch.setattr(aha_module, "optimise_maps", recording)
+    explainer.card = {}  # no settings named: the defaults
+    method = get_method("aha", refine_steps=2)
+    default_maps = method.attribute(bundle, images, targets)
+    assert method.resolved_options["refinement"] == {"lr": 0.3, "grid": None, "deletion_weight": 1.0}
+    explainer.card = {"refinement": {"lr": 0.5, "grid": 4, "deletion_weight": 2.0}}
+    named_maps = method.attribute(bundle, images, targets)
+    assert method.resolved_options["refinement"] == {"lr": 0.5, "grid": 4, "deletion_weight": 2.0}
+    assert {k: calls[-1][k] for k in ("lr", "grid", "deletion_weight")} == {"lr": 0.5, "grid": 4, "deletion_weight": 2.0}
+    assert (named_maps - default_maps).abs().max() > 1e-4  # the settings reach the optimisation
+    one_pass = get_method("aha").attribute(bundle, images, targets)
+    direct = optimise_maps(bundle, images, targets, steps=2, prior_maps=one_pass, lr=0.5, grid=4, deletion_weight=2.0)
+    assert torch.allclose(named_maps, direct, atol=1e-5)
+    explicit = get_method("aha", refine_steps=2, refine_lr=0.1)
+    explicit.attribute(bundle, images, targets)
+    assert explicit.resolved_options["refinement"]["lr"] == 0.1 and calls[-1]["grid"] == 4  # the caller's lr wins
+    assert "refine_lr" not in method.options and explicit.options["refine_lr"] == 0.1
+    assert method.expected_seconds(bundle) > 0
+    with pytest.raises(ValueError, match="refine_lr"):
+        get_method("aha", refine_lr=0)
     forget_explainers()
 
 

@@ -41,10 +41,12 @@ def prior_method(bundle) -> str:
 
 def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps: int = PER_IMAGE_STEPS,
                   lr: float = PER_IMAGE_LR, grid: int | None = None, tau: float = TAU_END, reference: str = "mean",
-                  prior_maps: torch.Tensor | None = None, progress=None, history: list | None = None) -> torch.Tensor:
+                  prior_maps: torch.Tensor | None = None, progress=None, history: list | None = None,
+                  deletion_weight: float = 1.0) -> torch.Tensor:
     """B x H x W maps (unbounded, higher = more important): the standardised prior map plus a G x G correction
     (bilinearly upsampled, so the prior's order within a cell survives) after `steps` Adam steps of the AHA
-    loss. `progress(done, total)` is called after every step (for a progress bar)."""
+    loss (`deletion_weight` x deletion + 1 - insertion). `progress(done, total)` is called after every step (for a
+    progress bar)."""
     from ..methods import get_method
 
     image_hw = tuple(images.shape[-2:])
@@ -68,7 +70,8 @@ def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps:
         maps = torch.cat([optimise_maps(bundle, images[i:i + per_pass], targets[i:i + per_pass], steps=steps, lr=lr,
                                         grid=grid, tau=tau, reference=reference,
                                         prior_maps=prior_maps[i:i + per_pass], progress=chunk_progress(n),
-                                        history=traces[n]) for n, i in enumerate(chunks)])
+                                        history=traces[n], deletion_weight=deletion_weight)
+                          for n, i in enumerate(chunks)])
         if history is not None:  # one row per step over the whole batch, as without chunks
             history.extend([sum(rows, []) for rows in zip(*traces)])
         return maps
@@ -86,7 +89,8 @@ def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps:
     for step in range(steps):
         with torch.enable_grad():
             terms = aha_loss(bundle, images, current(), targets, references, grid=grid, tau=tau,
-                             fractions=fractions, noise=False, endpoint_probs=(clean, blank), reduce=False)
+                             fractions=fractions, noise=False, endpoint_probs=(clean, blank), reduce=False,
+                             deletion_weight=deletion_weight)
             # a sum: every image's correction has its own gradient, as if optimised alone
             (gradient,) = torch.autograd.grad(terms.loss.sum(), [correction])
         correction.grad = gradient
@@ -99,10 +103,11 @@ def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps:
         return current()
 
 
-def expected_seconds(bundle, steps: int = PER_IMAGE_STEPS, images: int = 1) -> float:
-    """A measured estimate: one optimisation step on a blank image of the model's size, times the steps."""
+def expected_seconds(bundle, steps: int = PER_IMAGE_STEPS, images: int = 1, **settings) -> float:
+    """A measured estimate: one optimisation step on a blank image of the model's size, times the steps
+    (`settings`: optimise_maps's grid / lr / deletion_weight, as the run will use them)."""
     x = torch.full((1, 3, *bundle.input_size), 0.5, device=bundle.device)
     started = time.perf_counter()
-    optimise_maps(bundle, x, torch.zeros(1, dtype=torch.long, device=bundle.device), steps=1,
+    optimise_maps(bundle, x, torch.zeros(1, dtype=torch.long, device=bundle.device), steps=1, **settings,
                   prior_maps=torch.rand(1, *bundle.input_size, generator=torch.Generator().manual_seed(0)).to(bundle.device))
     return (time.perf_counter() - started) * steps * images

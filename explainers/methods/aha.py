@@ -25,6 +25,9 @@ from .base import Method, MethodNotApplicable, Option
 
 MODES = ("auto", "trained", "per-image")
 REFINE_MAP_LR = 0.3  # the correction's step size at test time (T <= 10 steps from a trained map)
+# A trained explainer's card may name its own refinement settings ("refinement": lr, grid, deletion_weight), chosen
+# on validation data (bench/aha_refine_val.py); these are the settings where it names none.
+REFINE_DEFAULTS = {"lr": REFINE_MAP_LR, "grid": None, "deletion_weight": 1.0}  # grid None: the per-image grid
 MAX_PER_IMAGE_STEPS = 50
 
 
@@ -69,11 +72,12 @@ class AHA(Method):
     def quick_on(cls, bundle) -> bool:
         return cls.has_trained_explainer(bundle)
 
-    def __init__(self, refine_steps: int = 0, refine_lr: float = REFINE_MAP_LR, reference: str = "mean",
+    def __init__(self, refine_steps: int = 0, refine_lr: float | None = None, reference: str = "mean",
                  mode: str = "auto", per_image_steps: int = PER_IMAGE_STEPS, per_image_lr: float = PER_IMAGE_LR,
                  output_blur: float | None = None):
         """`output_blur` (pixels; None = the card's) overrides a trained explainer's output blur, e.g. to measure
-        a card's choice against none (`evaluate --methods aha,aha:output_blur=0`); the per-image mode has none."""
+        a card's choice against none (`evaluate --methods aha,aha:output_blur=0`); the per-image mode has none.
+        `refine_lr` (None = the card's refinement setting, else REFINE_MAP_LR) sets the refinement's step size."""
         refine_steps = check_refine_steps(refine_steps)
         output_blur = None if output_blur is None else check_output_blur(output_blur)
         if mode not in MODES:
@@ -81,8 +85,11 @@ class AHA(Method):
         if isinstance(per_image_steps, bool) or int(per_image_steps) != per_image_steps or not (
                 1 <= int(per_image_steps) <= MAX_PER_IMAGE_STEPS):
             raise ValueError(f"per_image_steps must be an integer in 1..{MAX_PER_IMAGE_STEPS}, got {per_image_steps!r}")
-        super().__init__(refine_steps=refine_steps, refine_lr=refine_lr, reference=reference, mode=mode,
+        if refine_lr is not None and not 0 < float(refine_lr) <= 10:
+            raise ValueError(f"refine_lr must be in (0, 10], got {refine_lr!r}")
+        super().__init__(refine_steps=refine_steps, reference=reference, mode=mode,
                          per_image_steps=int(per_image_steps), per_image_lr=per_image_lr,
+                         **({} if refine_lr is None else {"refine_lr": float(refine_lr)}),
                          **({} if output_blur is None else {"output_blur": output_blur}))
         self.output_blur = output_blur
         self.refine_steps, self.refine_lr, self.reference = refine_steps, refine_lr, reference
@@ -116,8 +123,23 @@ class AHA(Method):
         """About how long one map takes in the mode this model gets (measured with one step now)."""
         if self.resolve_mode(bundle) == "trained" and self.refine_steps == 0:
             return 0.0
-        steps = self.refine_steps if self.resolve_mode(bundle) == "trained" else self.per_image_steps
-        return expected_seconds(bundle, steps, images)
+        if self.resolve_mode(bundle) == "trained":
+            settings = self.refinement_settings(bundle)
+            return expected_seconds(bundle, self.refine_steps, images, grid=settings["grid"],
+                                    lr=settings["lr"], deletion_weight=settings["deletion_weight"])
+        return expected_seconds(bundle, self.per_image_steps, images)
+
+    def refinement_settings(self, bundle) -> dict:
+        """lr, grid and deletion_weight of the trained mode's refinement: the card's "refinement" where it names
+        them (chosen on validation data), else REFINE_DEFAULTS; an explicit `refine_lr` wins."""
+        card = getattr(self.explainer(bundle), "card", None) or {}
+        named = card.get("refinement") or {}
+        settings = {key: named.get(key, default) for key, default in REFINE_DEFAULTS.items()}
+        if self.refine_lr is not None:
+            settings["lr"] = self.refine_lr
+        settings["lr"], settings["deletion_weight"] = float(settings["lr"]), float(settings["deletion_weight"])
+        settings["grid"] = None if settings["grid"] is None else int(settings["grid"])
+        return settings
 
     def attribute(self, bundle, images, targets, progress=None):
         return self.predict_and_explain(bundle, images, targets, progress=progress)[1]
@@ -147,8 +169,10 @@ class AHA(Method):
             self.resolved_options["output_blur"] = blur
         logits, maps, targets = logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
         if self.refine_steps > 0:
-            maps = optimise_maps(bundle, images, targets, steps=self.refine_steps, lr=self.refine_lr,
-                                 reference=self.reference, prior_maps=maps, progress=progress).detach()
+            settings = self.refinement_settings(bundle)
+            maps = optimise_maps(bundle, images, targets, steps=self.refine_steps, reference=self.reference,
+                                 prior_maps=maps, progress=progress, **settings).detach()
+            self.resolved_options["refinement"] = settings
         return logits, maps, targets
 
 
