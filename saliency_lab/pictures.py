@@ -87,9 +87,11 @@ def colour_bar_html(colormap: str = "cividis") -> str:
 
 
 def options_text(record: dict) -> str:
-    """A result's options as `name=value`, each named as its method declares it (Option.short), else by keyword."""
+    """A result's options as `name=value`, each named as its method declares it (Option.short), else by keyword.
+    Grouped settings (a dict, e.g. AHA's `refinement`) stay out of this one-line text: report.json has them."""
     declared = METHODS[record["method"]].user_options_by_name() if record.get("method") in METHODS else {}
-    return ", ".join(f"{getattr(declared.get(k), 'short', '') or k}={v}" for k, v in record["options"].items())
+    return ", ".join(f"{getattr(declared.get(k), 'short', '') or k}={v}" for k, v in record["options"].items()
+                     if not isinstance(v, dict))
 
 
 def caption(record: dict) -> str:

@@ -204,6 +204,15 @@ def test_refine_steps_rerun_aha_only(running):
     assert rows["Grad-CAM"][1] == "-"
 
 
+def test_option_text_names_declared_options_and_leaves_grouped_settings_to_the_report():
+    from saliency_lab.pictures import options_text
+
+    record = {"method": "aha", "options": {"refine_steps": 3, "mode": "trained",
+                                           "refinement": {"lr": 0.3, "grid": 16, "deletion_weight": 1.0}}}
+    assert options_text(record) == "refine_steps=3, mode=trained"
+    assert options_text({"method": "not-registered", "options": {"a": 1}}) == "a=1"
+
+
 def test_redraw_and_downloads(running):
     _, client, _ = running
     explain(client)
