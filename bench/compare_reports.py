@@ -7,6 +7,15 @@ For each report: the methods ranked by deletion (lower better), insertion and in
 with 95% bootstrap intervals, and the paired bootstrap interval (`explainers.statistics.paired_difference`)
 of each requested pair on the same images. With two reports on the same files (e.g. the mean-colour and the
 ROAD reference), whether the rankings agree, and the per-method Spearman correlation of the per-image scores.
+
+`--merge` pairs methods ACROSS reports of the same images (e.g. a new explainer's run against a stored run of
+the peers): the reports must have scored the same files in the same order (checked), their methods are named
+`N:method` (N = the report's place on the command line, from 1) and `--pairs` takes those names;
+`--out` writes the comparisons as JSON. `FILE@TIER` reads one tier of a `bench/bench_aha.py` result (e.g.
+`aha4-cnn-blur8-rise48.json@rise`).
+
+    python bench/compare_reports.py --merge new-500.json bench/results/evaluate-bloodmnist-cnn-distilled-500.json \
+        --pairs 1:aha,2:aha 1:aha,2:gradcam --out pairs.json
 """
 from __future__ import annotations
 
@@ -35,12 +44,36 @@ def rank_correlation(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def load_report(path: str) -> dict:
+    """An evaluate report; `FILE@TIER` reads one tier of a bench/bench_aha.py result (a list with one model)."""
+    file, _, tier = path.partition("@")
+    report = json.loads(Path(file).read_text())
+    if tier:
+        report = report[0][tier] if isinstance(report, list) else report[tier]
+    return report
+
+
+def merged(paths: list, reports: list) -> dict:
+    """One report whose methods are every report's, named `N:method`; refused unless all scored the same files."""
+    files = reports[0].get("files")
+    for path, report in zip(paths, reports):
+        if not files or report.get("files") != files:
+            raise SystemExit(f"--merge: {path} did not score the same images in the same order as {paths[0]}")
+    methods = {f"{n}:{name}": row for n, report in enumerate(reports, 1) for name, row in report["methods"].items()}
+    return {**reports[0], "methods": methods, "merged_from": list(paths)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+")
     parser.add_argument("--pairs", nargs="*", default=[], metavar="A,B")
+    parser.add_argument("--merge", action="store_true", help="pair methods across reports of the same images")
+    parser.add_argument("--out", default=None, help="write the comparisons (JSON)")
     args = parser.parse_args(argv)
-    reports = [json.loads(Path(path).read_text()) for path in args.reports]
+    reports = [load_report(path) for path in args.reports]
+    if args.merge:
+        args.reports, reports = ["+".join(args.reports)], [merged(args.reports, reports)]
+    comparisons = []
     for path, report in zip(args.reports, reports):
         print(f"== {path}: {report['model']}, {report['n_images']} images, reference "
               f"{report['protocol']['reference']}, {report['protocol']['steps']} steps")
@@ -50,7 +83,12 @@ def main(argv=None) -> int:
                                              for m in order))
         for pair in args.pairs:
             first, second = pair.split(",")
-            print(format_comparison(compare_methods(report, first, second)))
+            comparisons.append(compare_methods(report, first, second))
+            print(format_comparison(comparisons[-1]))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"reports": args.reports, "n_images": reports[0]["n_images"],
+                                              "files_checked": bool(args.merge), "comparisons": comparisons},
+                                             indent=1))
     if len(reports) == 2:
         a, b = reports
         if a["files"] != b["files"]:

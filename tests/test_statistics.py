@@ -106,3 +106,39 @@ def test_score_table_marks_significant_differences_from_the_best():
     assert rows["tied"]["deletion_worse_than_best"] and not rows["tied"]["insertion_worse_than_best"]
     single = score_table({"a": {"deletion": [0.2], "insertion": [0.6]}, "b": {"deletion": [0.3], "insertion": [0.5]}})
     assert single[0]["deletion"] == "0.200" and not single[1]["deletion_worse_than_best"]
+
+
+def test_compare_reports_pairs_methods_across_reports_of_the_same_images(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    import json
+
+    spec = importlib.util.spec_from_file_location("compare_reports", Path(__file__).parent.parent / "bench" / "compare_reports.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    rng = np.random.default_rng(0)
+    deletion, insertion = rng.uniform(0.1, 0.3, 30), rng.uniform(0.5, 0.8, 30)
+
+    def report(methods, files):
+        return {"model": "m", "n_images": len(files), "files": files, "protocol": {"reference": "mean", "steps": 20},
+                "methods": {name: {"deletion_auc": float(np.mean(d)), "insertion_auc": float(np.mean(i)),
+                                   "ins_minus_del": float(np.mean(i - d)), "deletion_ci95": None,
+                                   "insertion_ci95": None, "ins_minus_del_ci95": None,
+                                   "per_image": {"deletion": list(d), "insertion": list(i)}}
+                            for name, (d, i) in methods.items()}}
+
+    files = [f"f{i}.png" for i in range(30)]
+    new = tmp_path / "new.json"
+    old = tmp_path / "old.json"
+    new.write_text(json.dumps(report({"aha": (deletion - 0.01, insertion + 0.02)}, files)))
+    old.write_text(json.dumps({"tiers": report({"aha": (deletion, insertion)}, files)}))
+    out = tmp_path / "pairs.json"
+    assert tool.main(["--merge", str(new), f"{old}@tiers", "--pairs", "1:aha,2:aha", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    row = result["comparisons"][0]
+    assert result["files_checked"] and row["a"] == "1:aha" and row["b"] == "2:aha"
+    assert row["deletion"]["mean"] == pytest.approx(-0.01) and row["ins_minus_del"]["mean"] == pytest.approx(0.03)
+    assert row["ins_minus_del"]["significant"]
+    old.write_text(json.dumps(report({"aha": (deletion, insertion)}, files[::-1])))  # other order: refused
+    with pytest.raises(SystemExit, match="same images"):
+        tool.main(["--merge", str(new), str(old), "--pairs", "1:aha,2:aha"])

@@ -124,9 +124,7 @@ class AHA(Method):
         if self.resolve_mode(bundle) == "trained" and self.refine_steps == 0:
             return 0.0
         if self.resolve_mode(bundle) == "trained":
-            settings = self.refinement_settings(bundle)
-            return expected_seconds(bundle, self.refine_steps, images, grid=settings["grid"],
-                                    lr=settings["lr"], deletion_weight=settings["deletion_weight"])
+            return expected_seconds(bundle, self.refine_steps, images, **self.refinement_settings(bundle))
         return expected_seconds(bundle, self.per_image_steps, images)
 
     def refinement_settings(self, bundle) -> dict:
