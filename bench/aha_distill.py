@@ -8,7 +8,9 @@ training cells for each quadrant's class (without this the grid pointing game fe
 logging hard deletion / insertion on validation cells and GridPG on validation mosaics, and exporting the best
 ins-del among the checkpoints at or above `--gridpg-min`. Training cells for (1) and (2), validation data for
 the choice; the test split is never read here. It made the shipped `aha-bloodmnist-cnn` (session 11; the card's
-`distillation` holds the commands and the validation trace).
+`distillation` holds the commands and the validation trace). Two teachers: `--teacher head` (rounds 1-2) refines the
+explainer's output head per image; `--teacher correction` runs the method's own T steps (a G x G correction of the
+one-pass map, with the card's refinement settings), a stronger teacher at grid 16 (session 14).
 
   python bench/aha_distill.py targets --model bloodmnist-cnn --data ../shared/data/bloodmnist/64/train \
       --limit 1200 --part 0/2 --out /tmp/teacher-0.safetensors
@@ -29,10 +31,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from explainers.aha.network import standardise  # noqa: E402
+from explainers.aha.per_image import optimise_maps  # noqa: E402
 from explainers.aha.refine import refine_maps  # noqa: E402
 from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
 from explainers.aha.train import (load_eval_images, validation_gridpg, validation_mosaics,  # noqa: E402
                                   validation_scores)
+from explainers.methods.aha import AHA  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402
 
 
@@ -58,7 +62,14 @@ def write_targets(args) -> None:
         images, _ = load_eval_images(bundle, args.data, None, split="train", indices=batch)
         with torch.no_grad():
             targets = bundle(images).argmax(1)
-        refined = refine_maps(explainer, images, targets, steps=args.refine_steps)
+        if args.teacher == "correction":  # the method's own T steps: a G x G correction of the one-pass map
+            with torch.inference_mode():
+                _, one_pass, _ = explainer.predict_and_explain(images, targets)
+            settings = {**AHA().refinement_settings(bundle), **({"grid": args.grid} if args.grid else {})}
+            refined = optimise_maps(bundle, images, targets, steps=args.refine_steps, prior_maps=one_pass.clone(),
+                                    **settings)
+        else:  # "head": refine the explainer's output head per image (rounds 1 and 2)
+            refined = refine_maps(explainer, images, targets, steps=args.refine_steps)
         maps.append(standardise(refined).half())
         indices += batch
         save_file({"indices": torch.tensor(indices), "maps": torch.cat(maps)}, str(out))
@@ -175,6 +186,10 @@ def main(argv=None) -> int:
     t.add_argument("--part", default="0/1")
     t.add_argument("--refine-steps", type=int, default=10)
     t.add_argument("--chunk", type=int, default=16)
+    t.add_argument("--teacher", choices=("head", "correction"), default="head",
+                   help="head: refine the explainer's output head (rounds 1-2); correction: the method's T steps "
+                        "(a G x G correction of the one-pass map, the card's refinement settings)")
+    t.add_argument("--grid", type=int, default=0, help="correction teacher: this grid instead of the card's")
     t.add_argument("--offset", type=int, default=0, help="shift the spread cells by this many (a disjoint set)")
     t.add_argument("--out", required=True)
     r = commands.add_parser("train")
