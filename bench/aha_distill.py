@@ -172,8 +172,60 @@ def _train(args, bundle) -> None:
             print("time budget reached", flush=True)
             break
     Path(str(args.out) + ".history.json").write_text(json.dumps(
-        {"history": history, "best_step": best_step, "args": vars(args)}, indent=1))
+        {"history": history, "best_step": best_step, "steps_done": step, "args": vars(args)}, indent=1))
     print("best", best_step, best)
+
+
+def ship(args) -> None:
+    """Replace the shipped explainer by a student that passed the rule, and record the round in the card.
+
+    The rule (rounds 2-3): the paired 95% interval of the student's ins-del gain over the shipped explainer on the
+    validation cells (`bench/aha_compare_explainers.py`, A = shipped, B = student) excludes 0. The card keeps the
+    shipped explainer's training record and gains `distillation_round_N` (teacher, student, validation trace, plot,
+    the comparison and the commands); the previous weights stay in git history."""
+    import shutil
+
+    from explainers.aha.plot import validation_plot
+    from explainers.aha.store import explainer_stem
+
+    compare = json.loads(Path(args.compare).read_text())
+    gain = compare["B_minus_A"]["ins_minus_del"]
+    if not (gain["ci95"][0] > 0):
+        raise SystemExit(f"not shipped: the val ins-del gain {gain['mean']:+.4f} has 95% interval "
+                         f"[{gain['ci95'][0]:.4f}, {gain['ci95'][1]:.4f}], which does not exclude 0")
+    history = json.loads(Path(args.student + ".history.json").read_text())
+    stem = explainer_stem(args.model)
+    card = json.loads(Path(str(stem) + ".json").read_text())
+    student_card = json.loads(Path(args.student + ".json").read_text())
+    exported = int(student_card.get("distilled", {}).get("step", history["best_step"]))
+    plot_name = f"{stem.name}.distillation-{args.round}.png"
+    validation_plot(history["history"], stem.parent / plot_name, exported_step=exported,
+                    title=f"{args.model}: distillation round {args.round}, val (hard AUCs, 256 cells)")
+    train_args = history["args"]
+    rounds = sorted(int(k.rsplit("_", 1)[1]) for k in card if k.startswith("distillation_round_"))
+    previous = f"round {rounds[-1]}" if rounds else "round 1"
+    card[f"distillation_round_{args.round}"] = {
+        "what": args.what,
+        "script": "bench/aha_distill.py",
+        "teacher": json.loads(args.teacher_json),
+        "student": {"init": f"{previous} (the shipped explainer before this round)", "lr": train_args["lr"],
+                    "batch_size_cells": train_args["batch_size"],
+                    "augment": "quarter turns and flips" if train_args["flip"] else "none",
+                    "mosaic_every": train_args["mosaic_every"], "planned_steps": train_args["steps"],
+                    "time_budget_minutes": train_args["minutes"], "steps_done": history.get("steps_done"),
+                    "device": "cpu", "threads": train_args.get("threads", 1)},
+        "validation_metric": card[f"distillation_round_{rounds[-1]}"]["validation_metric"] if rounds
+        else card["distillation"]["validation_metric"],
+        "validation": history["history"], "exported_step": exported, "validation_plot": plot_name,
+        "rule": "ship only if the paired 95% interval of the ins-del gain over the shipped explainer on the 256 val "
+                "cells excludes 0",
+        f"versus_{previous.replace(' ', '_')}_val256": compare["B_minus_A"],
+        "commands": args.commands,
+        "previous_weights": f"git history of {stem.name}.safetensors before this round"}
+    shutil.copyfile(args.student + ".safetensors", str(stem) + ".safetensors")
+    Path(str(stem) + ".json").write_text(json.dumps(card, indent=2))
+    print(f"shipped round {args.round}: val ins-del {gain['mean']:+.4f} [{gain['ci95'][0]:.4f}, {gain['ci95'][1]:.4f}]"
+          f", exported step {exported}; plot {plot_name}")
 
 
 def main(argv=None) -> int:
@@ -213,9 +265,18 @@ def main(argv=None) -> int:
     r.add_argument("--minutes", type=float, default=60)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", required=True)
+    r.add_argument("--threads", type=int, default=1)
+    s = commands.add_parser("ship", help="replace the shipped explainer by a student that passed the val rule")
+    s.add_argument("--model", required=True)
+    s.add_argument("--student", required=True, help="the student's stem (train --out)")
+    s.add_argument("--compare", required=True, help="bench/aha_compare_explainers.py JSON (A shipped, B student)")
+    s.add_argument("--round", type=int, required=True)
+    s.add_argument("--what", required=True)
+    s.add_argument("--teacher-json", required=True, help="the teacher's description (JSON object)")
+    s.add_argument("--commands", nargs="+", required=True)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    (write_targets if args.command == "targets" else train)(args)
+    torch.set_num_threads(getattr(args, "threads", 1))
+    {"targets": write_targets, "train": train, "ship": ship}[args.command](args)
     return 0
 
 

@@ -12,7 +12,8 @@ ROAD reference), whether the rankings agree, and the per-method Spearman correla
 the peers): the reports must have scored the same files in the same order (checked), their methods are named
 `N:method` (N = the report's place on the command line, from 1) and `--pairs` takes those names;
 `--out` writes the comparisons as JSON. `FILE@TIER` reads one tier of a `bench/bench_aha.py` result (e.g.
-`aha4-cnn-blur8-rise48.json@rise`).
+`aha4-cnn-blur8-rise48.json@rise`). Grid pointing game reports (`python -m explainers gridpg --out`) are paired the
+same way on their per-mosaic scores (the mosaics must be the same, checked).
 
     python bench/compare_reports.py --merge new-500.json bench/results/evaluate-bloodmnist-cnn-distilled-500.json \
         --pairs 1:aha,2:aha 1:aha,2:gradcam --out pairs.json
@@ -53,14 +54,44 @@ def load_report(path: str) -> dict:
     return report
 
 
+def is_gridpg(report: dict) -> bool:
+    return "n_mosaics" in report
+
+
 def merged(paths: list, reports: list) -> dict:
-    """One report whose methods are every report's, named `N:method`; refused unless all scored the same files."""
-    files = reports[0].get("files")
+    """One report whose methods are every report's, named `N:method`; refused unless all scored the same files
+    (the same mosaics, for grid pointing game reports)."""
+    key = "mosaics" if is_gridpg(reports[0]) else "files"
+    files = reports[0].get(key)
     for path, report in zip(paths, reports):
-        if not files or report.get("files") != files:
-            raise SystemExit(f"--merge: {path} did not score the same images in the same order as {paths[0]}")
+        if not files or report.get(key) != files:
+            raise SystemExit(f"--merge: {path} did not score the same {'mosaics' if key == 'mosaics' else 'images'}"
+                             f" in the same order as {paths[0]}")
     methods = {f"{n}:{name}": row for n, report in enumerate(reports, 1) for name, row in report["methods"].items()}
     return {**reports[0], "methods": methods, "merged_from": list(paths)}
+
+
+def gridpg_main(args, reports: list) -> int:
+    """Grid pointing game (higher better): the ranking with intervals and the paired interval of each pair."""
+    from explainers.statistics import paired_difference
+
+    comparisons = []
+    for path, report in zip(args.reports, reports):
+        methods = report["methods"]
+        print(f"== {path}: {report['model']}, {report['n_mosaics']} mosaics")
+        order = sorted(methods, key=lambda m: -methods[m]["gridpg"])
+        print("  gridpg " + " > ".join(f"{m} {format_interval(methods[m]['gridpg'], methods[m]['gridpg_ci95'], 3)}"
+                                        for m in order))
+        for pair in args.pairs:
+            first, second = pair.split(",")
+            difference = paired_difference(methods[first]["per_mosaic"], methods[second]["per_mosaic"])
+            comparisons.append({"a": first, "b": second, "gridpg": difference})
+            print(f"  {first} - {second}: gridpg {format_interval(difference['mean'], difference['ci95'], 4)}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"reports": args.reports, "n_mosaics": reports[0]["n_mosaics"],
+                                              "mosaics_checked": bool(args.merge), "comparisons": comparisons},
+                                             indent=1))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -73,6 +104,8 @@ def main(argv=None) -> int:
     reports = [load_report(path) for path in args.reports]
     if args.merge:
         args.reports, reports = ["+".join(args.reports)], [merged(args.reports, reports)]
+    if is_gridpg(reports[0]):
+        return gridpg_main(args, reports)
     comparisons = []
     for path, report in zip(args.reports, reports):
         print(f"== {path}: {report['model']}, {report['n_images']} images, reference "

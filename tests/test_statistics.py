@@ -142,3 +142,32 @@ def test_compare_reports_pairs_methods_across_reports_of_the_same_images(tmp_pat
     old.write_text(json.dumps(report({"aha": (deletion, insertion)}, files[::-1])))  # other order: refused
     with pytest.raises(SystemExit, match="same images"):
         tool.main(["--merge", str(new), str(old), "--pairs", "1:aha,2:aha"])
+
+
+def test_compare_reports_pairs_grid_pointing_game_reports_on_the_same_mosaics(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("compare_reports", Path(__file__).parent.parent / "bench" / "compare_reports.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    share = np.random.default_rng(1).uniform(0.5, 0.9, 40)
+    mosaics = [{"files": [f"c{i}-{q}.png" for q in range(4)], "classes": [0, 1, 2, 3]} for i in range(40)]
+
+    def report(methods, mosaics):
+        return {"model": "m", "n_mosaics": len(mosaics), "mosaics": mosaics,
+                "methods": {name: {"gridpg": float(np.mean(s)), "gridpg_ci95": None, "per_mosaic": list(s)}
+                            for name, s in methods.items()}}
+
+    new, old, out = tmp_path / "new.json", tmp_path / "old.json", tmp_path / "pairs.json"
+    new.write_text(json.dumps(report({"aha": share + 0.02, "gradcam": share - 0.05}, mosaics)))
+    old.write_text(json.dumps(report({"aha": share}, mosaics)))
+    assert tool.main(["--merge", str(new), str(old), "--pairs", "1:aha,2:aha", "1:aha,1:gradcam",
+                      "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["comparisons"]
+    assert rows[0]["gridpg"]["mean"] == pytest.approx(0.02) and rows[0]["gridpg"]["significant"]
+    assert rows[1]["gridpg"]["mean"] == pytest.approx(0.07)
+    old.write_text(json.dumps(report({"aha": share}, mosaics[::-1])))  # other mosaics: refused
+    with pytest.raises(SystemExit, match="same mosaics"):
+        tool.main(["--merge", str(new), str(old), "--pairs", "1:aha,2:aha"])
