@@ -194,7 +194,9 @@ def ship(args) -> None:
         raise SystemExit(f"not shipped: the val ins-del gain {gain['mean']:+.4f} has 95% interval "
                          f"[{gain['ci95'][0]:.4f}, {gain['ci95'][1]:.4f}], which does not exclude 0")
     history = json.loads(Path(args.student + ".history.json").read_text())
-    stem = explainer_stem(args.model)
+    stem = explainer_stem(args.model, args.weights_dir)
+    if not Path(str(stem) + ".json").exists():
+        raise SystemExit(f"no shipped explainer card at {stem}.json")
     card = json.loads(Path(str(stem) + ".json").read_text())
     student_card = json.loads(Path(args.student + ".json").read_text())
     exported = int(student_card.get("distilled", {}).get("step", history["best_step"]))
@@ -274,6 +276,7 @@ def main(argv=None) -> int:
     s.add_argument("--what", required=True)
     s.add_argument("--teacher-json", required=True, help="the teacher's description (JSON object)")
     s.add_argument("--commands", nargs="+", required=True)
+    s.add_argument("--weights-dir", default=None, help="where the shipped explainer is (default: where the app finds it)")
     args = parser.parse_args(argv)
     torch.set_num_threads(getattr(args, "threads", 1))
     {"targets": write_targets, "train": train, "ship": ship}[args.command](args)

@@ -171,3 +171,43 @@ def test_compare_reports_pairs_grid_pointing_game_reports_on_the_same_mosaics(tm
     old.write_text(json.dumps(report({"aha": share}, mosaics[::-1])))  # other mosaics: refused
     with pytest.raises(SystemExit, match="same mosaics"):
         tool.main(["--merge", str(new), str(old), "--pairs", "1:aha,2:aha"])
+
+
+def test_distillation_ship_follows_the_validation_rule_and_records_the_round(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("aha_distill", Path(__file__).parent.parent / "bench" / "aha_distill.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    weights, student = tmp_path / "weights", tmp_path / "run" / "aha-m"
+    weights.mkdir()
+    student.parent.mkdir()
+    (weights / "aha-m.json").write_text(json.dumps({"distillation": {"validation_metric": "val ins-del"}}))
+    (weights / "aha-m.safetensors").write_bytes(b"old")
+    (student.parent / "aha-m.safetensors").write_bytes(b"new")
+    (student.parent / "aha-m.json").write_text(json.dumps({"distilled": {"step": 250}}))
+    trace = [{"step": s, "deletion_auc": 0.2 - s / 1e4, "insertion_auc": 0.6, "ins_minus_del": 0.4 + s / 1e4}
+             for s in (0, 250)]
+    (student.parent / "aha-m.history.json").write_text(json.dumps(
+        {"history": trace, "best_step": 250, "steps_done": 300,
+         "args": {"lr": 1e-4, "batch_size": 32, "flip": True, "mosaic_every": 2, "steps": 300, "minutes": 5}}))
+
+    def ship(gain_ci):
+        compare = tmp_path / "compare.json"
+        row = {"mean": sum(gain_ci) / 2, "ci95": gain_ci, "significant": gain_ci[0] > 0, "n": 256}
+        compare.write_text(json.dumps({"B_minus_A": {"deletion": row, "insertion": row, "ins_minus_del": row}}))
+        return tool.main(["ship", "--model", "m", "--student", str(student), "--compare", str(compare), "--round", "2",
+                          "--what", "test", "--teacher-json", "{}", "--commands", "x", "--weights-dir", str(weights)])
+
+    with pytest.raises(SystemExit, match="not shipped"):  # the interval includes 0: the shipped explainer stays
+        ship([-0.001, 0.004])
+    assert (weights / "aha-m.safetensors").read_bytes() == b"old"
+    assert ship([0.002, 0.006]) == 0
+    card = json.loads((weights / "aha-m.json").read_text())
+    assert (weights / "aha-m.safetensors").read_bytes() == b"new"
+    assert card["distillation_round_2"]["exported_step"] == 250
+    assert card["distillation_round_2"]["validation"] == trace
+    assert card["distillation_round_2"]["versus_round_1_val256"]["ins_minus_del"]["ci95"] == [0.002, 0.006]
+    assert (weights / card["distillation_round_2"]["validation_plot"]).stat().st_size > 0
