@@ -11,6 +11,7 @@ the choice; the test split is never read here. It made the shipped `aha-bloodmni
 `distillation` holds the commands and the validation trace). Two teachers: `--teacher head` (rounds 1-2) refines the
 explainer's output head per image; `--teacher correction` runs the method's own T steps (a G x G correction of the
 one-pass map, with the card's refinement settings), a stronger teacher at grid 16 (session 14).
+`ship` replaces the shipped explainer by a student that passed the validation rule and records the round in the card.
 
   python bench/aha_distill.py targets --model bloodmnist-cnn --data ../shared/data/bloodmnist/64/train \
       --limit 1200 --part 0/2 --out /tmp/teacher-0.safetensors
