@@ -173,14 +173,15 @@ def _train(args, bundle) -> None:
             print("time budget reached", flush=True)
             break
     Path(str(args.out) + ".history.json").write_text(json.dumps(
-        {"history": history, "best_step": best_step, "steps_done": step, "args": vars(args)}, indent=1))
+        {"history": history, "best_step": best_step, "steps_done": step, "device": str(bundle.device),
+         "args": vars(args)}, indent=1))
     print("best", best_step, best)
 
 
 def ship(args) -> None:
     """Replace the shipped explainer by a student that passed the rule, and record the round in the card.
 
-    The rule (rounds 2-3): the paired 95% interval of the student's ins-del gain over the shipped explainer on the
+    The rule (since round 2): the paired 95% interval of the student's ins-del gain over the shipped explainer on the
     validation cells (`bench/aha_compare_explainers.py`, A = shipped, B = student) excludes 0. The card keeps the
     shipped explainer's training record and gains `distillation_round_N` (teacher, student, validation trace, plot,
     the comparison and the commands); the previous weights stay in git history."""
@@ -202,8 +203,9 @@ def ship(args) -> None:
     student_card = json.loads(Path(args.student + ".json").read_text())
     exported = int(student_card.get("distilled", {}).get("step", history["best_step"]))
     plot_name = f"{stem.name}.distillation-{args.round}.png"
+    cells = compare.get("images", gain.get("n"))
     validation_plot(history["history"], stem.parent / plot_name, exported_step=exported,
-                    title=f"{args.model}: distillation round {args.round}, val (hard AUCs, 256 cells)")
+                    title=f"{args.model}: distillation round {args.round}, val (hard AUCs, {cells} cells)")
     train_args = history["args"]
     rounds = sorted(int(k.rsplit("_", 1)[1]) for k in card if k.startswith("distillation_round_"))
     previous = f"round {rounds[-1]}" if rounds else "round 1"
@@ -216,13 +218,13 @@ def ship(args) -> None:
                     "augment": "quarter turns and flips" if train_args["flip"] else "none",
                     "mosaic_every": train_args["mosaic_every"], "planned_steps": train_args["steps"],
                     "time_budget_minutes": train_args["minutes"], "steps_done": history.get("steps_done"),
-                    "device": "cpu", "threads": train_args.get("threads", 1)},
+                    "device": history.get("device", "cpu"), "threads": train_args.get("threads", 1)},
         "validation_metric": card[f"distillation_round_{rounds[-1]}"]["validation_metric"] if rounds
         else card["distillation"]["validation_metric"],
         "validation": history["history"], "exported_step": exported, "validation_plot": plot_name,
-        "rule": "ship only if the paired 95% interval of the ins-del gain over the shipped explainer on the 256 val "
-                "cells excludes 0",
-        f"versus_{previous.replace(' ', '_')}_val256": compare["B_minus_A"],
+        "rule": f"ship only if the paired 95% interval of the ins-del gain over the shipped explainer on the {cells} "
+                "val cells excludes 0",
+        f"versus_{previous.replace(' ', '_')}_val{cells}": compare["B_minus_A"],
         "commands": args.commands,
         "previous_weights": f"git history of {stem.name}.safetensors before this round"}
     shutil.copyfile(args.student + ".safetensors", str(stem) + ".safetensors")
