@@ -108,14 +108,21 @@ def test_score_table_marks_significant_differences_from_the_best():
     assert single[0]["deletion"] == "0.200" and not single[1]["deletion_worse_than_best"]
 
 
-def test_compare_reports_pairs_methods_across_reports_of_the_same_images(tmp_path):
+def bench_script(name: str):
+    """A script of bench/ (not a package) loaded as a module, so its main() can be called with arguments."""
     import importlib.util
     from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compare_reports_pairs_methods_across_reports_of_the_same_images(tmp_path):
     import json
 
-    spec = importlib.util.spec_from_file_location("compare_reports", Path(__file__).parent.parent / "bench" / "compare_reports.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = bench_script("compare_reports")
     rng = np.random.default_rng(0)
     deletion, insertion = rng.uniform(0.1, 0.3, 30), rng.uniform(0.5, 0.8, 30)
 
@@ -145,13 +152,9 @@ def test_compare_reports_pairs_methods_across_reports_of_the_same_images(tmp_pat
 
 
 def test_compare_reports_pairs_grid_pointing_game_reports_on_the_same_mosaics(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("compare_reports", Path(__file__).parent.parent / "bench" / "compare_reports.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = bench_script("compare_reports")
     share = np.random.default_rng(1).uniform(0.5, 0.9, 40)
     mosaics = [{"files": [f"c{i}-{q}.png" for q in range(4)], "classes": [0, 1, 2, 3]} for i in range(40)]
 
@@ -174,13 +177,9 @@ def test_compare_reports_pairs_grid_pointing_game_reports_on_the_same_mosaics(tm
 
 
 def test_distillation_ship_follows_the_validation_rule_and_records_the_round(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("aha_distill", Path(__file__).parent.parent / "bench" / "aha_distill.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = bench_script("aha_distill")
     weights, student = tmp_path / "weights", tmp_path / "run" / "aha-m"
     weights.mkdir()
     student.parent.mkdir()
