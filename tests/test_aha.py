@@ -311,6 +311,41 @@ def test_class_embedding_reaches_the_map_without_the_cam_skip():
     assert (a - b).abs().max() > 1e-4
 
 
+def test_class_rows_stand_in_for_a_reinitialised_head_exactly():
+    """The head-sensitivity training shows the explainer other heads' rows (bench/aha_head_sensitivity.py): on a
+    class-token ViT (a class-agnostic prior) the stand-in rows give exactly the map of the re-initialised model."""
+    import copy
+
+    from explainers.sanity import parameter_layers, reinitialise
+
+    vit = tiny_vit()
+    torch.manual_seed(0)
+    explainer = AHAExplainer(vit, width=8, embed_dim=8)
+    with torch.no_grad():
+        for film in explainer.films:
+            film.weight.normal_(0, 0.5)
+        explainer.head.conv2.weight.normal_(0, 0.5)
+    randomized = copy.copy(vit)
+    randomized.network = copy.deepcopy(vit.network)
+    name, module = parameter_layers(randomized.network)[0]
+    assert module is randomized.network.get_classifier()
+    reinitialise(name, module, torch.Generator().manual_seed(5))
+    on_randomized = AHAExplainer(randomized, width=8, embed_dim=8)
+    on_randomized.load_state_dict(explainer.state_dict())
+    images, targets = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        own = explainer(images, targets)
+        same_rows = explainer(images, targets, class_rows=vit.network.get_classifier().weight[targets])
+        stand_in = explainer(images, targets, class_rows=module.weight[targets])
+        direct = on_randomized(images, targets)
+    assert torch.allclose(own, same_rows, atol=1e-6)
+    assert torch.allclose(stand_in, direct, atol=1e-5)
+    assert (stand_in - own).abs().max() > 1e-3  # the rows do reach the map
+    with pytest.raises(ValueError, match="class-agnostic prior"):  # a CAM prior reads the real head: refused
+        cnn_explainer = AHAExplainer(tiny_cnn(), width=8, embed_dim=8)
+        cnn_explainer(images, targets, class_rows=torch.zeros(3, 16))
+
+
 @pytest.mark.parametrize("fusion_units", [2, 1])
 def test_save_and_load_roundtrip(tmp_path, fusion_units):
     bundle = tiny_vit()

@@ -293,10 +293,13 @@ class AHAExplainer(nn.Module):
         return Encoded(logits=logits, levels=list(inter), final_grid=grid, image_hw=tuple(images.shape[-2:]))
 
     # --- the decoder ---------------------------------------------------------------------------------
-    def class_vectors(self, targets: torch.Tensor) -> torch.Tensor:
+    def class_vectors(self, targets: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The class embedding from the classifier's weight rows for `targets`; `rows` (B x C) gives other head
+        rows instead (training on re-initialised heads, `bench/aha_head_sensitivity.py`)."""
         if self.class_mode == "head":
-            weight = self.bundle.network.get_classifier().weight.detach()
-            rows = weight[targets].float()
+            if rows is None:
+                rows = self.bundle.network.get_classifier().weight.detach()[targets]
+            rows = rows.float()
             rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-6)
             return self.class_proj(rows)
         return self.class_table(targets)
@@ -316,9 +319,11 @@ class AHAExplainer(nn.Module):
         cam = (cam - flat.mean(1).view(-1, 1, 1)) / spread.clamp_min(1e-6).view(-1, 1, 1)
         return cam
 
-    def trunk(self, encoded: Encoded, targets: torch.Tensor):
+    def trunk(self, encoded: Encoded, targets: torch.Tensor, class_rows: torch.Tensor | None = None):
         """Everything before the output head: (fused finest features, CAM at input size or None)."""
-        embedding = self.class_vectors(targets)
+        if class_rows is not None and self.prior == "cam":
+            raise ValueError("class_rows needs a class-agnostic prior (the CAM reads the classifier's own rows)")
+        embedding = self.class_vectors(targets, class_rows)
         cam = self.class_activation(encoded, targets)
         projected = []
         for index, (level, projection, film, scale) in enumerate(
@@ -358,13 +363,15 @@ class AHAExplainer(nn.Module):
             return self.smooth(self.head(fused, cam, image_hw), output_blur)
         return self.smooth(OutputHead.forward_with(params, fused, cam, image_hw), output_blur)
 
-    def forward(self, encoded, targets: torch.Tensor, output_blur: float | None = None) -> torch.Tensor:
+    def forward(self, encoded, targets: torch.Tensor, output_blur: float | None = None,
+                class_rows: torch.Tensor | None = None) -> torch.Tensor:
         """B x H x W maps (unbounded, higher = more important) for images (B x 3 x H x W in [0, 1]) or an
-        `Encoded` pass, and B target classes; `output_blur` (pixels) overrides the card's for this call."""
+        `Encoded` pass, and B target classes; `output_blur` (pixels) overrides the card's for this call;
+        `class_rows` (B x C) stands in for the classifier's weight rows of the targets."""
         if isinstance(encoded, torch.Tensor):
             encoded = self.encode(encoded)
         targets = targets.to(encoded.logits.device).long().view(-1)
-        fused, cam = self.trunk(encoded, targets)
+        fused, cam = self.trunk(encoded, targets, class_rows)
         return self.head_output(fused, cam, encoded.image_hw, output_blur=output_blur)
 
     @torch.no_grad()

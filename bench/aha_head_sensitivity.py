@@ -1,0 +1,314 @@
+"""AHA that reacts to the classifier's head (issue #16, the sanity target: after the head is re-initialised the
+one-pass map's Spearman rho with the original should fall to <= 0.5; the shipped ViT explainer keeps 0.98).
+
+The explainer reads the head only through the class embedding (the normalised weight row of the target), and its
+training only ever showed it the real head's eight rows, so it learnt to ignore them. Here it is shown other heads:
+  teachers: chunks of training cells, each chunk with a freshly re-initialised head (`explainers.sanity.reinitialise`,
+            seeds from --seed-base, never the sanity check's seed 0); the explainer's one-pass map under that head,
+            refined --refine-steps by the method's own correction (grid 16) for the SAME classifier with that head,
+            so each teacher is what deletion / insertion ask for under that head. Saved with each cell's head row.
+  train:    warm start from the shipped explainer; every step one batch of teacher cells (class rows = their random
+            rows) and one batch of training cells under the real head keeping the shipped explainer's own maps
+            (its faithfulness there). Validation: hard ins-del on val cells (real head), and on 16 val cells the
+            sanity rho (the seed-0 head, as `explainers.sanity` draws it) with the deletion / insertion of the maps
+            under that head. Every evaluated checkpoint is kept.
+  check:    shipped vs a student on val or test cells: paired deletion / insertion under the real head, sanity rho,
+            and deletion / insertion under the re-initialised head (is the changed map faithful to the changed
+            model, or only different?).
+Training cells for teachers and training, validation cells for the choice; `check` on test only for the shipped one.
+
+  python bench/aha_head_sensitivity.py teachers --model bloodmnist-vit --data ../shared/data/bloodmnist/64/train \
+      --limit 800 --part 0/2 --out heads-0.safetensors
+  python bench/aha_head_sensitivity.py train --model bloodmnist-vit --data ../shared/data/bloodmnist/64/train \
+      --teachers heads-0.safetensors heads-1.safetensors --val-data ../shared/data/bloodmnist/64/val --out DIR/student
+  python bench/aha_head_sensitivity.py check --model bloodmnist-vit --data ../shared/data/bloodmnist/64/val \
+      --split val --limit 64 --students weights/aha-bloodmnist-vit DIR/student-step400 --out OUT.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from explainers.aha.network import standardise  # noqa: E402
+from explainers.aha.per_image import optimise_maps  # noqa: E402
+from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
+from explainers.aha.train import load_eval_images, validation_scores  # noqa: E402
+from explainers.methods.aha import AHA  # noqa: E402
+from explainers.metrics import deletion_insertion, spearman  # noqa: E402
+from explainers.models import kept_training_state, load_model  # noqa: E402
+from explainers.sanity import parameter_layers, reinitialise  # noqa: E402
+from explainers.statistics import paired_difference  # noqa: E402
+
+SANITY_SEED = 0  # explainers.sanity's default: the head the check draws; teachers never use it
+
+
+def reinitialised_head(bundle, seed: int):
+    """A copy of `bundle` whose classifier head alone is re-initialised as the sanity check does (its first stage)."""
+    randomized = copy.copy(bundle)
+    randomized.network = copy.deepcopy(bundle.network)
+    randomized.lock = threading.RLock()
+    name, module = parameter_layers(randomized.network)[0]
+    if module is not randomized.network.get_classifier():
+        raise SystemExit(f"the top parameter layer of {bundle.name} is '{name}', not its classifier head")
+    reinitialise(name, module, torch.Generator().manual_seed(seed))
+    return randomized
+
+
+def head_rows(bundle, targets: torch.Tensor) -> torch.Tensor:
+    return bundle.network.get_classifier().weight.detach()[targets].float()
+
+
+def write_teachers(args) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from explainers.data import open_dataset, spread_indices
+
+    bundle = load_model(args.model)
+    part, parts = (int(v) for v in args.part.split("/"))
+    total = len(open_dataset(args.data, split="train"))
+    chosen = [i + args.offset for i in spread_indices(total - args.offset, args.limit)][part::parts]
+    out = Path(args.out)
+    done = load_file(str(out)) if out.exists() else {}
+    saved = {k: [done[k]] for k in ("maps", "rows", "seeds")} if done else {"maps": [], "rows": [], "seeds": []}
+    indices = done["indices"].tolist() if done else []
+    todo = [i for i in chosen if i not in set(indices)]
+    settings = {**AHA().refinement_settings(bundle), **({"grid": args.grid} if args.grid else {})}
+    started = time.time()
+    for start in range(0, len(todo), args.chunk):
+        batch = todo[start:start + args.chunk]
+        seed = args.seed_base + part + parts * (len(indices) // args.chunk)
+        assert seed != SANITY_SEED
+        randomized = reinitialised_head(bundle, seed)
+        explainer = load_explainer(randomized)
+        images, _ = load_eval_images(bundle, args.data, None, split="train", indices=batch)
+        with torch.no_grad():
+            targets = bundle(images).argmax(1)  # the real model's class, as the sanity check keeps it
+        with torch.inference_mode():
+            _, one_pass, _ = explainer.predict_and_explain(images, targets)
+        refined = optimise_maps(randomized, images, targets, steps=args.refine_steps, prior_maps=one_pass.clone(),
+                                **settings)
+        saved["maps"].append(standardise(refined).half())
+        saved["rows"].append(head_rows(randomized, targets))
+        saved["seeds"].append(torch.full((len(batch),), seed, dtype=torch.long))
+        indices += batch
+        save_file({"indices": torch.tensor(indices), **{k: torch.cat(v) for k, v in saved.items()}}, str(out))
+        rate = (time.time() - started) / (start + len(batch))
+        print(f"{len(indices)}/{len(chosen)} cells, {rate:.2f} s per cell, "
+              f"ETA {rate * (len(todo) - start - len(batch)) / 60:.1f} min", flush=True)
+
+
+def sanity_scores(explainer, randomized, images: torch.Tensor) -> dict:
+    """Sanity rho of the one-pass maps (real head vs `randomized`'s head) and the deletion / insertion of both maps
+    under the randomized model (the re-initialised head's own curves)."""
+    was_training = explainer.training
+    explainer.eval()
+    try:
+        with torch.no_grad():
+            encoded = explainer.encode(images)
+            targets = encoded.logits.argmax(1)
+            original = standardise(explainer(encoded, targets))
+            changed = standardise(explainer(encoded, targets, class_rows=head_rows(randomized, targets)))
+    finally:
+        explainer.train(was_training)
+    rho = np.array([spearman(original[i], changed[i]) for i in range(len(images))])
+    kept = deletion_insertion(randomized, images, original, targets, steps=20, reference="mean")
+    moved = deletion_insertion(randomized, images, changed, targets, steps=20, reference="mean")
+    return {"rho": rho, "changed_deletion": np.asarray(moved.deletion_auc),
+            "changed_insertion": np.asarray(moved.insertion_auc), "kept_deletion": np.asarray(kept.deletion_auc),
+            "kept_insertion": np.asarray(kept.insertion_auc)}
+
+
+def train(args) -> None:
+    bundle = load_model(args.model)
+    torch.set_num_threads(args.threads)
+    with kept_training_state(bundle.network):
+        bundle.network.requires_grad_(False)
+        _train(args, bundle)
+
+
+def _train(args, bundle) -> None:
+    from safetensors.torch import load_file
+
+    from explainers.data import open_dataset
+
+    torch.manual_seed(args.seed)
+    explainer = load_explainer(bundle)
+    keeper = load_explainer(bundle).eval()  # the shipped explainer, frozen: the real head's maps are kept
+    parts = [load_file(path) for path in args.teachers]
+    indices = sum((p["indices"].tolist() for p in parts), [])
+    teacher, rows = torch.cat([p["maps"].float() for p in parts]), torch.cat([p["rows"] for p in parts])
+    images, _ = load_eval_images(bundle, args.data, None, split="train", indices=indices)
+    with torch.no_grad():
+        targets = torch.cat([bundle(images[s:s + 256]).argmax(1) for s in range(0, len(images), 256)])
+    taken = set(indices)  # real-head cells: other training cells
+    others = [i for i in range(0, len(open_dataset(args.data, split="train")), 7) if i not in taken][:args.real_cells]
+    real_images, _ = load_eval_images(bundle, args.data, None, split="train", indices=others)
+    val_images, _ = load_eval_images(bundle, args.val_data, args.val_limit, split="val")
+    sanity_images = val_images[torch.linspace(0, len(val_images) - 1, args.sanity_cells).long()]
+    randomized = reinitialised_head(bundle, SANITY_SEED)
+    params = [p for p in explainer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=1e-3)
+    history = []
+    out = Path(args.out)
+
+    def evaluate(step):
+        row = {"step": step, **validation_scores(explainer, val_images)}
+        sanity = sanity_scores(explainer, randomized, sanity_images)
+        row.update({"sanity_rho": round(float(sanity["rho"].mean()), 4),
+                    "randomized_ins_minus_del_changed": round(float(
+                        (sanity["changed_insertion"] - sanity["changed_deletion"]).mean()), 4),
+                    "randomized_ins_minus_del_kept": round(float(
+                        (sanity["kept_insertion"] - sanity["kept_deletion"]).mean()), 4),
+                    "seconds": round(time.time() - started, 1)})
+        history.append(row)
+        print(json.dumps(row), flush=True)
+        save_explainer(explainer, f"{out}-step{step}", {**explainer.card, "head_sensitivity": {"step": step}})
+
+    started = time.time()
+    evaluate(0)
+    generator = torch.Generator().manual_seed(args.seed)
+    step = 0
+    for step in range(1, args.steps + 1):
+        explainer.train()
+        pick = torch.randint(len(images), (args.batch_size,), generator=generator)
+        encoded = explainer.encode(images[pick])
+        t = targets[pick]
+        real_pick = torch.randint(len(real_images), (args.batch_size,), generator=generator)
+        x = real_images[real_pick]
+        turns = int(torch.randint(4, (1,), generator=generator))
+        x = torch.rot90(x, turns, (-2, -1))
+        real_encoded = explainer.encode(x)
+        real_t = real_encoded.logits.argmax(1)
+        with torch.no_grad():
+            keep = standardise(keeper(real_encoded, real_t))
+        with torch.enable_grad():
+            moved = standardise(explainer(encoded, t, class_rows=rows[pick]))
+            loss_heads = ((moved - teacher[pick]) ** 2).mean()
+            loss_real = ((standardise(explainer(real_encoded, real_t)) - keep) ** 2).mean()
+            loss = args.head_weight * loss_heads + loss_real
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        if step % 20 == 0:
+            print(f"step {step} heads {float(loss_heads):.4f} real {float(loss_real):.4f} "
+                  f"{(time.time() - started) / step:.2f} s/step", flush=True)
+        if step % args.val_every == 0 or step == args.steps:
+            evaluate(step)
+        if time.time() - started > args.minutes * 60:
+            print("time budget reached", flush=True)
+            if history[-1]["step"] != step:
+                evaluate(step)
+            break
+    Path(f"{out}.history.json").write_text(json.dumps(
+        {"history": history, "steps_done": step, "device": str(bundle.device), "args": vars(args)}, indent=1))
+
+
+def check(args) -> None:
+    bundle = load_model(args.model)
+    torch.set_num_threads(args.threads)
+    images, _ = load_eval_images(bundle, args.data, args.limit, split=args.split)
+    randomized = reinitialised_head(bundle, SANITY_SEED)
+    report = {"model": args.model, "data": args.data, "split": args.split, "images": int(len(images)),
+              "sanity_seed": SANITY_SEED, "explainers": {}}
+    scores = {}
+    for stem in args.students:
+        explainer = load_explainer(bundle, stem).eval()
+        on_randomized = load_explainer(randomized, stem).eval()  # the method's own path on the re-initialised model
+        real_del, real_ins, sanity = [], [], {}
+        for s in range(0, len(images), 32):
+            x = images[s:s + 32]
+            with torch.no_grad():
+                _, maps, targets = explainer.predict_and_explain(x)
+            curves = deletion_insertion(bundle, x, maps.float(), targets, steps=20, reference="mean")
+            real_del.append(np.asarray(curves.deletion_auc))
+            real_ins.append(np.asarray(curves.insertion_auc))
+            for key, value in sanity_scores(explainer, randomized, x).items():
+                sanity.setdefault(key, []).append(value)
+            with torch.no_grad():  # class_rows stands in for the re-initialised head exactly (the features are the same)
+                direct = on_randomized.predict_and_explain(x, targets)[1]
+                rows = head_rows(randomized, targets)
+                stand_in = standardise(explainer(explainer.encode(x), targets, class_rows=rows))
+            assert torch.allclose(direct, stand_in, atol=1e-4), float((direct - stand_in).abs().max())
+        row = {"deletion": np.concatenate(real_del), "insertion": np.concatenate(real_ins),
+               **{k: np.concatenate(v) for k, v in sanity.items()}}
+        scores[stem] = row
+        report["explainers"][stem] = {
+            "deletion_auc": float(row["deletion"].mean()), "insertion_auc": float(row["insertion"].mean()),
+            "ins_minus_del": float((row["insertion"] - row["deletion"]).mean()),
+            "sanity_rho": float(row["rho"].mean()),
+            "randomized_model": {
+                "changed_map_deletion": float(row["changed_deletion"].mean()),
+                "changed_map_insertion": float(row["changed_insertion"].mean()),
+                "original_map_deletion": float(row["kept_deletion"].mean()),
+                "original_map_insertion": float(row["kept_insertion"].mean()),
+                "changed_minus_original_ins_minus_del": paired_difference(
+                    row["changed_insertion"] - row["changed_deletion"], row["kept_insertion"] - row["kept_deletion"])}}
+        print(stem, json.dumps(report["explainers"][stem], default=float), flush=True)
+    first = args.students[0]
+    a = scores[first]
+    report["minus_first"] = {stem: {
+        "deletion": paired_difference(b["deletion"], a["deletion"]),
+        "insertion": paired_difference(b["insertion"], a["insertion"]),
+        "ins_minus_del": paired_difference(b["insertion"] - b["deletion"], a["insertion"] - a["deletion"]),
+        "sanity_rho": paired_difference(b["rho"], a["rho"])} for stem, b in scores.items() if stem != first}
+    Path(args.out).write_text(json.dumps(report, indent=1, default=float))
+    print(json.dumps(report["minus_first"], indent=1, default=float))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    t = commands.add_parser("teachers")
+    t.add_argument("--model", required=True)
+    t.add_argument("--data", required=True)
+    t.add_argument("--limit", type=int, default=800)
+    t.add_argument("--part", default="0/1")
+    t.add_argument("--refine-steps", type=int, default=10)
+    t.add_argument("--grid", type=int, default=0, help="this correction grid instead of the card's")
+    t.add_argument("--chunk", type=int, default=8, help="cells per re-initialised head")
+    t.add_argument("--seed-base", type=int, default=1000)
+    t.add_argument("--offset", type=int, default=0, help="shift the spread cells by this many (a disjoint set)")
+    t.add_argument("--out", required=True)
+    r = commands.add_parser("train")
+    r.add_argument("--model", required=True)
+    r.add_argument("--data", required=True)
+    r.add_argument("--teachers", nargs="+", required=True)
+    r.add_argument("--val-data", required=True)
+    r.add_argument("--val-limit", type=int, default=256)
+    r.add_argument("--sanity-cells", type=int, default=16)
+    r.add_argument("--real-cells", type=int, default=2000)
+    r.add_argument("--steps", type=int, default=2000)
+    r.add_argument("--batch-size", type=int, default=16)
+    r.add_argument("--lr", type=float, default=1e-4)
+    r.add_argument("--head-weight", type=float, default=1.0)
+    r.add_argument("--val-every", type=int, default=200)
+    r.add_argument("--minutes", type=float, default=30)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--out", required=True)
+    c = commands.add_parser("check")
+    c.add_argument("--model", required=True)
+    c.add_argument("--data", required=True)
+    c.add_argument("--split", default="val")
+    c.add_argument("--limit", type=int, default=64)
+    c.add_argument("--students", nargs="+", required=True, help="explainer stems; the first is the reference")
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    {"teachers": write_teachers, "train": train, "check": check}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
