@@ -142,7 +142,7 @@ def _train(args, bundle) -> None:
     from explainers.data import open_dataset
 
     torch.manual_seed(args.seed)
-    explainer = load_explainer(bundle)
+    explainer = load_explainer(bundle, args.init)  # the shipped explainer unless --init names another start
     keeper = load_explainer(bundle).eval()  # the shipped explainer, frozen: the real head's maps are kept
     parts = [load_file(path) for path in args.teachers]
     indices = sum((p["indices"].tolist() for p in parts), [])
@@ -291,6 +291,7 @@ def main(argv=None) -> int:
     r.add_argument("--steps", type=int, default=2000)
     r.add_argument("--batch-size", type=int, default=16)
     r.add_argument("--lr", type=float, default=1e-4)
+    r.add_argument("--init", default=None, help="start from this explainer stem (default: the shipped one)")
     r.add_argument("--head-weight", type=float, default=1.0)
     r.add_argument("--val-every", type=int, default=200)
     r.add_argument("--minutes", type=float, default=30)
