@@ -266,6 +266,44 @@ def check(args) -> None:
     print(json.dumps(report["minus_first"], indent=1, default=float))
 
 
+def teacher_gain(args) -> None:
+    """Is a teacher better than the one-pass map under its own head? Paired hard deletion / insertion (K=20) of both
+    maps under each teacher cell's re-initialised head (rebuilt from its seed)."""
+    from safetensors.torch import load_file
+
+    bundle = load_model(args.model)
+    torch.set_num_threads(args.threads)
+    explainer = load_explainer(bundle)
+    rows = {"teacher": {"deletion": [], "insertion": []}, "one_pass": {"deletion": [], "insertion": []}}
+    for path in args.teachers:
+        part = load_file(path)
+        picked = torch.linspace(0, len(part["indices"]) - 1, min(args.limit, len(part["indices"]))).long()
+        for seed in sorted(set(part["seeds"][picked].tolist())):
+            chosen = picked[part["seeds"][picked] == seed]
+            randomized = reinitialised_head(bundle, int(seed))
+            images, _ = load_eval_images(bundle, args.data, None, split="train",
+                                         indices=part["indices"][chosen].tolist())
+            with torch.no_grad():
+                targets = bundle(images).argmax(1)
+                _, one_pass, _ = load_explainer(randomized).predict_and_explain(images, targets)
+            for name, maps in (("teacher", part["maps"][chosen].float()), ("one_pass", one_pass)):
+                curves = deletion_insertion(randomized, images, maps, targets, steps=20, reference="mean")
+                rows[name]["deletion"].append(np.asarray(curves.deletion_auc))
+                rows[name]["insertion"].append(np.asarray(curves.insertion_auc))
+    scores = {name: {k: np.concatenate(v) for k, v in row.items()} for name, row in rows.items()}
+    t, o = scores["teacher"], scores["one_pass"]
+    report = {"model": args.model, "teachers": args.teachers, "cells": int(len(t["deletion"])),
+              "under": "each cell's own re-initialised head", **{
+                  name: {"deletion_auc": float(v["deletion"].mean()), "insertion_auc": float(v["insertion"].mean())}
+                  for name, v in scores.items()},
+              "teacher_minus_one_pass": {
+                  "deletion": paired_difference(t["deletion"], o["deletion"]),
+                  "insertion": paired_difference(t["insertion"], o["insertion"]),
+                  "ins_minus_del": paired_difference(t["insertion"] - t["deletion"], o["insertion"] - o["deletion"])}}
+    Path(args.out).write_text(json.dumps(report, indent=1, default=float))
+    print(json.dumps(report, indent=1, default=float))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -306,8 +344,15 @@ def main(argv=None) -> int:
     c.add_argument("--students", nargs="+", required=True, help="explainer stems; the first is the reference")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--out", required=True)
+    g = commands.add_parser("teacher-gain")
+    g.add_argument("--model", required=True)
+    g.add_argument("--data", required=True)
+    g.add_argument("--teachers", nargs="+", required=True)
+    g.add_argument("--limit", type=int, default=64, help="teacher cells per file, spread over it")
+    g.add_argument("--threads", type=int, default=1)
+    g.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    {"teachers": write_teachers, "train": train, "check": check}[args.command](args)
+    {"teachers": write_teachers, "train": train, "check": check, "teacher-gain": teacher_gain}[args.command](args)
     return 0
 
 
