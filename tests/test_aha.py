@@ -344,6 +344,9 @@ def test_class_rows_stand_in_for_a_reinitialised_head_exactly():
     with pytest.raises(ValueError, match="class-agnostic prior"):  # a CAM prior reads the real head: refused
         cnn_explainer = AHAExplainer(tiny_cnn(), width=8, embed_dim=8)
         cnn_explainer(images, targets, class_rows=torch.zeros(3, 16))
+    table = AHAExplainer(vit, width=8, embed_dim=8, class_embedding="learned")
+    with pytest.raises(ValueError, match="head class embedding"):  # a learnt class table would ignore the rows
+        table(images, targets, class_rows=module.weight[targets])
 
 
 @pytest.mark.parametrize("fusion_units", [2, 1])

@@ -323,6 +323,8 @@ class AHAExplainer(nn.Module):
         """Everything before the output head: (fused finest features, CAM at input size or None)."""
         if class_rows is not None and self.prior == "cam":
             raise ValueError("class_rows needs a class-agnostic prior (the CAM reads the classifier's own rows)")
+        if class_rows is not None and self.class_mode != "head":
+            raise ValueError("class_rows needs the head class embedding (this explainer learnt a table of classes)")
         embedding = self.class_vectors(targets, class_rows)
         cam = self.class_activation(encoded, targets)
         projected = []
