@@ -41,42 +41,74 @@ from explainers.methods.aha import AHA  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402
 
 
-def write_targets(args) -> None:
-    from safetensors.torch import load_file, save_file
-
+def chosen_cells(args) -> tuple:
+    """This part's training cells: `--limit` spread over the file, shifted by `--offset`, every parts-th from `part`."""
     from explainers.data import open_dataset, spread_indices
 
-    bundle = load_model(args.model)
-    explainer = load_explainer(bundle)
     part, parts = (int(v) for v in args.part.split("/"))
     total = len(open_dataset(args.data, split="train"))
-    chosen = [i + args.offset for i in spread_indices(total - args.offset, args.limit)][part::parts]
-    out = Path(args.out)
+    return [i + args.offset for i in spread_indices(total - args.offset, args.limit)][part::parts], part, parts
+
+
+def write_in_chunks(out, chosen: list, chunk: int, teach) -> None:
+    """Resumable teacher file: `teach(cells, cells_done)` returns {name: per-cell tensor} for a chunk of cell indices;
+    the file ({"indices", name...}) is rewritten after every chunk, and a rerun skips the cells it already holds."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
     done = load_file(str(out)) if out.exists() else {}
-    indices = done.get("indices", torch.zeros(0, dtype=torch.long)).tolist()
-    maps = [done["maps"]] if "maps" in done else []
-    seen = set(indices)
-    todo = [i for i in chosen if i not in seen]
+    indices = done["indices"].tolist() if done else []
+    saved = {k: [v] for k, v in done.items() if k != "indices"}
+    todo = [i for i in chosen if i not in set(indices)]
     started = time.time()
-    for start in range(0, len(todo), args.chunk):
-        batch = todo[start:start + args.chunk]
-        images, _ = load_eval_images(bundle, args.data, None, split="train", indices=batch)
-        with torch.no_grad():
-            targets = bundle(images).argmax(1)
-        if args.teacher == "correction":  # the method's own T steps: a G x G correction of the one-pass map
-            with torch.inference_mode():
-                _, one_pass, _ = explainer.predict_and_explain(images, targets)
-            settings = {**AHA().refinement_settings(bundle), **({"grid": args.grid} if args.grid else {})}
-            refined = optimise_maps(bundle, images, targets, steps=args.refine_steps, prior_maps=one_pass.clone(),
-                                    **settings)
-        else:  # "head": refine the explainer's output head per image (rounds 1 and 2)
-            refined = refine_maps(explainer, images, targets, steps=args.refine_steps)
-        maps.append(standardise(refined).half())
+    for start in range(0, len(todo), chunk):
+        batch = todo[start:start + chunk]
+        for name, values in teach(batch, len(indices)).items():
+            saved.setdefault(name, []).append(values)
         indices += batch
-        save_file({"indices": torch.tensor(indices), "maps": torch.cat(maps)}, str(out))
+        save_file({"indices": torch.tensor(indices), **{k: torch.cat(v) for k, v in saved.items()}}, str(out))
         rate = (time.time() - started) / (start + len(batch))
         print(f"{len(indices)}/{len(chosen)} cells, {rate:.2f} s per cell, "
               f"ETA {rate * (len(todo) - start - len(batch)) / 60:.1f} min", flush=True)
+
+
+def correction_teacher(explainer, bundle, images, targets, steps: int, grid: int = 0) -> torch.Tensor:
+    """The method's own T steps: a G x G correction of the explainer's one-pass map, with the card's refinement
+    settings (`grid` overrides its grid), for `bundle` (the explainer's classifier, or one with another head)."""
+    with torch.inference_mode():
+        _, one_pass, _ = explainer.predict_and_explain(images, targets)
+    settings = {**AHA().refinement_settings(bundle), **({"grid": grid} if grid else {})}
+    return optimise_maps(bundle, images, targets, steps=steps, prior_maps=one_pass.clone(), **settings)
+
+
+def teacher_arguments(parser, *, limit: int, chunk: int) -> None:
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--limit", type=int, default=limit)
+    parser.add_argument("--part", default="0/1")
+    parser.add_argument("--refine-steps", type=int, default=10)
+    parser.add_argument("--chunk", type=int, default=chunk)
+    parser.add_argument("--grid", type=int, default=0, help="correction teacher: this grid instead of the card's")
+    parser.add_argument("--offset", type=int, default=0, help="shift the spread cells by this many (a disjoint set)")
+    parser.add_argument("--out", required=True)
+
+
+def write_targets(args) -> None:
+    bundle = load_model(args.model)
+    explainer = load_explainer(bundle)
+    chosen, _, _ = chosen_cells(args)
+
+    def teach(batch, _):
+        images, _ = load_eval_images(bundle, args.data, None, split="train", indices=batch)
+        with torch.no_grad():
+            targets = bundle(images).argmax(1)
+        if args.teacher == "correction":
+            refined = correction_teacher(explainer, bundle, images, targets, args.refine_steps, args.grid)
+        else:  # "head": refine the explainer's output head per image (rounds 1 and 2)
+            refined = refine_maps(explainer, images, targets, steps=args.refine_steps)
+        return {"maps": standardise(refined).half()}
+
+    write_in_chunks(args.out, chosen, args.chunk, teach)
 
 
 def train(args) -> None:
@@ -237,18 +269,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("targets")
-    t.add_argument("--model", required=True)
-    t.add_argument("--data", required=True)
-    t.add_argument("--limit", type=int, default=1200)
-    t.add_argument("--part", default="0/1")
-    t.add_argument("--refine-steps", type=int, default=10)
-    t.add_argument("--chunk", type=int, default=16)
+    teacher_arguments(t, limit=1200, chunk=16)
     t.add_argument("--teacher", choices=("head", "correction"), default="head",
                    help="head: refine the explainer's output head (rounds 1-2); correction: the method's T steps "
                         "(a G x G correction of the one-pass map, the card's refinement settings)")
-    t.add_argument("--grid", type=int, default=0, help="correction teacher: this grid instead of the card's")
-    t.add_argument("--offset", type=int, default=0, help="shift the spread cells by this many (a disjoint set)")
-    t.add_argument("--out", required=True)
     r = commands.add_parser("train")
     r.add_argument("--model", required=True)
     r.add_argument("--data", required=True)

@@ -38,12 +38,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # aha_distill, also when loaded by path
 
+from aha_distill import chosen_cells, correction_teacher, teacher_arguments, write_in_chunks  # noqa: E402
 from explainers.aha.network import standardise  # noqa: E402
-from explainers.aha.per_image import optimise_maps  # noqa: E402
 from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
 from explainers.aha.train import load_eval_images, validation_scores  # noqa: E402
-from explainers.methods.aha import AHA  # noqa: E402
 from explainers.metrics import deletion_insertion, spearman  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402
 from explainers.sanity import parameter_layers, reinitialise  # noqa: E402
@@ -69,47 +69,28 @@ def head_rows(bundle, targets: torch.Tensor) -> torch.Tensor:
 
 
 def write_teachers(args) -> None:
-    from safetensors.torch import load_file, save_file
-
-    from explainers.data import open_dataset, spread_indices
-
     bundle = load_model(args.model)
-    part, parts = (int(v) for v in args.part.split("/"))
-    total = len(open_dataset(args.data, split="train"))
-    chosen = [i + args.offset for i in spread_indices(total - args.offset, args.limit)][part::parts]
-    out = Path(args.out)
-    done = load_file(str(out)) if out.exists() else {}
-    saved = {k: [done[k]] for k in ("maps", "rows", "seeds")} if done else {"maps": [], "rows": [], "seeds": []}
-    indices = done["indices"].tolist() if done else []
-    todo = [i for i in chosen if i not in set(indices)]
-    settings = {**AHA().refinement_settings(bundle), **({"grid": args.grid} if args.grid else {})}
-    started = time.time()
-    for start in range(0, len(todo), args.chunk):
-        batch = todo[start:start + args.chunk]
-        seed = args.seed_base + part + parts * (len(indices) // args.chunk)
+    chosen, part, parts = chosen_cells(args)
+
+    def teach(batch, cells_done):
+        seed = args.seed_base + part + parts * (cells_done // args.chunk)  # one head per chunk
         assert seed != SANITY_SEED
         randomized = reinitialised_head(bundle, seed)
-        explainer = load_explainer(randomized)
         images, _ = load_eval_images(bundle, args.data, None, split="train", indices=batch)
         with torch.no_grad():
             targets = bundle(images).argmax(1)  # the real model's class, as the sanity check keeps it
-        with torch.inference_mode():
-            _, one_pass, _ = explainer.predict_and_explain(images, targets)
-        refined = optimise_maps(randomized, images, targets, steps=args.refine_steps, prior_maps=one_pass.clone(),
-                                **settings)
-        saved["maps"].append(standardise(refined).half())
-        saved["rows"].append(head_rows(randomized, targets))
-        saved["seeds"].append(torch.full((len(batch),), seed, dtype=torch.long))
-        indices += batch
-        save_file({"indices": torch.tensor(indices), **{k: torch.cat(v) for k, v in saved.items()}}, str(out))
-        rate = (time.time() - started) / (start + len(batch))
-        print(f"{len(indices)}/{len(chosen)} cells, {rate:.2f} s per cell, "
-              f"ETA {rate * (len(todo) - start - len(batch)) / 60:.1f} min", flush=True)
+        refined = correction_teacher(load_explainer(randomized), randomized, images, targets, args.refine_steps,
+                                     args.grid)
+        return {"maps": standardise(refined).half(), "rows": head_rows(randomized, targets),
+                "seeds": torch.full((len(batch),), seed, dtype=torch.long)}
+
+    write_in_chunks(args.out, chosen, args.chunk, teach)
 
 
-def sanity_scores(explainer, randomized, images: torch.Tensor) -> dict:
+def sanity_scores(explainer, randomized, images: torch.Tensor) -> tuple:
     """Sanity rho of the one-pass maps (real head vs `randomized`'s head) and the deletion / insertion of both maps
-    under the randomized model (the re-initialised head's own curves)."""
+    under the randomized model (the re-initialised head's own curves); with (top-1 targets, original maps, changed
+    maps), from one classifier pass."""
     was_training = explainer.training
     explainer.eval()
     try:
@@ -125,7 +106,7 @@ def sanity_scores(explainer, randomized, images: torch.Tensor) -> dict:
     moved = deletion_insertion(randomized, images, changed, targets, steps=20, reference="mean")
     return {"rho": rho, "changed_deletion": np.asarray(moved.deletion_auc),
             "changed_insertion": np.asarray(moved.insertion_auc), "kept_deletion": np.asarray(kept.deletion_auc),
-            "kept_insertion": np.asarray(kept.insertion_auc)}
+            "kept_insertion": np.asarray(kept.insertion_auc)}, (targets, original, changed)
 
 
 def train(args) -> None:
@@ -163,7 +144,7 @@ def _train(args, bundle) -> None:
 
     def evaluate(step):
         row = {"step": step, **validation_scores(explainer, val_images)}
-        sanity = sanity_scores(explainer, randomized, sanity_images)
+        sanity = sanity_scores(explainer, randomized, sanity_images)[0]
         row.update({"sanity_rho": round(float(sanity["rho"].mean()), 4),
                     "randomized_ins_minus_del_changed": round(float(
                         (sanity["changed_insertion"] - sanity["changed_deletion"]).mean()), 4),
@@ -228,18 +209,15 @@ def check(args) -> None:
         real_del, real_ins, sanity = [], [], {}
         for s in range(0, len(images), 32):
             x = images[s:s + 32]
-            with torch.no_grad():
-                _, maps, targets = explainer.predict_and_explain(x)
+            batch_scores, (targets, maps, changed) = sanity_scores(explainer, randomized, x)
+            for key, value in batch_scores.items():
+                sanity.setdefault(key, []).append(value)
             curves = deletion_insertion(bundle, x, maps.float(), targets, steps=20, reference="mean")
             real_del.append(np.asarray(curves.deletion_auc))
             real_ins.append(np.asarray(curves.insertion_auc))
-            for key, value in sanity_scores(explainer, randomized, x).items():
-                sanity.setdefault(key, []).append(value)
             with torch.no_grad():  # class_rows stands in for the re-initialised head exactly (the features are the same)
                 direct = on_randomized.predict_and_explain(x, targets)[1]
-                rows = head_rows(randomized, targets)
-                stand_in = standardise(explainer(explainer.encode(x), targets, class_rows=rows))
-            assert torch.allclose(direct, stand_in, atol=1e-4), float((direct - stand_in).abs().max())
+            assert torch.allclose(direct, changed, atol=1e-4), float((direct - changed).abs().max())
         row = {"deletion": np.concatenate(real_del), "insertion": np.concatenate(real_ins),
                **{k: np.concatenate(v) for k, v in sanity.items()}}
         scores[stem] = row
@@ -308,16 +286,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("teachers")
-    t.add_argument("--model", required=True)
-    t.add_argument("--data", required=True)
-    t.add_argument("--limit", type=int, default=800)
-    t.add_argument("--part", default="0/1")
-    t.add_argument("--refine-steps", type=int, default=10)
-    t.add_argument("--grid", type=int, default=0, help="this correction grid instead of the card's")
-    t.add_argument("--chunk", type=int, default=8, help="cells per re-initialised head")
+    teacher_arguments(t, limit=800, chunk=8)  # --chunk: cells per re-initialised head
     t.add_argument("--seed-base", type=int, default=1000)
-    t.add_argument("--offset", type=int, default=0, help="shift the spread cells by this many (a disjoint set)")
-    t.add_argument("--out", required=True)
     r = commands.add_parser("train")
     r.add_argument("--model", required=True)
     r.add_argument("--data", required=True)

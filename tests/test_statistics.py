@@ -210,3 +210,27 @@ def test_distillation_ship_follows_the_validation_rule_and_records_the_round(tmp
     assert card["distillation_round_2"]["validation"] == trace
     assert card["distillation_round_2"]["versus_round_1_val256"]["ins_minus_del"]["ci95"] == [0.002, 0.006]
     assert (weights / card["distillation_round_2"]["validation_plot"]).stat().st_size > 0
+
+
+def test_teacher_files_resume_where_they_stopped_and_keep_every_field(tmp_path):
+    """bench/aha_distill.py write_in_chunks (both teacher scripts use it): a rerun with more cells computes only the new
+    ones, and every per-cell field stays aligned with `indices`."""
+    import torch
+    from safetensors.torch import load_file
+
+    tool = bench_script("aha_distill")
+    calls = []
+
+    def teach(cells, cells_done):
+        calls.append((list(cells), cells_done))
+        return {"maps": torch.tensor(cells, dtype=torch.float32).view(-1, 1) * 10,
+                "seeds": torch.full((len(cells),), 100 + cells_done, dtype=torch.long)}
+
+    out = tmp_path / "teachers.safetensors"
+    tool.write_in_chunks(out, [5, 1, 9], 2, teach)
+    tool.write_in_chunks(out, [5, 1, 9, 7, 3], 2, teach)
+    assert calls == [([5, 1], 0), ([9], 2), ([7, 3], 3)]  # the second run skipped the three cells it had
+    saved = load_file(str(out))
+    assert saved["indices"].tolist() == [5, 1, 9, 7, 3]
+    assert saved["maps"].view(-1).tolist() == [50.0, 10.0, 90.0, 70.0, 30.0]
+    assert saved["seeds"].tolist() == [100, 100, 102, 103, 103]
