@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # aha_distill, also when loaded by path
 
 from aha_distill import chosen_cells, correction_teacher, teacher_arguments, write_in_chunks  # noqa: E402
-from explainers.aha.network import AHAExplainer, standardise  # noqa: E402
+from explainers.aha.network import standardise  # noqa: E402
 from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
 from explainers.aha.train import load_eval_images, validation_scores  # noqa: E402
 from explainers.metrics import deletion_insertion, spearman  # noqa: E402
@@ -109,16 +109,6 @@ def sanity_scores(explainer, randomized, images: torch.Tensor) -> tuple:
             "kept_insertion": np.asarray(kept.insertion_auc)}, (targets, original, changed)
 
 
-def with_row_evidence(explainer):
-    """The same explainer with row-evidence channels added, starting at zero (its maps are unchanged)."""
-    widened = AHAExplainer(explainer.bundle, **{k: v for k, v in explainer.arch.items() if k not in ("levels", "row_evidence")},
-                           row_evidence=True)
-    missing = widened.load_state_dict(explainer.state_dict(), strict=False).missing_keys
-    assert all(key.startswith("evidence_projs.") for key in missing), missing
-    widened.card = explainer.card
-    return widened.to(explainer.bundle.device)
-
-
 def train(args) -> None:
     bundle = load_model(args.model)
     torch.set_num_threads(args.threads)
@@ -134,8 +124,6 @@ def _train(args, bundle) -> None:
 
     torch.manual_seed(args.seed)
     explainer = load_explainer(bundle, args.init)  # the shipped explainer unless --init names another start
-    if args.row_evidence and not explainer.row_evidence:
-        explainer = with_row_evidence(explainer)
     keeper = load_explainer(bundle).eval()  # the shipped explainer, frozen: the real head's maps are kept
     parts = [load_file(path) for path in args.teachers]
     indices = sum((p["indices"].tolist() for p in parts), [])
@@ -313,8 +301,6 @@ def main(argv=None) -> int:
     r.add_argument("--lr", type=float, default=1e-4)
     r.add_argument("--init", default=None, help="start from this explainer stem (default: the shipped one)")
     r.add_argument("--head-weight", type=float, default=1.0)
-    r.add_argument("--row-evidence", action="store_true",
-                   help="add the <token, row> channels to the start (zero at first) and train them too")
     r.add_argument("--val-every", type=int, default=200)
     r.add_argument("--minutes", type=float, default=30)
     r.add_argument("--seed", type=int, default=0)

@@ -311,30 +311,26 @@ def test_class_embedding_reaches_the_map_without_the_cam_skip():
     assert (a - b).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("row_evidence", [False, True])
-def test_class_rows_stand_in_for_a_reinitialised_head_exactly(row_evidence):
+def test_class_rows_stand_in_for_a_reinitialised_head_exactly():
     """The head-sensitivity training shows the explainer other heads' rows (bench/aha_head_sensitivity.py): on a
-    class-token ViT (a class-agnostic prior) the stand-in rows give exactly the map of the re-initialised model,
-    also through the row-evidence channels."""
+    class-token ViT (a class-agnostic prior) the stand-in rows give exactly the map of the re-initialised model."""
     import copy
 
     from explainers.sanity import parameter_layers, reinitialise
 
     vit = tiny_vit()
     torch.manual_seed(0)
-    explainer = AHAExplainer(vit, width=8, embed_dim=8, row_evidence=row_evidence)
+    explainer = AHAExplainer(vit, width=8, embed_dim=8)
     with torch.no_grad():
         for film in explainer.films:
             film.weight.normal_(0, 0.5)
         explainer.head.conv2.weight.normal_(0, 0.5)
-        for conv in getattr(explainer, "evidence_projs", []):
-            conv.weight.normal_(0, 0.5)
     randomized = copy.copy(vit)
     randomized.network = copy.deepcopy(vit.network)
     name, module = parameter_layers(randomized.network)[0]
     assert module is randomized.network.get_classifier()
     reinitialise(name, module, torch.Generator().manual_seed(5))
-    on_randomized = AHAExplainer(randomized, width=8, embed_dim=8, row_evidence=row_evidence)
+    on_randomized = AHAExplainer(randomized, width=8, embed_dim=8)
     on_randomized.load_state_dict(explainer.state_dict())
     images, targets = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2])
     with torch.no_grad():
@@ -351,34 +347,6 @@ def test_class_rows_stand_in_for_a_reinitialised_head_exactly(row_evidence):
     table = AHAExplainer(vit, width=8, embed_dim=8, class_embedding="learned")
     with pytest.raises(ValueError, match="head class embedding"):  # a learnt class table would ignore the rows
         table(images, targets, class_rows=module.weight[targets])
-
-
-def test_row_evidence_starts_as_the_explainer_it_warms_from_and_is_saved(tmp_path):
-    """Row evidence (<token, w_c> per level of the head's width) starts at zero: an explainer given it computes
-    exactly the map of the one it was warmed from, until training moves it; its card and loader keep it."""
-    vit = tiny_vit()
-    torch.manual_seed(0)
-    plain = AHAExplainer(vit, width=8, embed_dim=8)
-    with torch.no_grad():
-        plain.head.conv2.weight.normal_(0, 0.5)
-    widened = AHAExplainer(vit, width=8, embed_dim=8, row_evidence=True)
-    missing = widened.load_state_dict(plain.state_dict(), strict=False).missing_keys
-    assert missing and all(key.startswith("evidence_projs.") for key in missing)
-    assert widened.evidence_levels == list(range(len(plain.indices)))  # every tiny-ViT level has the head's width
-    images, targets = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 2])
-    with torch.no_grad():
-        assert torch.equal(plain(images, targets), widened(images, targets))
-        widened.evidence_projs[0].weight.fill_(1.0)
-        moved = widened(images, targets)
-        assert (moved - plain(images, targets)).abs().max() > 1e-3
-        evidence = widened.row_evidence_map(widened.encode(images).levels[0], vit.network.get_classifier().weight[targets])
-    assert evidence.shape[1] == 1 and torch.allclose(evidence.flatten(1).mean(1), torch.zeros(2), atol=1e-5)
-    stem = tmp_path / "aha-tiny"
-    save_explainer(widened, stem, {"base_model": vit.name})
-    loaded = load_explainer(vit, stem)
-    assert loaded.row_evidence and torch.allclose(loaded(images, targets), moved, atol=1e-6)
-    with pytest.raises(ValueError, match="head's width"):  # a CNN whose levels are narrower than its head
-        AHAExplainer(tiny_cnn(), width=8, embed_dim=8, levels=1, indices=[0], row_evidence=True)
 
 
 @pytest.mark.parametrize("fusion_units", [2, 1])

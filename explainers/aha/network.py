@@ -175,7 +175,7 @@ class AHAExplainer(nn.Module):
 
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
                  class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
-                 fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0, row_evidence: bool = False):
+                 fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0):
         super().__init__()
         # a Gaussian blur (sigma in input pixels) of the output map, chosen after training on held-out images
         # (`python -m explainers aha-output-blur`); 0 = none. No parameter: the weights do not change.
@@ -247,24 +247,6 @@ class AHAExplainer(nn.Module):
         self.class_bias = nn.Linear(embed_dim, width)  # additive class embedding at the coarsest level
         if self.use_cam:
             self.cam_proj = nn.Conv2d(1, width, 1)
-        # Row evidence (ours): per level whose width is the head's, the standardised map <token, w_c / |w_c|>, a 1x1
-        # projection (zero at the start, so a warm start is unchanged) added to that level. The class embedding
-        # reaches the decoder only through FiLM on 32 projected channels, which cannot form this product for rows
-        # it never saw; with it the map can follow a changed head (the sanity check, methods.md).
-        self.row_evidence = bool(row_evidence)
-        self.evidence_levels = []
-        if self.row_evidence:
-            if head_weight is None or head_weight.shape[0] != bundle.num_classes:
-                raise ValueError("row_evidence needs a linear classifier head with one row per class")
-            self.evidence_levels = [i for i, c in enumerate(channels) if c == head_weight.shape[1]]
-            if not self.evidence_levels:
-                raise ValueError(f"row_evidence: no feature level of '{bundle.name}' has the head's width "
-                                 f"{head_weight.shape[1]}")
-            self.evidence_projs = nn.ModuleList(nn.Conv2d(1, width, 1) for _ in self.evidence_levels)
-            for conv in self.evidence_projs:
-                nn.init.zeros_(conv.weight)
-                nn.init.zeros_(conv.bias)
-        self.arch["row_evidence"] = self.row_evidence
         self.fusions = nn.ModuleList(FusionBlock(width, fusion_units) for _ in channels)
         self.arch["fusion_units"] = int(fusion_units)
         self.arch["output_blur"] = self.output_blur
@@ -337,11 +319,6 @@ class AHAExplainer(nn.Module):
         cam = (cam - flat.mean(1).view(-1, 1, 1)) / spread.clamp_min(1e-6).view(-1, 1, 1)
         return cam
 
-    def row_evidence_map(self, level: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """B x 1 x h x w: <token, row / |row|> per position, standardised per image (ranking kept)."""
-        unit = rows.float() / rows.float().norm(dim=1, keepdim=True).clamp_min(1e-6)
-        return standardise(torch.einsum("bchw,bc->bhw", level.float(), unit)).unsqueeze(1)
-
     def trunk(self, encoded: Encoded, targets: torch.Tensor, class_rows: torch.Tensor | None = None):
         """Everything before the output head: (fused finest features, CAM at input size or None)."""
         if class_rows is not None and self.prior == "cam":
@@ -350,16 +327,10 @@ class AHAExplainer(nn.Module):
             raise ValueError("class_rows needs the head class embedding (this explainer learnt a table of classes)")
         embedding = self.class_vectors(targets, class_rows)
         cam = self.class_activation(encoded, targets)
-        rows = None
-        if self.row_evidence:
-            rows = class_rows if class_rows is not None else \
-                self.bundle.network.get_classifier().weight.detach()[targets]
         projected = []
         for index, (level, projection, film, scale) in enumerate(
                 zip(encoded.levels, self.projections, self.films, self.scales)):
             x = projection(level.float())
-            if index in self.evidence_levels:
-                x = x + self.evidence_projs[self.evidence_levels.index(index)](self.row_evidence_map(level, rows))
             if scale != 1.0:
                 size = tuple(max(1, int(round(s * scale))) for s in x.shape[-2:])
                 x = F.adaptive_avg_pool2d(x, size) if scale < 1 else F.interpolate(

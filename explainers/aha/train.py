@@ -199,8 +199,7 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
     torch.manual_seed(seed)
     untrained = AHAExplainer(bundle, **{k: explainer.arch[k] for k in ("width", "embed_dim", "gain_init",
                                                                       "class_embedding", "use_cam", "indices", "scales",
-                                                                      "fusion_units", "prior", "row_evidence")
-                                                                      if k in explainer.arch})
+                                                                      "fusion_units", "prior") if k in explainer.arch})
     untrained.to(device).eval()
     rows = {"aha": [], "aha_untrained": []}
     rows.update({name: [] for name in compare})
