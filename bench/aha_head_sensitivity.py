@@ -12,6 +12,10 @@ training only ever showed it the real head's eight rows, so it learnt to ignore 
             (its faithfulness there). Validation: hard ins-del on val cells (real head), and on 16 val cells the
             sanity rho (the seed-0 head, as `explainers.sanity` draws it) with the deletion / insertion of the maps
             under that head. Every evaluated checkpoint is kept.
+  signals:  can a class signal from the classifier's pass predict what a teacher changed? Per teacher cell, the Pearson
+            r between (teacher - one-pass map) under its head and candidate signals computed with that head's row:
+            <token, row> per decoder level, direct logit attribution, gradient x activation and Grad-CAM at the last
+            block's input; "null": the same signals with another cell's head row (what r is by chance).
   check:    shipped vs a student on val or test cells: paired deletion / insertion under the real head, sanity rho,
             and deletion / insertion under the re-initialised head (is the changed map faithful to the changed
             model, or only different?).
@@ -36,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # aha_distill, also when loaded by path
@@ -47,7 +52,7 @@ from explainers.aha.train import load_eval_images, validation_scores  # noqa: E4
 from explainers.metrics import deletion_insertion, spearman  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402
 from explainers.sanity import parameter_layers, reinitialise  # noqa: E402
-from explainers.statistics import paired_difference  # noqa: E402
+from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
 
 SANITY_SEED = 0  # explainers.sanity's default: the head the check draws; teachers never use it
 
@@ -246,13 +251,15 @@ def check(args) -> None:
 
 def teacher_gain(args) -> None:
     """Is a teacher better than the one-pass map under its own head? Paired hard deletion / insertion (K=20) of both
-    maps under each teacher cell's re-initialised head (rebuilt from its seed)."""
+    maps under each teacher cell's re-initialised head (rebuilt from its seed). And is that gain specific to the head:
+    under the real head, the teacher against the real head's own one-pass map."""
     from safetensors.torch import load_file
 
     bundle = load_model(args.model)
     torch.set_num_threads(args.threads)
     explainer = load_explainer(bundle)
-    rows = {"teacher": {"deletion": [], "insertion": []}, "one_pass": {"deletion": [], "insertion": []}}
+    rows = {name: {"deletion": [], "insertion": []} for name in ("teacher", "one_pass", "teacher_under_real_head",
+                                                                 "real_one_pass_under_real_head")}
     for path in args.teachers:
         part = load_file(path)
         picked = torch.linspace(0, len(part["indices"]) - 1, min(args.limit, len(part["indices"]))).long()
@@ -264,8 +271,12 @@ def teacher_gain(args) -> None:
             with torch.no_grad():
                 targets = bundle(images).argmax(1)
                 _, one_pass, _ = load_explainer(randomized).predict_and_explain(images, targets)
-            for name, maps in (("teacher", part["maps"][chosen].float()), ("one_pass", one_pass)):
-                curves = deletion_insertion(randomized, images, maps, targets, steps=20, reference="mean")
+                _, real_one_pass, _ = explainer.predict_and_explain(images, targets)
+            for name, model, maps in (("teacher", randomized, part["maps"][chosen].float()),
+                                      ("one_pass", randomized, one_pass),
+                                      ("teacher_under_real_head", bundle, part["maps"][chosen].float()),
+                                      ("real_one_pass_under_real_head", bundle, real_one_pass)):
+                curves = deletion_insertion(model, images, maps, targets, steps=20, reference="mean")
                 rows[name]["deletion"].append(np.asarray(curves.deletion_auc))
                 rows[name]["insertion"].append(np.asarray(curves.insertion_auc))
     scores = {name: {k: np.concatenate(v) for k, v in row.items()} for name, row in rows.items()}
@@ -277,9 +288,95 @@ def teacher_gain(args) -> None:
               "teacher_minus_one_pass": {
                   "deletion": paired_difference(t["deletion"], o["deletion"]),
                   "insertion": paired_difference(t["insertion"], o["insertion"]),
-                  "ins_minus_del": paired_difference(t["insertion"] - t["deletion"], o["insertion"] - o["deletion"])}}
+                  "ins_minus_del": paired_difference(t["insertion"] - t["deletion"], o["insertion"] - o["deletion"])},
+              "under_real_head_teacher_minus_real_one_pass": paired_difference(
+                  scores["teacher_under_real_head"]["insertion"] - scores["teacher_under_real_head"]["deletion"],
+                  scores["real_one_pass_under_real_head"]["insertion"]
+                  - scores["real_one_pass_under_real_head"]["deletion"])}
     Path(args.out).write_text(json.dumps(report, indent=1, default=float))
     print(json.dumps(report, indent=1, default=float))
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    a, b = a.detach().flatten(1).double(), b.detach().flatten(1).double()
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    return ((a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(1e-12)).numpy()
+
+
+def row_signals(explainer, images: torch.Tensor, encoded, rows: torch.Tensor) -> dict:
+    """B x H x W class signals of `rows` (B x D stand-in head rows) for these images (the explainer's levels)."""
+    from aha_vit_logit_attribution_val import dla_maps
+
+    bundle, network = explainer.bundle, explainer.bundle.network
+    unit = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-6)
+    size = tuple(images.shape[-2:])
+    up = lambda m: F.interpolate(m.unsqueeze(1).float(), size=size, mode="bilinear", align_corners=False).squeeze(1)  # noqa: E731
+    out = {f"row_dot_token_level{i}": up(torch.einsum("bchw,bc->bhw", level.float(), unit))
+           for i, level in enumerate(encoded.levels)}
+    for layers in ("last", "all"):
+        out[f"logit_attribution_{layers}"] = dla_maps(bundle, images, None, layers, rows=rows)[0]
+    kept = {}
+
+    def keep(module, inputs):
+        inputs[0].retain_grad()
+        kept["tokens"] = inputs[0]
+
+    handle = network.blocks[-1].register_forward_pre_hook(keep)
+    try:
+        with torch.enable_grad(), kept_training_state(network):
+            network.requires_grad_(False)
+            features = network.forward_features(bundle.normalize(images).requires_grad_(True))
+            (network.forward_head(features, pre_logits=True) * rows).sum().backward()
+    finally:
+        handle.remove()
+    prefix = int(getattr(network, "num_prefix_tokens", 1))
+    tokens, grads = kept["tokens"][:, prefix:].detach(), kept["tokens"].grad[:, prefix:]
+    grid = encoded.levels[-1].shape[-2:]
+    as_map = lambda m: up(m.reshape(-1, *grid))  # noqa: E731
+    out["gradient_x_activation"] = as_map((grads * tokens).sum(-1))
+    out["gradcam_last_block"] = as_map(torch.relu((grads.mean(1, keepdim=True) * tokens).sum(-1)))
+    return out
+
+
+def signals(args) -> None:
+    from safetensors.torch import load_file
+
+    bundle = load_model(args.model)
+    torch.set_num_threads(args.threads)
+    explainer = load_explainer(bundle)
+    found = {"own_head": {}, "null_other_head": {}}
+    cells = 0
+    for path in args.teachers:
+        part = load_file(path)
+        picked = torch.linspace(0, len(part["indices"]) - 1, min(args.limit, len(part["indices"]))).long()
+        for start in range(0, len(picked), 16):
+            chosen = picked[start:start + 16]
+            images, _ = load_eval_images(bundle, args.data, None, split="train", indices=part["indices"][chosen].tolist())
+            rows, teacher = part["rows"][chosen].float(), part["maps"][chosen].float()
+            with torch.no_grad():
+                encoded = explainer.encode(images)
+                targets = encoded.logits.argmax(1)
+                one_pass = standardise(explainer(encoded, targets, class_rows=rows))  # the map under that head
+            correction = teacher - one_pass
+            other = rows.roll(1, dims=0) if len(rows) > 1 else -rows  # another cell's head row: chance level
+            for name, used in (("own_head", rows), ("null_other_head", other)):
+                for signal, maps in row_signals(explainer, images, encoded, used).items():
+                    found[name].setdefault(signal, []).append(pearson(maps, correction))
+            cells += len(chosen)
+    report = {"model": args.model, "teachers": args.teachers, "cells": cells, "split": "train (teacher cells)",
+              "what": "per-cell Pearson r between (teacher - one-pass map under the cell's re-initialised head) and "
+                      "each signal computed with that head's row (own_head) or another cell's (null_other_head); "
+                      "mean and bootstrap 95% interval over cells"}
+    for name, table in found.items():
+        report[name] = {}
+        for signal, values in table.items():
+            values = np.concatenate(values)
+            report[name][signal] = {"mean_r": round(float(values.mean()), 4),
+                                    "ci95": [round(float(v), 4) for v in bootstrap_ci(values)],
+                                    "mean_abs_r": round(float(np.abs(values).mean()), 4)}
+            print(f"{name:16s} {signal:26s} r {values.mean():+.4f} {report[name][signal]['ci95']} "
+                  f"|r| {np.abs(values).mean():.4f}", flush=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
 
 
 def main(argv=None) -> int:
@@ -306,6 +403,13 @@ def main(argv=None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--out", required=True)
+    q = commands.add_parser("signals")
+    q.add_argument("--model", required=True)
+    q.add_argument("--data", required=True)
+    q.add_argument("--teachers", nargs="+", required=True)
+    q.add_argument("--limit", type=int, default=64, help="teacher cells per file, spread over it")
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--out", required=True)
     c = commands.add_parser("check")
     c.add_argument("--model", required=True)
     c.add_argument("--data", required=True)
@@ -322,7 +426,8 @@ def main(argv=None) -> int:
     g.add_argument("--threads", type=int, default=1)
     g.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    {"teachers": write_teachers, "train": train, "check": check, "teacher-gain": teacher_gain}[args.command](args)
+    {"teachers": write_teachers, "train": train, "check": check, "teacher-gain": teacher_gain,
+     "signals": signals}[args.command](args)
     return 0
 
 

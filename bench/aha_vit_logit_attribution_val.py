@@ -11,7 +11,7 @@ class-dependent).
 """
 import sys, json, copy, time
 import numpy as np, torch
-torch.set_num_threads(1)
+
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
 from explainers.models import load_model
 from explainers.aha.store import load_explainer, explainer_stem
@@ -21,13 +21,9 @@ from explainers.statistics import bootstrap_ci, paired_difference
 from explainers.sanity import reinitialise
 import torch.nn.functional as F
 
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
-data, out_file = sys.argv[2], sys.argv[3]
-bundle = load_model("bloodmnist-vit")
-net = bundle.network
-
-def dla_maps(bundle, x, targets, layers="last"):
-    """B x gh x gw: sum over heads (and layers) of a_{cls,j} <W_o v_j, g>, g = d logit / d (pre-norm final cls)."""
+def dla_maps(bundle, x, targets, layers="last", rows=None):
+    """B x gh x gw: sum over heads (and layers) of a_{cls,j} <W_o v_j, g>, g = d logit / d (pre-norm final cls);
+    `rows` (B x D) stand in for the head's weight rows of the targets (another head)."""
     net = bundle.network
     store = {}
     hooks = []
@@ -50,7 +46,7 @@ def dla_maps(bundle, x, targets, layers="last"):
     ln = net.norm
     mu = pre.mean(-1, keepdim=True); var = pre.var(-1, unbiased=False, keepdim=True)
     xhat = (pre - mu) / (var + ln.eps).sqrt()
-    w = net.get_classifier().weight[targets]  # B x D
+    w = net.get_classifier().weight[targets] if rows is None else rows  # B x D
     gw = w * ln.weight
     D = pre.shape[-1]
     g = (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True)) / (var + ln.eps).sqrt()
@@ -94,28 +90,38 @@ def all_maps(bundle, ex, x, t):
         out[f"sig_{name}1"] = (zm - zm.flatten(1).amin(1).view(-1,1,1)) * torch.sigmoid(zd)
     return out
 
-images, _ = load_eval_images(bundle, data, n, split="val")
-ex = load_explainer(bundle, explainer_stem("bloodmnist-vit")).eval()
-with torch.no_grad():
-    targets = bundle(images).argmax(1)
-# re-initialised head copy
-rb = copy.copy(bundle); rb.network = copy.deepcopy(net)
-gen = torch.Generator().manual_seed(0)
-head = rb.network.get_classifier()
-reinitialise("head", head, gen)
-ex_r = load_explainer(rb, explainer_stem("bloodmnist-vit")).eval()
-rows = {}; rhos = {}
-for s in range(0, n, 16):
-    x = images[s:s+16]; t = targets[s:s+16]
-    o = all_maps(bundle, ex, x, t); r = all_maps(rb, ex_r, x, t)
-    for k in o:
-        c = deletion_insertion(bundle, x, o[k].float(), t, steps=20, reference="mean")
-        row = rows.setdefault(k, {"d": [], "i": []}); row["d"].append(np.asarray(c.deletion_auc)); row["i"].append(np.asarray(c.insertion_auc))
-        rhos.setdefault(k, []).extend(spearman(o[k][i], r[k][i]) for i in range(len(x)))
-base = np.concatenate(rows["aha"]["i"]) - np.concatenate(rows["aha"]["d"])
-res = {}
-for k, row in rows.items():
-    d = np.concatenate(row["d"]); i = np.concatenate(row["i"]); idl = i - d
-    res[k] = dict(deletion=float(d.mean()), insertion=float(i.mean()), ins_del=float(idl.mean()), vs_aha=paired_difference(idl, base), rho=float(np.mean(rhos[k])))
-    print(f"{k:14s} del {d.mean():.4f} ins {i.mean():.4f} ins-del {idl.mean():.4f} vs aha {res[k]['vs_aha']['mean']:+.4f} {np.round(res[k]['vs_aha']['ci95'],4)} rho {res[k]['rho']:.3f}", flush=True)
-json.dump(res, open(out_file, "w"), indent=1, default=float)
+def main():
+    torch.set_num_threads(1)
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    data, out_file = sys.argv[2], sys.argv[3]
+    bundle = load_model("bloodmnist-vit")
+    net = bundle.network
+    images, _ = load_eval_images(bundle, data, n, split="val")
+    ex = load_explainer(bundle, explainer_stem("bloodmnist-vit")).eval()
+    with torch.no_grad():
+        targets = bundle(images).argmax(1)
+    # re-initialised head copy
+    rb = copy.copy(bundle); rb.network = copy.deepcopy(net)
+    gen = torch.Generator().manual_seed(0)
+    head = rb.network.get_classifier()
+    reinitialise("head", head, gen)
+    ex_r = load_explainer(rb, explainer_stem("bloodmnist-vit")).eval()
+    rows = {}; rhos = {}
+    for s in range(0, n, 16):
+        x = images[s:s+16]; t = targets[s:s+16]
+        o = all_maps(bundle, ex, x, t); r = all_maps(rb, ex_r, x, t)
+        for k in o:
+            c = deletion_insertion(bundle, x, o[k].float(), t, steps=20, reference="mean")
+            row = rows.setdefault(k, {"d": [], "i": []}); row["d"].append(np.asarray(c.deletion_auc)); row["i"].append(np.asarray(c.insertion_auc))
+            rhos.setdefault(k, []).extend(spearman(o[k][i], r[k][i]) for i in range(len(x)))
+    base = np.concatenate(rows["aha"]["i"]) - np.concatenate(rows["aha"]["d"])
+    res = {}
+    for k, row in rows.items():
+        d = np.concatenate(row["d"]); i = np.concatenate(row["i"]); idl = i - d
+        res[k] = dict(deletion=float(d.mean()), insertion=float(i.mean()), ins_del=float(idl.mean()), vs_aha=paired_difference(idl, base), rho=float(np.mean(rhos[k])))
+        print(f"{k:14s} del {d.mean():.4f} ins {i.mean():.4f} ins-del {idl.mean():.4f} vs aha {res[k]['vs_aha']['mean']:+.4f} {np.round(res[k]['vs_aha']['ci95'],4)} rho {res[k]['rho']:.3f}", flush=True)
+    json.dump(res, open(out_file, "w"), indent=1, default=float)
+
+
+if __name__ == "__main__":
+    main()

@@ -234,3 +234,31 @@ def test_teacher_files_resume_where_they_stopped_and_keep_every_field(tmp_path):
     assert saved["indices"].tolist() == [5, 1, 9, 7, 3]
     assert saved["maps"].view(-1).tolist() == [50.0, 10.0, 90.0, 70.0, 30.0]
     assert saved["seeds"].tolist() == [100, 100, 102, 103, 103]
+
+
+def test_head_signals_are_linear_in_the_row_and_pearson_knows_its_answers():
+    """bench/aha_head_sensitivity.py signals: the logit attribution and gradient x activation of a head row are linear in
+    that row (a sign flip flips them, a scale scales them), <token, row> uses the row's direction only, and the
+    per-cell Pearson r is 1 / -1 for a map against itself / its negation."""
+    import torch
+
+    from conftest import tiny_vit
+    from explainers.aha.network import AHAExplainer
+
+    tool = bench_script("aha_head_sensitivity")
+    vit = tiny_vit()
+    explainer = AHAExplainer(vit, width=8, embed_dim=8).eval()
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    rows = torch.randn(2, vit.network.get_classifier().weight.shape[1], generator=torch.Generator().manual_seed(4))
+    encoded = explainer.encode(images)
+    base = tool.row_signals(explainer, images, encoded, rows)
+    flipped = tool.row_signals(explainer, images, encoded, -rows)
+    doubled = tool.row_signals(explainer, images, encoded, 2 * rows)
+    for name in ("logit_attribution_last", "logit_attribution_all", "gradient_x_activation"):
+        assert base[name].shape == (2, 32, 32) and base[name].abs().max() > 0
+        assert torch.allclose(flipped[name], -base[name], atol=1e-5), name
+        assert torch.allclose(doubled[name], 2 * base[name], atol=1e-5), name
+    assert torch.allclose(doubled["row_dot_token_level0"], base["row_dot_token_level0"], atol=1e-5)
+    assert all(p.grad is None for p in vit.network.parameters())  # the shared model's gradients are left alone
+    m = base["gradient_x_activation"]
+    assert np.allclose(tool.pearson(m, m), 1.0) and np.allclose(tool.pearson(m, -m), -1.0)
