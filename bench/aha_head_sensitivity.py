@@ -49,6 +49,7 @@ from aha_distill import chosen_cells, correction_teacher, teacher_arguments, wri
 from explainers.aha.network import standardise  # noqa: E402
 from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
 from explainers.aha.train import load_eval_images, validation_scores  # noqa: E402
+from explainers.attention import model_lock  # noqa: E402
 from explainers.metrics import deletion_insertion, spearman  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402
 from explainers.sanity import parameter_layers, reinitialise  # noqa: E402
@@ -321,14 +322,15 @@ def row_signals(explainer, images: torch.Tensor, encoded, rows: torch.Tensor) ->
         inputs[0].retain_grad()
         kept["tokens"] = inputs[0]
 
-    handle = network.blocks[-1].register_forward_pre_hook(keep)
-    try:
-        with torch.enable_grad(), kept_training_state(network):
-            network.requires_grad_(False)
-            features = network.forward_features(bundle.normalize(images).requires_grad_(True))
-            (network.forward_head(features, pre_logits=True) * rows).sum().backward()
-    finally:
-        handle.remove()
+    with model_lock(bundle):  # the hook and the gradient switch are on the shared model
+        handle = network.blocks[-1].register_forward_pre_hook(keep)
+        try:
+            with torch.enable_grad(), kept_training_state(network):
+                network.requires_grad_(False)
+                features = network.forward_features(bundle.normalize(images).requires_grad_(True))
+                (network.forward_head(features, pre_logits=True) * rows).sum().backward()
+        finally:
+            handle.remove()
     prefix = int(getattr(network, "num_prefix_tokens", 1))
     tokens, grads = kept["tokens"][:, prefix:].detach(), kept["tokens"].grad[:, prefix:]
     grid = encoded.levels[-1].shape[-2:]
