@@ -254,25 +254,21 @@ def teacher_gain(args) -> None:
     """Is a teacher better than the one-pass map under its own head? Paired hard deletion / insertion (K=20) of both
     maps under each teacher cell's re-initialised head (rebuilt from its seed). And is that gain specific to the head:
     under the real head, the teacher against the real head's own one-pass map."""
-    from safetensors.torch import load_file
-
     bundle = load_model(args.model)
     torch.set_num_threads(args.threads)
     explainer = load_explainer(bundle)
     rows = {name: {"deletion": [], "insertion": []} for name in ("teacher", "one_pass", "teacher_under_real_head",
                                                                  "real_one_pass_under_real_head")}
-    for path in args.teachers:
-        part = load_file(path)
-        picked = torch.linspace(0, len(part["indices"]) - 1, min(args.limit, len(part["indices"]))).long()
+    for part, picked, all_images in teacher_batches(args, bundle):
         for seed in sorted(set(part["seeds"][picked].tolist())):
-            chosen = picked[part["seeds"][picked] == seed]
+            mask = part["seeds"][picked] == seed
+            chosen, images = picked[mask], all_images[mask]
             randomized = reinitialised_head(bundle, int(seed))
-            images, _ = load_eval_images(bundle, args.data, None, split="train",
-                                         indices=part["indices"][chosen].tolist())
-            with torch.no_grad():
-                targets = bundle(images).argmax(1)
-                _, one_pass, _ = load_explainer(randomized).predict_and_explain(images, targets)
-                _, real_one_pass, _ = explainer.predict_and_explain(images, targets)
+            with torch.no_grad():  # one classifier pass; class_rows gives exactly the re-initialised model's map
+                encoded = explainer.encode(images)
+                targets = encoded.logits.argmax(1)
+                real_one_pass = standardise(explainer(encoded, targets))
+                one_pass = standardise(explainer(encoded, targets, class_rows=head_rows(randomized, targets)))
             for name, model, maps in (("teacher", randomized, part["maps"][chosen].float()),
                                       ("one_pass", randomized, one_pass),
                                       ("teacher_under_real_head", bundle, part["maps"][chosen].float()),
@@ -304,22 +300,18 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     return ((a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(1e-12)).numpy()
 
 
-def row_signals(explainer, images: torch.Tensor, encoded, rows: torch.Tensor) -> dict:
-    """B x H x W class signals of `rows` (B x D stand-in head rows) for these images (the explainer's levels)."""
-    from aha_vit_logit_attribution_val import dla_maps
+def row_signals(explainer, images: torch.Tensor, encoded, row_sets: list) -> list:
+    """For each B x D set of stand-in head rows, B x H x W class signals of those rows for these images (the
+    explainer's levels). The passes that do not depend on the rows are made once for all sets."""
+    from aha_vit_logit_attribution_val import dla_read, dla_record
 
     bundle, network = explainer.bundle, explainer.bundle.network
-    unit = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-6)
     size = tuple(images.shape[-2:])
     up = lambda m: F.interpolate(m.unsqueeze(1).float(), size=size, mode="bilinear", align_corners=False).squeeze(1)  # noqa: E731
-    out = {f"row_dot_token_level{i}": up(torch.einsum("bchw,bc->bhw", level.float(), unit))
-           for i, level in enumerate(encoded.levels)}
-    for layers in ("last", "all"):
-        out[f"logit_attribution_{layers}"] = dla_maps(bundle, images, None, layers, rows=rows)[0]
+    recorded = dla_record(bundle, images)
     kept = {}
 
     def keep(module, inputs):
-        inputs[0].retain_grad()
         kept["tokens"] = inputs[0]
 
     with model_lock(bundle):  # the hook and the gradient switch are on the shared model
@@ -327,44 +319,64 @@ def row_signals(explainer, images: torch.Tensor, encoded, rows: torch.Tensor) ->
         try:
             with torch.enable_grad(), kept_training_state(network):
                 network.requires_grad_(False)
-                features = network.forward_features(bundle.normalize(images).requires_grad_(True))
-                (network.forward_head(features, pre_logits=True) * rows).sum().backward()
+                pre_logits = network.forward_head(
+                    network.forward_features(bundle.normalize(images).requires_grad_(True)), pre_logits=True)
+                grads = [torch.autograd.grad((pre_logits * rows).sum(), kept["tokens"], retain_graph=True)[0]
+                         for rows in row_sets]
         finally:
             handle.remove()
     prefix = int(getattr(network, "num_prefix_tokens", 1))
-    tokens, grads = kept["tokens"][:, prefix:].detach(), kept["tokens"].grad[:, prefix:]
+    tokens = kept["tokens"][:, prefix:].detach()
     grid = encoded.levels[-1].shape[-2:]
     as_map = lambda m: up(m.reshape(-1, *grid))  # noqa: E731
-    out["gradient_x_activation"] = as_map((grads * tokens).sum(-1))
-    out["gradcam_last_block"] = as_map(torch.relu((grads.mean(1, keepdim=True) * tokens).sum(-1)))
+    out = []
+    for rows, grad in zip(row_sets, grads):
+        unit = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-6)
+        found = {f"row_dot_token_level{i}": up(torch.einsum("bchw,bc->bhw", level.float(), unit))
+                 for i, level in enumerate(encoded.levels)}
+        for layers in ("last", "all"):
+            found[f"logit_attribution_{layers}"] = dla_read(bundle, recorded, rows, layers)
+        grad = grad[:, prefix:]
+        found["gradient_x_activation"] = as_map((grad * tokens).sum(-1))
+        found["gradcam_last_block"] = as_map(torch.relu((grad.mean(1, keepdim=True) * tokens).sum(-1)))
+        out.append(found)
     return out
 
 
-def signals(args) -> None:
+def teacher_batches(args, bundle, batch_size: int | None = None):
+    """(teacher file, picked positions, training images) for `--limit` cells spread over each teacher file, in
+    batches (None: the whole pick of a file at once)."""
     from safetensors.torch import load_file
 
+    for path in args.teachers:
+        part = load_file(path)
+        picked = torch.linspace(0, len(part["indices"]) - 1, min(args.limit, len(part["indices"]))).long()
+        step = batch_size or len(picked)
+        for start in range(0, len(picked), step):
+            chosen = picked[start:start + step]
+            images, _ = load_eval_images(bundle, args.data, None, split="train", indices=part["indices"][chosen].tolist())
+            yield part, chosen, images
+
+
+def signals(args) -> None:
     bundle = load_model(args.model)
     torch.set_num_threads(args.threads)
     explainer = load_explainer(bundle)
     found = {"own_head": {}, "null_other_head": {}}
     cells = 0
-    for path in args.teachers:
-        part = load_file(path)
-        picked = torch.linspace(0, len(part["indices"]) - 1, min(args.limit, len(part["indices"]))).long()
-        for start in range(0, len(picked), 16):
-            chosen = picked[start:start + 16]
-            images, _ = load_eval_images(bundle, args.data, None, split="train", indices=part["indices"][chosen].tolist())
-            rows, teacher = part["rows"][chosen].float(), part["maps"][chosen].float()
-            with torch.no_grad():
-                encoded = explainer.encode(images)
-                targets = encoded.logits.argmax(1)
-                one_pass = standardise(explainer(encoded, targets, class_rows=rows))  # the map under that head
-            correction = teacher - one_pass
-            other = rows.roll(1, dims=0) if len(rows) > 1 else -rows  # another cell's head row: chance level
-            for name, used in (("own_head", rows), ("null_other_head", other)):
-                for signal, maps in row_signals(explainer, images, encoded, used).items():
-                    found[name].setdefault(signal, []).append(pearson(maps, correction))
-            cells += len(chosen)
+    for part, chosen, images in teacher_batches(args, bundle, batch_size=16):
+        rows, teacher = part["rows"][chosen].float(), part["maps"][chosen].float()
+        with torch.no_grad():
+            encoded = explainer.encode(images)
+            targets = encoded.logits.argmax(1)
+            one_pass = standardise(explainer(encoded, targets, class_rows=rows))  # the map under that head
+        correction = teacher - one_pass
+        other = rows.roll(1, dims=0) if len(rows) > 1 else -rows  # another cell's head row: chance level
+        for name, table in zip(("own_head", "null_other_head"),
+                               row_signals(explainer, images, encoded, [rows, other])):
+            for signal, maps in table.items():
+                found[name].setdefault(signal, []).append(pearson(maps, correction))
+        cells += len(chosen)
     report = {"model": args.model, "teachers": args.teachers, "cells": cells, "split": "train (teacher cells)",
               "what": "per-cell Pearson r between (teacher - one-pass map under the cell's re-initialised head) and "
                       "each signal computed with that head's row (own_head) or another cell's (null_other_head); "
@@ -405,13 +417,6 @@ def main(argv=None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--out", required=True)
-    q = commands.add_parser("signals")
-    q.add_argument("--model", required=True)
-    q.add_argument("--data", required=True)
-    q.add_argument("--teachers", nargs="+", required=True)
-    q.add_argument("--limit", type=int, default=64, help="teacher cells per file, spread over it")
-    q.add_argument("--threads", type=int, default=1)
-    q.add_argument("--out", required=True)
     c = commands.add_parser("check")
     c.add_argument("--model", required=True)
     c.add_argument("--data", required=True)
@@ -420,13 +425,14 @@ def main(argv=None) -> int:
     c.add_argument("--students", nargs="+", required=True, help="explainer stems; the first is the reference")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--out", required=True)
-    g = commands.add_parser("teacher-gain")
-    g.add_argument("--model", required=True)
-    g.add_argument("--data", required=True)
-    g.add_argument("--teachers", nargs="+", required=True)
-    g.add_argument("--limit", type=int, default=64, help="teacher cells per file, spread over it")
-    g.add_argument("--threads", type=int, default=1)
-    g.add_argument("--out", required=True)
+    for name in ("teacher-gain", "signals"):  # both read teacher files
+        g = commands.add_parser(name)
+        g.add_argument("--model", required=True)
+        g.add_argument("--data", required=True)
+        g.add_argument("--teachers", nargs="+", required=True)
+        g.add_argument("--limit", type=int, default=64, help="teacher cells per file, spread over it")
+        g.add_argument("--threads", type=int, default=1)
+        g.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     {"teachers": write_teachers, "train": train, "check": check, "teacher-gain": teacher_gain,
      "signals": signals}[args.command](args)

@@ -21,32 +21,43 @@ from explainers.statistics import bootstrap_ci, paired_difference
 from explainers.sanity import reinitialise
 import torch.nn.functional as F
 
-def dla_maps(bundle, x, targets, layers="last", rows=None):
-    """B x gh x gw: sum over heads (and layers) of a_{cls,j} <W_o v_j, g>, g = d logit / d (pre-norm final cls);
-    `rows` (B x D) stand in for the head's weight rows of the targets (another head)."""
+def dla_record(bundle, x):
+    """One pass of the classifier (attention unfused, under the model's lock) keeping, for every block, qkv and the
+    attention, and the final class token before the last LayerNorm: what `dla_read` needs for any head row."""
+    from explainers.attention import disable_fused_attention, model_lock, restore_fused_attention
+
     net = bundle.network
     store = {}
-    hooks = []
+    blocks = list(net.blocks)
+    with model_lock(bundle):
+        hooks = []
+        for l, block in enumerate(blocks):
+            hooks.append(block.attn.qkv.register_forward_hook(lambda m, i, o, l=l: store.__setitem__(("qkv", l), o)))
+            hooks.append(block.attn.attn_drop.register_forward_hook(
+                lambda m, i, o, l=l: store.__setitem__(("a", l), o)))
+        hooks.append(net.norm.register_forward_hook(lambda m, i, o: store.__setitem__("pre", i[0])))
+        fused = disable_fused_attention(net, [b.attn for b in blocks])
+        try:
+            with torch.no_grad():
+                store["logits"] = net(bundle.normalize(x))
+        finally:
+            for h in hooks:
+                h.remove()
+            restore_fused_attention(fused)
+    store["image_hw"] = tuple(x.shape[-2:])
+    return store
+
+
+def dla_read(bundle, store, w, layers="last"):
+    """B x H x W: sum over heads (and layers) of a_{cls,j} <W_o v_j, g>, g = d <w, LN(cls)> / d (pre-norm final cls),
+    for head rows `w` (B x D), from a `dla_record` pass."""
+    net = bundle.network
     blocks = list(net.blocks)
     chosen = range(len(blocks)) if layers == "all" else [len(blocks) - 1]
-    for l in chosen:
-        attn = blocks[l].attn
-        hooks.append(attn.qkv.register_forward_hook(lambda m, i, o, l=l: store.__setitem__(("qkv", l), o)))
-        hooks.append(attn.attn_drop.register_forward_hook(lambda m, i, o, l=l: store.__setitem__(("a", l), o)))
-    hooks.append(net.norm.register_forward_hook(lambda m, i, o: store.__setitem__("pre", i[0])))
-    from explainers.attention import disable_fused_attention, restore_fused_attention
-    fused = disable_fused_attention(net, [b.attn for b in blocks])
-    try:
-        with torch.no_grad():
-            logits = net(bundle.normalize(x))
-    finally:
-        for h in hooks: h.remove()
-        restore_fused_attention(fused)
     pre = store["pre"][:, 0]  # B x D
     ln = net.norm
     mu = pre.mean(-1, keepdim=True); var = pre.var(-1, unbiased=False, keepdim=True)
     xhat = (pre - mu) / (var + ln.eps).sqrt()
-    w = net.get_classifier().weight[targets] if rows is None else rows  # B x D
     gw = w * ln.weight
     D = pre.shape[-1]
     g = (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True)) / (var + ln.eps).sqrt()
@@ -67,9 +78,16 @@ def dla_maps(bundle, x, targets, layers="last", rows=None):
         contrib = torch.einsum("bhn,bnhd,bhd->bn", a, v, gp)
         total = total + contrib
     prefix = bundle.num_prefix_tokens
-    gh, gw_ = bundle.patch_grid(tuple(x.shape[-2:]))
+    size = store["image_hw"]
+    gh, gw_ = bundle.patch_grid(size)
     grid = total[:, prefix:].reshape(B, 1, gh, gw_)
-    return F.interpolate(grid, size=tuple(x.shape[-2:]), mode="bilinear", align_corners=False).squeeze(1), logits
+    return F.interpolate(grid, size=size, mode="bilinear", align_corners=False).squeeze(1)
+
+
+def dla_maps(bundle, x, targets, layers="last"):
+    """(B x H x W direct logit attribution of the targets' head rows, logits) from one pass."""
+    store = dla_record(bundle, x)
+    return dla_read(bundle, store, bundle.network.get_classifier().weight[targets], layers), store["logits"]
 
 def z(m):
     f = m.flatten(1); return (m - f.mean(1).view(-1,1,1)) / f.std(1).clamp_min(1e-6).view(-1,1,1)

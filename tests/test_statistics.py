@@ -251,9 +251,9 @@ def test_head_signals_are_linear_in_the_row_and_pearson_knows_its_answers():
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     rows = torch.randn(2, vit.network.get_classifier().weight.shape[1], generator=torch.Generator().manual_seed(4))
     encoded = explainer.encode(images)
-    base = tool.row_signals(explainer, images, encoded, rows)
-    flipped = tool.row_signals(explainer, images, encoded, -rows)
-    doubled = tool.row_signals(explainer, images, encoded, 2 * rows)
+    base, flipped, doubled = tool.row_signals(explainer, images, encoded, [rows, -rows, 2 * rows])
+    alone = tool.row_signals(explainer, images, encoded, [rows])[0]  # a set's signals do not depend on the others
+    assert all(torch.allclose(alone[name], base[name], atol=1e-6) for name in base)
     for name in ("logit_attribution_last", "logit_attribution_all", "gradient_x_activation"):
         assert base[name].shape == (2, 32, 32) and base[name].abs().max() > 0
         assert torch.allclose(flipped[name], -base[name], atol=1e-5), name
