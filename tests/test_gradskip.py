@@ -583,6 +583,32 @@ def test_gaussian_blur_keeps_mass_and_symmetry():
     assert small.shape == (2, 1, 2, 3) and torch.isfinite(small).all()
 
 
+
+def test_gaussian_blur_is_the_replicate_padded_separable_convolution():
+    """The blur runs as two products with cached blur matrices; it must be the same linear map as padding the edges
+    and convolving rows then columns with the normalised 1-D Gaussian (radius 3 sigma), gradients included."""
+    import torch.nn.functional as F
+
+    from explainers.smoothing import gaussian_smooth
+
+    def by_convolution(grid, sigma):
+        radius = max(1, int(round(3 * sigma)))
+        taps = torch.exp(-torch.arange(-radius, radius + 1, dtype=grid.dtype) ** 2 / (2 * sigma ** 2))
+        taps = taps / taps.sum()
+        padded = F.pad(grid, (radius,) * 4, mode="replicate")
+        return F.conv2d(F.conv2d(padded, taps.view(1, 1, 1, -1)), taps.view(1, 1, -1, 1))
+
+    torch.manual_seed(0)
+    for shape, sigma in (((2, 1, 64, 64), 8.0), ((3, 1, 14, 14), 2.0), ((1, 1, 7, 9), 0.7), ((2, 1, 2, 3), 3.0)):
+        grid = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        fast, slow = gaussian_smooth(grid, sigma), by_convolution(grid, sigma)
+        assert fast.shape == shape and torch.allclose(fast, slow, atol=1e-12)
+        weights = torch.randn(shape, dtype=torch.float64)
+        assert torch.allclose(torch.autograd.grad((fast * weights).sum(), grid)[0],
+                              torch.autograd.grad((slow * weights).sum(), grid)[0], atol=1e-12)
+    constant = torch.full((1, 1, 10, 12), 3.5)
+    assert torch.allclose(gaussian_smooth(constant, 4.0), constant)  # rows of each blur matrix sum to 1
+
 def test_beta_profile_by_hand():
     state = _hand_state()
     profile = state.beta_profile()
