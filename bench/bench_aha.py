@@ -92,7 +92,8 @@ def timing(bundle, images: torch.Tensor, rise_images: int, threads: int | None =
         result = {f"{name}_ms": statistics.median(values) for name, values in times.items() if values}
         result["images"] = {name: len(values) for name, values in times.items()}
         result["aha_over_gradcam"] = result["aha_ms"] / result["gradcam_ms"]
-        result["rise_over_aha"] = result["rise_ms"] / result["aha_ms"]
+        if "rise_ms" in result:  # --rise-timing-images 0 skips RISE (minutes per photo on a 224 px model)
+            result["rise_over_aha"] = result["rise_ms"] / result["aha_ms"]
         result["aha_over_forward"] = result["aha_ms"] / result["forward_ms"]
         result["threads"] = torch.get_num_threads()
         return result
@@ -155,9 +156,9 @@ def table(results: list) -> str:
     lines.append("|---|---|---|---|---|---|---|---|")
     for result in [r for r in results if "timing" in r]:
         t = result["timing"]
+        rise, ratio = (f"{t['rise_ms']:.0f}", f"{t['rise_over_aha']:.0f}") if "rise_ms" in t else ("not run", "-")
         lines.append(f"| {result['model']} | {t['forward_ms']:.1f} | {t['aha_ms']:.1f} | {t['gradcam_ms']:.1f} | "
-                     f"{t['rise_ms']:.0f} | {t['aha_over_forward']:.2f} | {t['aha_over_gradcam']:.2f} | "
-                     f"{t['rise_over_aha']:.0f} |")
+                     f"{rise} | {t['aha_over_forward']:.2f} | {t['aha_over_gradcam']:.2f} | {ratio} |")
     return "\n".join(lines)
 
 
