@@ -608,6 +608,11 @@ def test_gaussian_blur_is_the_replicate_padded_separable_convolution():
                               torch.autograd.grad((slow * weights).sum(), grid)[0], atol=1e-12)
     constant = torch.full((1, 1, 10, 12), 3.5)
     assert torch.allclose(gaussian_smooth(constant, 4.0), constant)  # rows of each blur matrix sum to 1
+    with torch.inference_mode():  # a one-pass map blurred first under inference mode caches the blur matrices...
+        gaussian_smooth(torch.rand(1, 1, 11, 13), 1.7)
+    grid = torch.rand(1, 1, 11, 13, requires_grad=True)
+    gaussian_smooth(grid, 1.7).sum().backward()  # ...which a later blur under autograd must still be able to save
+    assert grid.grad is not None and torch.isfinite(grid.grad).all()
 
 def test_beta_profile_by_hand():
     state = _hand_state()
