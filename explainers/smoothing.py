@@ -6,13 +6,6 @@ import functools
 import torch
 
 
-@functools.lru_cache(maxsize=16)  # only called by _blur_matrix, outside inference mode
-def _gaussian_kernel(sigma: float, radius: int) -> torch.Tensor:
-    offsets = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    kernel = torch.exp(-offsets ** 2 / (2 * sigma ** 2))
-    return kernel / kernel.sum()
-
-
 @functools.lru_cache(maxsize=32)
 def _blur_matrix(sigma: float, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """size x size: row i holds the 1-D Gaussian's taps around i, with the taps that fall past an edge added to the
@@ -22,9 +15,10 @@ def _blur_matrix(sigma: float, size: int, dtype: torch.dtype, device: torch.devi
     # tensor could not be saved for backward by a later blur under autograd
     with torch.inference_mode(False):
         radius = max(1, int(round(3 * sigma)))
-        kernel = _gaussian_kernel(sigma, radius)
-        rows = torch.arange(size).view(-1, 1)
-        columns = (rows + torch.arange(-radius, radius + 1).view(1, -1)).clamp(0, size - 1)
+        offsets = torch.arange(-radius, radius + 1)
+        kernel = torch.exp(-offsets.double() ** 2 / (2 * sigma ** 2))
+        kernel = kernel / kernel.sum()
+        columns = (torch.arange(size).view(-1, 1) + offsets.view(1, -1)).clamp(0, size - 1)
         matrix = torch.zeros(size, size, dtype=torch.float64)
         matrix.scatter_add_(1, columns, kernel.expand(size, -1).contiguous())
         return matrix.to(device=device, dtype=dtype)

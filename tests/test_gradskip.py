@@ -583,7 +583,6 @@ def test_gaussian_blur_keeps_mass_and_symmetry():
     assert small.shape == (2, 1, 2, 3) and torch.isfinite(small).all()
 
 
-
 def test_gaussian_blur_is_the_replicate_padded_separable_convolution():
     """The blur runs as two products with cached blur matrices; it must be the same linear map as padding the edges
     and convolving rows then columns with the normalised 1-D Gaussian (radius 3 sigma), gradients included."""
