@@ -584,8 +584,9 @@ def test_gaussian_blur_keeps_mass_and_symmetry():
 
 
 def test_gaussian_blur_is_the_replicate_padded_separable_convolution():
-    """The blur runs as two products with cached blur matrices; it must be the same linear map as padding the edges
-    and convolving rows then columns with the normalised 1-D Gaussian (radius 3 sigma), gradients included."""
+    """The blur runs as products with cached blur matrices (one Kronecker matrix on small grids, two on larger ones);
+    it must be the same linear map as padding the edges and convolving rows then columns with the normalised 1-D
+    Gaussian (radius 3 sigma), gradients included, on both paths."""
     import torch.nn.functional as F
 
     from explainers.smoothing import gaussian_smooth
@@ -607,11 +608,13 @@ def test_gaussian_blur_is_the_replicate_padded_separable_convolution():
                               torch.autograd.grad((slow * weights).sum(), grid)[0], atol=1e-12)
     constant = torch.full((1, 1, 10, 12), 3.5)
     assert torch.allclose(gaussian_smooth(constant, 4.0), constant)  # rows of each blur matrix sum to 1
-    with torch.inference_mode():  # a one-pass map blurred first under inference mode caches the blur matrices...
-        gaussian_smooth(torch.rand(1, 1, 11, 13), 1.7)
-    grid = torch.rand(1, 1, 11, 13, requires_grad=True)
-    gaussian_smooth(grid, 1.7).sum().backward()  # ...which a later blur under autograd must still be able to save
-    assert grid.grad is not None and torch.isfinite(grid.grad).all()
+    for h, w in ((11, 13), (21, 19)):  # one grid blurred by the Kronecker matrix, one by two products
+        with torch.inference_mode():  # a one-pass map blurred first under inference mode caches the matrices...
+            gaussian_smooth(torch.rand(1, 1, h, w), 1.7)
+        grid = torch.rand(1, 1, h, w, requires_grad=True)
+        gaussian_smooth(grid, 1.7).sum().backward()  # ...which a later blur under autograd must still be able to save
+        assert grid.grad is not None and torch.isfinite(grid.grad).all()
+
 
 def test_beta_profile_by_hand():
     state = _hand_state()
@@ -670,6 +673,23 @@ def test_beta_profile_library_function():
         beta_profile(bundle, _images(bundle, 2), 0)
 
 
+def _assert_same_capture(first: dict, second: dict) -> None:
+    """Two captures of the same pass: every statistic equal up to float rounding (stacked A, dA, |v| and the
+    per-layer activations and their gradients)."""
+    layers = first["attention"].shape[1]
+    assert first["attention"].shape == second["attention"].shape and first["attention"].dim() == 5
+    assert torch.allclose(first["attention"], second["attention"], atol=1e-6)
+    assert torch.allclose(first["attention_grad"], second["attention_grad"], atol=1e-6, rtol=1e-4)
+    assert first["attention_grad"].abs().amax() > 0
+    assert torch.allclose(first["value_norms"], second["value_norms"], atol=1e-6, rtol=1e-5)
+    for key in ("x", "o", "grad_x", "grad_o"):
+        assert len(first[key]) == len(second[key]) == layers
+        for a, b in zip(first[key], second[key]):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), key
+    for key in ("z", "grad_z", "logits"):
+        assert torch.allclose(first[key], second[key], atol=1e-6, rtol=1e-4), key
+
+
 @pytest.mark.parametrize("variant", ["vit", "deit_distilled", "registers_no_class_token_non_square",
                                      "layer_scale_non_square", "qk_norm"])
 def test_rebuilt_attention_equals_the_unfused_capture(variant):
@@ -690,10 +710,7 @@ def test_rebuilt_attention_equals_the_unfused_capture(variant):
     assert rebuilt["rebuilt_attention"] and not unfused["rebuilt_attention"]
     assert seen == [True, False]  # the rebuilding path leaves the fused kernel on
     assert not capture(bundle, images, targets)["rebuilt_attention"]  # "auto" on a CPU: unfused (measured faster)
-    for a, b in zip(rebuilt["saved"]["A"], unfused["saved"]["A"]):
-        assert torch.allclose(a, b.detach(), atol=1e-6)
-    for a, b in zip(rebuilt["grads"], unfused["grads"]):
-        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    _assert_same_capture(rebuilt, unfused)
     state = prepare(bundle, images, targets)
     assert state.attention_flow.abs().sum() > 0
 
@@ -716,7 +733,34 @@ def test_attention_modules_other_than_timms_fall_back_to_the_unfused_capture():
     fallback = capture(bundle, images, targets, rebuild_attention=True)
     assert standard["rebuilt_attention"] and not fallback["rebuilt_attention"]
     assert all(block.attn.fused_attn for block in bundle.network.blocks)  # restored after the unfused pass
-    for a, b in zip(standard["saved"]["A"], fallback["saved"]["A"]):
-        assert torch.allclose(a, b.detach(), atol=1e-6)
-    for a, b in zip(standard["grads"], fallback["grads"]):
-        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    _assert_same_capture(standard, fallback)
+
+
+@pytest.mark.parametrize("weighting", ["gradient", "attention", "gradient_residual", "blend"])
+def test_folded_propagation_steps_equal_the_matrices_they_fold(weighting):
+    """`_steps` folds the row sums, b_main and the identity rows of all-zero rows into one scaling and one diagonal
+    add: it must equal diag(b) W~ + diag(1 - b) built from `layer_matrices` (random state, zero rows included)."""
+    generator = torch.Generator().manual_seed(0)
+    b, layers, heads, n = 2, 3, 2, 5
+    flow = torch.rand(b, layers, heads, n, n, generator=generator)
+    flow[0, 1, :, 2] = 0  # an all-zero row in every head: W~ takes the identity row there
+    flow[1, 2] = 0  # a layer without any gradient
+    attention = torch.rand(b, layers, heads, n, n, generator=generator).softmax(dim=-1)
+    attention[0, 0, :, 3] = 0
+    state = GradSkipState(
+        attention_flow=flow, attention=attention, value_norms=torch.rand(b, layers, heads, n, generator=generator),
+        gradient_flow=torch.rand(b, layers, heads, generator=generator), sparsity=torch.rand(b, layers, heads,
+                                                                                          generator=generator),
+        main_flow=torch.randn(b, layers, n, generator=generator), skip_flow=torch.randn(b, layers, n,
+                                                                                         generator=generator),
+        end_gradient_norm=torch.rand(b, n, generator=generator), logits=torch.randn(b, 3, generator=generator),
+        targets=torch.tensor([0, 2]), num_prefix_tokens=1, has_class_token=True, grid=(2, 2), image_hw=(4, 4),
+        options={"alpha": 0.5, "attention_weighting": weighting})
+    weights, beta = state.head_weights(0.3), state.beta_main_tokens()
+    expected = beta.unsqueeze(-1) * state.layer_matrices(weights) + torch.diag_embed(1 - beta)
+    steps = state._steps(weights, beta)
+    assert torch.allclose(steps, expected, atol=1e-6)
+    assert torch.allclose(steps.sum(dim=-1), torch.ones(b, layers, n), atol=1e-5)  # relevance is conserved
+    written = torch.full_like(steps, float("nan"))
+    assert state._steps(weights, beta, out=written).data_ptr() == written.data_ptr()
+    assert torch.allclose(written, expected, atol=1e-6)

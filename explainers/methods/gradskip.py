@@ -324,17 +324,41 @@ class GradSkipState:
         relevance = torch.where(total > EPS, relevance, uniform)  # no gradient at all: spread evenly
         return relevance / relevance.sum(dim=-1, keepdim=True)
 
-    def _propagate(self, matrices: torch.Tensor, beta: torch.Tensor, relevance: torch.Tensor, entering=None):
-        """R_{l-1} = W~_l^T (b_main * R_l) + (1 - b_main) * R_l from the last block down; R stays summing to 1.
-        b_main is folded into each layer's matrix first (all layers in one op), so each block is one small
-        batched product: at batch 1 the per-op overhead, not the arithmetic, is the cost."""
-        steps = beta.unsqueeze(-1) * matrices + torch.diag_embed(1 - beta)  # B x L x N x N
+    def _propagate(self, steps: torch.Tensor, relevance: torch.Tensor, entering=None):
+        """R_{l-1} = R_l S_l from the last block down, S_l = `_steps` (b_main folded in): one small batched product
+        per block (at batch 1 the per-op overhead, not the arithmetic, is the cost); R stays summing to 1."""
         relevance = relevance.unsqueeze(1)  # B x 1 x N
-        for layer in reversed(range(steps.shape[1])):
+        per_layer = steps.unbind(dim=1)
+        for layer in reversed(range(len(per_layer))):
             if entering is not None:
                 entering[layer] = relevance.squeeze(1)
-            relevance = torch.bmm(relevance, steps[:, layer])
+            relevance = torch.bmm(relevance, per_layer[layer])
         return relevance.squeeze(1)
+
+    def _steps(self, weights: torch.Tensor, beta: torch.Tensor, out: torch.Tensor | None = None, **overrides):
+        """S_l = diag(b_main) W~_l + diag(1 - b_main) for every layer (B x L x N x N), so that R_{l-1} = R_l S_l is
+        W~_l^T (b_main * R_l) + (1 - b_main) * R_l. For the forms that `layer_matrices` row-normalises, the row
+        sums, b_main and the identity rows of all-zero rows are folded into one scaling of the mixed matrix and one
+        add on its diagonal (no N x N identity, no second matrix). `out`: where the mixed matrix is written."""
+        weighting = self._option(overrides, "attention_weighting")
+        if weighting not in ("attention", "gradient_residual", "gradient"):
+            steps = beta.unsqueeze(-1) * self.layer_matrices(weights, **overrides) + torch.diag_embed(1 - beta)
+            return steps if out is None else out.copy_(steps)
+        heads = self.head_matrices(None, **overrides)  # B x L x Hd x N x N
+        b, layers, count, n, _ = heads.shape
+        matrix = torch.bmm(weights.reshape(b * layers, 1, count), heads.view(b * layers, count, n * n),
+                           out=None if out is None else out.view(b * layers, 1, n * n)).view(b, layers, n, n)
+        rows = matrix.sum(dim=-1)  # B x L x N
+        if weighting == "gradient_residual":
+            scale = rows.flatten(1).amax(dim=1).clamp_min(EPS).view(-1, 1, 1)
+            matrix.mul_((beta / scale).unsqueeze(-1))
+            diagonal = beta * (1 - rows / scale).clamp_min(0) + (1 - beta)
+        else:  # rows divided by their sums; an all-zero row becomes the identity row
+            keep = rows > EPS
+            matrix.mul_(torch.where(keep, beta / rows.clamp_min(EPS), 0.0).unsqueeze(-1))
+            diagonal = torch.where(keep, 1 - beta, 1.0)
+        matrix.diagonal(dim1=-2, dim2=-1).add_(diagonal)
+        return matrix
 
     def class_gate(self, alpha: float | None = None, residual: torch.Tensor | None = None,
                    attention: torch.Tensor | None = None, **overrides) -> torch.Tensor:
@@ -368,19 +392,21 @@ class GradSkipState:
 
     def _raw_relevance(self, alpha, **overrides) -> torch.Tensor:
         weights = self.head_weights(alpha, **overrides)
-        beta = self.beta_main_tokens(**overrides)
-        return self._propagate(self.layer_matrices(weights, **overrides), beta, self.start_relevance(**overrides))
+        steps = self._steps(weights, self.beta_main_tokens(**overrides), **overrides)
+        return self._propagate(steps, self.start_relevance(**overrides))
 
     def _gated_relevance(self, alpha, **overrides) -> tuple:
         """(attention's relevance, the gradient_residual relevance), B x N each, propagated together (one loop
-        over the layers for a batch of 2B). (Building both forms' W~ in one einsum measured no faster.)"""
+        over the layers for a batch of 2B; both forms' matrices written into one buffer, no stacking copy)."""
         weights = self.head_weights(alpha, **overrides)
-        both = torch.stack([self.layer_matrices(weights, **{**overrides, "attention_weighting": form})
-                            for form in ("attention", "gradient_residual")], dim=1)  # B x 2 x L x N x N
-        beta = self.beta_main_tokens(**overrides).repeat_interleave(2, dim=0)
-        start = self.start_relevance(**overrides).repeat_interleave(2, dim=0)
-        relevance = self._propagate(both.flatten(0, 1), beta, start).view(self.batch_size, 2, -1)
-        return relevance[:, 0], relevance[:, 1]
+        beta = self.beta_main_tokens(**overrides)
+        b, layers, n = beta.shape
+        both = torch.empty(2, b, layers, n, n, device=beta.device, dtype=self.attention.dtype)
+        for slot, form in enumerate(("attention", "gradient_residual")):
+            self._steps(weights, beta, out=both[slot], **{**overrides, "attention_weighting": form})
+        start = self.start_relevance(**overrides).repeat(2, 1)
+        relevance = self._propagate(both.view(2 * b, layers, n, n), start).view(2, b, n)
+        return relevance[0], relevance[1]
 
     def token_relevance(self, alpha: float | None = None, **overrides) -> torch.Tensor:
         """R_0 over all N input tokens (prefix tokens included), before rescaling: B x N, summing to 1.
@@ -400,9 +426,9 @@ class GradSkipState:
         Entry l is the relevance over block l's output tokens, before b_main splits it ("class_gated": its
         attention propagation; the gate applies at the input tokens only)."""
         weights = self.head_weights(alpha, **overrides)
-        beta = self.beta_main_tokens(**overrides)
+        steps = self._steps(weights, self.beta_main_tokens(**overrides), **overrides)
         entering = [None] * self.num_layers
-        self._propagate(self.layer_matrices(weights, **overrides), beta, self.start_relevance(**overrides), entering)
+        self._propagate(steps, self.start_relevance(**overrides), entering)
         return torch.stack(entering, dim=1)
 
     def beta_profile(self, alpha: float | None = None, index: int = 0, **overrides) -> dict:
@@ -523,48 +549,51 @@ def _reads_qkv(attn: nn.Module) -> bool:
 
 def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: bool = True,
             rebuild_attention: bool | str = "auto") -> dict:
-    """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached).
+    """One forward and one batch-level backward pass; returns the raw GradSkip statistics (detached), every
+    layer stacked: `attention` and `attention_grad` (A and dA, B x L x Hd x N x N, float), `value_norms` (|v|,
+    B x L x Hd x N, or None), the block inputs `x` and attention-branch outputs `o` with their gradients
+    `grad_x`, `grad_o` (lists of L tensors B x N x C), the last block's output `z` and `grad_z`, and `logits`.
 
     Two ways to see A and dA (the same values up to float rounding):
     - rebuilt (`rebuild_attention=True`; "auto" on a GPU; every block must be timm's standard Attention): the model
-      runs as it is (fused attention kept on); hooks keep q, k (after q_norm / k_norm) and v, and the attention
-      output before `norm` / `proj`, whose gradient dO is one of the activations asked for. After the pass
-      A = softmax(q k^T s) and dA = dO v^T, outside autograd (x = A v: exactly the unfused graph's gradient). No
-      module state is switched, and a GPU keeps its fused kernel (not measured here: no GPU).
+      runs as it is (fused attention kept on); hooks keep the qkv projection's output (q, k after q_norm / k_norm
+      where those are not the identity) and the attention output before `norm` / `proj`, whose gradient dO is one
+      of the activations asked for. After the pass A = softmax(q k^T s) and dA = dO v^T, outside autograd (x = A v:
+      exactly the unfused graph's gradient). No module state is switched, and a GPU keeps its fused kernel (not
+      measured here: no GPU).
     - unfused (`rebuild_attention=False`; "auto" on a CPU; the fallback for other attention modules): fused
       attention is switched off for the pass and A is read at `attn_drop`'s output; no assumption about the
       module's insides. On the bundled 64 px ViT on a CPU it measured as fast or faster at batch 1 (four quiet
       runs: 13.96-15.81 vs 14.23-16.57 ms, bench/results/gradskip-cost-session7-quiet-*.json), equal at batch 16.
-    Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients."""
+    Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients. Each hooked module
+    costs a forward at batch 1 about 10 us (measured: 36 no-op hooks on the bundled ViT added 0.34 ms to an 11 ms
+    pass), so each block gets the fewest hooks that see everything: its own forward hook (x, and z after the last
+    block), the branch output o, the qkv projection (v; q, k too when rebuilding), and A (unfused) or the input of
+    `norm` (rebuilt)."""
     blocks = bundle.blocks
     layers = len(blocks)
     if rebuild_attention == "auto":
         rebuild_attention = images.device.type != "cpu"
     rebuild_attention = bool(rebuild_attention) and all(_reads_qkv(block.attn) for block in blocks)
-    saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "v": [None] * layers, "z": None,
-             "q": [None] * layers, "k": [None] * layers, "values": [None] * layers, "out": [None] * layers}
+    saved = {"x": [None] * layers, "o": [None] * layers, "A": [None] * layers, "z": None,
+             "q": [None] * layers, "k": [None] * layers, "qkv": [None] * layers, "out": [None] * layers}
     handles, fused = [], []
+
+    def keep_block(index):
+        def hook(_module, args, kwargs, output):
+            saved["x"][index] = args[0] if args else kwargs["x"]
+            if index == layers - 1:
+                saved["z"] = output
+        return hook
 
     def keep_input(key, index):
         def hook(_module, args, kwargs):
             saved[key][index] = args[0] if args else kwargs["x"]
         return hook
 
-    def keep_output(key, index=None, detach=False):
+    def keep_output(key, index, detach=False):
         def hook(_module, _inputs, output):
-            output = output.detach() if detach else output
-            if index is None:
-                saved[key] = output
-            else:
-                saved[key][index] = output
-        return hook
-
-    def keep_values(index, attn):
-        heads = int(attn.num_heads)
-
-        def hook(_module, _inputs, output):  # a view, no copy: norms and dA are computed after the pass
-            b, n, width = output.shape
-            saved["values"][index] = output.detach().reshape(b, n, 3, heads, width // (3 * heads))[:, :, 2]
+            saved[key][index] = output.detach() if detach else output
         return hook
 
     with bundle.lock:
@@ -573,30 +602,32 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
                 fused = disable_fused_attention(bundle.network, [block.attn for block in blocks])
             for index, block in enumerate(blocks):
                 attn = block.attn
-                handles.append(block.register_forward_pre_hook(keep_input("x", index), with_kwargs=True))
+                handles.append(block.register_forward_hook(keep_block(index), with_kwargs=True))
                 handles.append(_branch_module(block).register_forward_hook(keep_output("o", index)))
                 if rebuild_attention:
-                    handles.append(attn.q_norm.register_forward_hook(keep_output("q", index, detach=True)))
-                    handles.append(attn.k_norm.register_forward_hook(keep_output("k", index, detach=True)))
+                    for key in ("q", "k"):  # q, k are read from qkv's output where these norms are the identity
+                        norm = getattr(attn, f"{key}_norm")
+                        if not isinstance(norm, nn.Identity):
+                            handles.append(norm.register_forward_hook(keep_output(key, index, detach=True)))
                     handles.append(attn.norm.register_forward_pre_hook(keep_input("out", index), with_kwargs=True))
                 else:
                     handles.append(attn.attn_drop.register_forward_hook(keep_output("A", index)))
                 qkv = getattr(attn, "qkv", None)
                 if isinstance(qkv, nn.Linear) and hasattr(attn, "num_heads"):
-                    handles.append(qkv.register_forward_hook(keep_values(index, attn)))
-            handles.append(blocks[-1].register_forward_hook(keep_output("z")))
+                    # the output, not a copy: norms (and q, k, v when rebuilding) are read after the pass
+                    handles.append(qkv.register_forward_hook(keep_output("qkv", index, detach=True)))
             with torch.enable_grad():
                 inputs = images.detach().requires_grad_(True)  # a graph even for a frozen model
                 logits = bundle(inputs)
                 score = logits.gather(1, targets.view(-1, 1).to(logits.device)).sum()
-                first = ("q", "k", "values", "out") if rebuild_attention else ("A",)
+                first = ("qkv", "out") if rebuild_attention else ("A",)
                 missing = [key for key in first + ("x", "o") if any(t is None for t in saved[key])]
                 if missing or saved["z"] is None:
                     raise MethodNotApplicable(
                         f"GradSkip could not see {', '.join(missing) or 'the last block output'} in '{bundle.name}': "
                         "its blocks do not follow timm's ViT block layout.")
                 attention_side = saved["out"] if rebuild_attention else saved["A"]
-                wanted = attention_side + saved["x"] + saved["o"] + [saved["z"]]
+                wanted = saved["x"] + saved["o"] + [saved["z"]] + attention_side
                 # gradients with respect to activations only: parameters' .grad are neither computed nor touched
                 grads = list(torch.autograd.grad(score, wanted, allow_unused=True))
         finally:
@@ -605,28 +636,40 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
             restore_fused_attention(fused)
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
     with torch.no_grad():
-        values = saved["values"]  # B x N x Hd x d each, or None where qkv was not seen
+        heads = [int(getattr(block.attn, "num_heads", 0)) for block in blocks]
+        qkv = [None if out is None else out.view(*out.shape[:2], 3, h, -1) for out, h in zip(saved["qkv"], heads)]
         if rebuild_attention:
-            _rebuild_attention(saved, grads, [float(block.attn.scale) for block in blocks])
-        if value_norm and all(v is not None for v in values):
-            if len({tuple(v.shape) for v in values}) == 1:
-                norms = torch.linalg.vector_norm(torch.stack(values, dim=1).float(), dim=-1).transpose(-1, -2)
-                saved["v"] = list(norms.unbind(dim=1))  # B x Hd x N per layer
-            else:
-                saved["v"] = [torch.linalg.vector_norm(v.float(), dim=-1).transpose(1, 2) for v in values]
-    for key in ("q", "k", "values", "out"):
-        saved.pop(key)
-    return {"saved": saved, "grads": grads, "logits": logits.detach(), "rebuilt_attention": bool(rebuild_attention)}
+            attention, attention_grad = _rebuild_attention(saved, qkv, grads[2 * layers + 1:],
+                                                           [float(block.attn.scale) for block in blocks])
+        else:
+            attention = torch.stack([a.detach() for a in saved["A"]], dim=1).float()
+            attention_grad = torch.stack(grads[2 * layers + 1:], dim=1).float()
+        value_norms = None
+        if value_norm and all(t is not None for t in qkv):
+            values = torch.stack([t[:, :, 2] for t in qkv], dim=1)  # B x L x N x Hd x d
+            # B x L x Hd x N, contiguous: a strided operand would make every W~ product several times slower
+            value_norms = torch.linalg.vector_norm(values.float(), dim=-1).transpose(-1, -2).contiguous()
+    return {"attention": attention, "attention_grad": attention_grad, "value_norms": value_norms,
+            "x": [t.detach() for t in saved["x"]], "o": [t.detach() for t in saved["o"]],
+            "z": saved["z"].detach(), "grad_x": grads[:layers], "grad_o": grads[layers:2 * layers],
+            "grad_z": grads[2 * layers],
+            "logits": logits.detach(), "rebuilt_attention": bool(rebuild_attention)}
 
 
-def _rebuild_attention(saved: dict, grads: list, scales: list) -> None:
-    """A = softmax(q k^T s) into saved["A"] and dA = dO v^T into grads[:L], layer by layer on what the hooks kept."""
+def _rebuild_attention(saved: dict, qkv: list, output_grads: list, scales: list) -> tuple:
+    """(A, dA), B x L x Hd x N x N each: A = softmax(q k^T s) and dA = dO v^T on what the hooks kept (q, k from the
+    q_norm / k_norm hooks where those are not the identity, else from the qkv output), layer by layer: this is
+    arithmetic, not op overhead (all layers in one batched op each measured no faster at batch 1)."""
+    attention, attention_grad = [], []
     for index, scale in enumerate(scales):
-        q, k, v = saved["q"][index], saved["k"][index], saved["values"][index].transpose(1, 2)  # B x Hd x N x d
-        saved["A"][index] = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-        b, n, _ = grads[index].shape
-        d_out = grads[index].view(b, n, q.shape[1], q.shape[-1]).transpose(1, 2)  # B x Hd x N x d
-        grads[index] = d_out @ v.transpose(-2, -1)  # dA = dO v^T
+        split = qkv[index].transpose(1, 3)  # B x Hd x 3 x N x d (a view)
+        q = split[:, :, 0] if saved["q"][index] is None else saved["q"][index]
+        k = split[:, :, 1] if saved["k"][index] is None else saved["k"][index]
+        attention.append(torch.softmax((q @ k.transpose(-2, -1)).mul_(scale), dim=-1))
+        b, n, _ = output_grads[index].shape
+        d_out = output_grads[index].view(b, n, q.shape[1], q.shape[-1]).transpose(1, 2)  # B x Hd x N x d
+        attention_grad.append(d_out @ split[:, :, 2].transpose(-2, -1))  # dA = dO v^T
+    return torch.stack(attention, dim=1).float(), torch.stack(attention_grad, dim=1).float()
 
 
 @register
@@ -740,18 +783,15 @@ class GradSkip(Method):
         image_hw = tuple(images.shape[-2:])
         grid = bundle.patch_grid(image_hw)
         raw = capture(bundle, images, targets, value_norm=self.value_norm)
-        saved, grads = raw["saved"], raw["grads"]
-        layers = len(saved["A"])
-        grad_a, grad_x, grad_o, grad_z = grads[:layers], grads[layers:2 * layers], grads[2 * layers:3 * layers], grads[-1]
+        attention, product = raw["attention"], raw["attention_grad"]
         prefix = bundle.num_prefix_tokens
-        tokens = saved["A"][0].shape[-1]
+        tokens = attention.shape[-1]
         if tokens - prefix != grid[0] * grid[1]:
             raise MethodNotApplicable(
                 f"GradSkip: '{bundle.name}' has {tokens - prefix} patch tokens for a {image_hw} input, not the "
                 f"{grid[0]} x {grid[1]} grid its patch size implies (patch dropping or pooling tokens?).")
         with torch.no_grad():  # every layer at once: B x L x ...
-            attention = torch.stack([a.detach() for a in saved["A"]], dim=1).float()
-            product = torch.stack(grad_a, dim=1).float().mul_(attention)
+            product.mul_(attention)  # dA * A, in place: dA is not needed again
             tokens_sq = product.shape[-1] * product.shape[-2]
             gradient_flow = torch.linalg.vector_norm(product, ord=1, dim=(-2, -1)) / tokens_sq  # mean |dA*A|, no temp
             flows = product.clamp_min_(0)
@@ -760,14 +800,12 @@ class GradSkip(Method):
             else:
                 rows = attention[:, :, :, prefix:, prefix:].mean(dim=3)
             sparsity = gini(rows)
-            if self.value_norm and all(v is not None for v in saved["v"]):
-                value_norms = torch.stack(saved["v"], dim=1)
-            else:
+            value_norms = raw["value_norms"]
+            if not self.value_norm or value_norms is None:
                 value_norms = torch.ones(attention.shape[:3] + attention.shape[-1:], device=attention.device)
-            main_flow = torch.stack([torch.linalg.vecdot(g.float(), o.detach().float())
-                                     for g, o in zip(grad_o, saved["o"])], 1)
-            skip_flow = torch.stack([torch.linalg.vecdot(g.float(), x.detach().float())
-                                     for g, x in zip(grad_x, saved["x"])], 1)
+            main_flow = torch.stack([torch.linalg.vecdot(g, o) for g, o in zip(raw["grad_o"], raw["o"])], 1).float()
+            skip_flow = torch.stack([torch.linalg.vecdot(g, x) for g, x in zip(raw["grad_x"], raw["x"])], 1).float()
+            grad_z, end = raw["grad_z"].float(), raw["z"].float()
             state = GradSkipState(
                 attention_flow=flows,
                 attention=attention,
@@ -776,8 +814,8 @@ class GradSkip(Method):
                 sparsity=sparsity,
                 main_flow=main_flow,
                 skip_flow=skip_flow,
-                end_gradient_norm=grad_z.float().norm(dim=-1),
-                end_contribution=(grad_z.float() * saved["z"].detach().float()).sum(dim=-1),
+                end_gradient_norm=grad_z.norm(dim=-1),
+                end_contribution=torch.linalg.vecdot(grad_z, end),
                 pooled_head=_pooled_head(bundle),
                 logits=raw["logits"].float(),
                 targets=targets,
