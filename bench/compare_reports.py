@@ -8,6 +8,15 @@ with 95% bootstrap intervals, and the paired bootstrap interval (`explainers.sta
 of each requested pair on the same images. With two reports on the same files (e.g. the mean-colour and the
 ROAD reference), whether the rankings agree, and the per-method Spearman correlation of the per-image scores.
 
+`--concat` pools reports of DIFFERENT images (e.g. one long RISE run done in chunks) into one report: the same
+model and protocol (checked), no image twice (checked), the methods every part has; per-image scores joined, means and
+intervals recomputed; `--pairs` then compares on all the images, and `--report-out` writes the pooled report. A part
+may itself be `A+B`, reports of the same images (checked) merged keeping the method names, and any report may be
+narrowed to some methods with `FILE#m1,m2` (e.g. one method from a stored run of the same photos):
+
+    python bench/compare_reports.py --concat "first12.json+aha2-effnet-rise-timing.json@rise#rise" chunk-a.json \
+        chunk-b.json --pairs aha,rise --report-out pooled.json
+
 `--merge` pairs methods ACROSS reports of the same images (e.g. a new explainer's run against a stored run of
 the peers): the reports must have scored the same files in the same order (checked), their methods are named
 `N:method` (N = the report's place on the command line, from 1) and `--pairs` takes those names;
@@ -46,12 +55,80 @@ def rank_correlation(a, b) -> float:
 
 
 def load_report(path: str) -> dict:
-    """An evaluate report; `FILE@TIER` reads one tier of a bench/bench_aha.py result (a list with one model)."""
+    """An evaluate report; `FILE@TIER` reads one tier of a bench/bench_aha.py result (a list with one model);
+    `...#m1,m2` keeps only those methods."""
+    path, _, keep = path.partition("#")
     file, _, tier = path.partition("@")
     report = json.loads(Path(file).read_text())
     if tier:
         report = report[0][tier] if isinstance(report, list) else report[tier]
+    if keep:
+        names = keep.split(",")
+        missing = [name for name in names if name not in report["methods"]]
+        if missing:
+            raise SystemExit(f"{path}: no method {', '.join(missing)} (it has {', '.join(report['methods'])})")
+        report = {**report, "methods": {name: report["methods"][name] for name in names}}
     return report
+
+
+# what must agree for scores of two reports to be pooled or paired
+PROTOCOL_KEYS = ("steps", "reference", "reference_color", "score", "target", "auc")
+
+
+def _same_protocol(paths: list, reports: list) -> None:
+    for path, report in zip(paths[1:], reports[1:]):
+        if report["model"] != reports[0]["model"]:
+            raise SystemExit(f"{path} explains {report['model']}, {paths[0]} {reports[0]['model']}: not poolable")
+        for key in PROTOCOL_KEYS:
+            if report["protocol"].get(key) != reports[0]["protocol"].get(key):
+                raise SystemExit(f"{path} and {paths[0]} differ in protocol '{key}': "
+                                 f"{report['protocol'].get(key)} vs {reports[0]['protocol'].get(key)}")
+
+
+def same_images(paths: list, reports: list) -> dict:
+    """`A+B` of a --concat part: reports of the same files in the same order, methods merged under their names."""
+    for path, report in zip(paths, reports):
+        if report.get("files") != reports[0].get("files"):
+            raise SystemExit(f"{path} did not score the same images in the same order as {paths[0]}")
+    _same_protocol(paths, reports)
+    methods = {}
+    for path, report in zip(paths, reports):
+        for name, row in report["methods"].items():
+            if name in methods:
+                raise SystemExit(f"'{name}' is in two reports of {'+'.join(paths)}: keep one with FILE#methods")
+            methods[name] = row
+    return {**reports[0], "methods": methods}
+
+
+def pooled(parts: list) -> dict:
+    """One report over the images of all `parts` (each a path, or `A+B` of reports of the same images)."""
+    from explainers.statistics import method_intervals
+
+    reports = [same_images(part.split("+"), [load_report(p) for p in part.split("+")]) for part in parts]
+    _same_protocol(parts, reports)
+    files = [file for report in reports for file in report["files"]]
+    repeated = sorted({file for file in files if files.count(file) > 1})
+    if repeated:
+        raise SystemExit(f"--concat: {len(repeated)} image(s) in more than one part, e.g. {repeated[0]}")
+    common = [name for name in reports[0]["methods"] if all(name in r["methods"] for r in reports)]
+    dropped = sorted({name for r in reports for name in r["methods"]} - set(common))
+    if dropped:
+        print(f"--concat: left out {', '.join(dropped)} (not in every part)")
+    methods = {}
+    for name in common:
+        deletion = [v for r in reports for v in r["methods"][name]["per_image"]["deletion"]]
+        insertion = [v for r in reports for v in r["methods"][name]["per_image"]["insertion"]]
+        seed = reports[0]["protocol"].get("seed", 0)
+        methods[name] = {"deletion_auc": float(np.mean(deletion)), "insertion_auc": float(np.mean(insertion)),
+                         "ins_minus_del": float(np.mean(insertion) - np.mean(deletion)),
+                         **method_intervals(deletion, insertion, seed=seed),
+                         "ms_per_image": float(np.average([r["methods"][name]["ms_per_image"] for r in reports],
+                                                          weights=[r["n_images"] for r in reports])),
+                         "options": reports[0]["methods"][name].get("options"),
+                         "per_image": {"deletion": deletion, "insertion": insertion}}
+    return {"model": reports[0]["model"], "n_images": len(files), "files": files,
+            "protocol": {**reports[0]["protocol"], "limit": None, "data": [r["protocol"].get("data") for r in reports]},
+            "methods": methods, "pooled_from": list(parts)}
 
 
 def is_gridpg(report: dict) -> bool:
@@ -99,9 +176,17 @@ def main(argv=None) -> int:
     parser.add_argument("reports", nargs="+")
     parser.add_argument("--pairs", nargs="*", default=[], metavar="A,B")
     parser.add_argument("--merge", action="store_true", help="pair methods across reports of the same images")
+    parser.add_argument("--concat", action="store_true", help="pool reports of different images into one")
+    parser.add_argument("--report-out", default=None, help="--concat: write the pooled report (JSON)")
     parser.add_argument("--out", default=None, help="write the comparisons (JSON)")
     args = parser.parse_args(argv)
-    reports = [load_report(path) for path in args.reports]
+    if args.concat:
+        report = pooled(args.reports)
+        if args.report_out:
+            Path(args.report_out).write_text(json.dumps(report, indent=1))
+        args.reports, reports = ["+".join(args.reports)], [report]
+    else:
+        reports = [load_report(path) for path in args.reports]
     if args.merge:
         args.reports, reports = ["+".join(args.reports)], [merged(args.reports, reports)]
     if is_gridpg(reports[0]):
@@ -120,7 +205,7 @@ def main(argv=None) -> int:
             print(format_comparison(comparisons[-1]))
     if args.out:
         Path(args.out).write_text(json.dumps({"reports": args.reports, "n_images": reports[0]["n_images"],
-                                              "files_checked": bool(args.merge), "comparisons": comparisons},
+                                              "files_checked": bool(args.merge or args.concat), "comparisons": comparisons},
                                              indent=1))
     if len(reports) == 2:
         a, b = reports

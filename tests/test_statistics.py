@@ -151,6 +151,53 @@ def test_compare_reports_pairs_methods_across_reports_of_the_same_images(tmp_pat
         tool.main(["--merge", str(new), str(old), "--pairs", "1:aha,2:aha"])
 
 
+def test_compare_reports_pools_reports_of_different_images(tmp_path):
+    """--concat: the per-image scores of chunks joined (means and intervals from all images), a part made of two
+    reports of the same images merged by method name, a method picked with FILE#name; repeated images, another
+    protocol or a clash of method names refused."""
+    import json
+
+    tool = bench_script("compare_reports")
+    rng = np.random.default_rng(2)
+    deletion, insertion = rng.uniform(0.1, 0.3, 24), rng.uniform(0.5, 0.8, 24)
+
+    def report(methods, files, reference="mean"):
+        return {"model": "m", "n_images": len(files), "files": files,
+                "protocol": {"reference": reference, "steps": 20, "seed": 0},
+                "methods": {name: {"deletion_auc": float(np.mean(d)), "insertion_auc": float(np.mean(i)),
+                                   "ins_minus_del": float(np.mean(i - d)), "ms_per_image": 2.0,
+                                   "per_image": {"deletion": list(d), "insertion": list(i)}}
+                            for name, (d, i) in methods.items()}}
+
+    files = [f"f{i}.png" for i in range(24)]
+    first, stored, rest = tmp_path / "first.json", tmp_path / "stored.json", tmp_path / "rest.json"
+    first.write_text(json.dumps(report({"aha": (deletion[:8], insertion[:8])}, files[:8])))
+    # a stored run of the same 8 images: its "aha" would clash, so only "rise" is taken from it
+    stored.write_text(json.dumps({"rise": report({"aha": (deletion[:8], insertion[:8]),
+                                                  "rise": (deletion[:8] + 0.02, insertion[:8] - 0.01)}, files[:8])}))
+    rest.write_text(json.dumps(report({"aha": (deletion[8:], insertion[8:]),
+                                       "rise": (deletion[8:] + 0.02, insertion[8:] - 0.01),
+                                       "gradcam": (deletion[8:], insertion[8:])}, files[8:])))
+    pooled, out = tmp_path / "pooled.json", tmp_path / "pairs.json"
+    assert tool.main(["--concat", f"{first}+{stored}@rise#rise", str(rest), "--pairs", "aha,rise",
+                      "--report-out", str(pooled), "--out", str(out)]) == 0
+    joined = json.loads(pooled.read_text())
+    assert joined["n_images"] == 24 and joined["files"] == files and set(joined["methods"]) == {"aha", "rise"}
+    assert joined["methods"]["aha"]["deletion_auc"] == pytest.approx(float(np.mean(deletion)))
+    low, high = joined["methods"]["aha"]["insertion_ci95"]
+    assert low < float(np.mean(insertion)) < high
+    row = json.loads(out.read_text())["comparisons"][0]
+    assert row["deletion"]["mean"] == pytest.approx(-0.02) and row["ins_minus_del"]["mean"] == pytest.approx(0.03)
+    with pytest.raises(SystemExit, match="in two reports"):
+        tool.main(["--concat", f"{first}+{stored}@rise", str(rest)])
+    with pytest.raises(SystemExit, match="more than one part"):
+        tool.main(["--concat", str(first), str(first)])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(report({"aha": (deletion[8:], insertion[8:])}, files[8:], reference="black")))
+    with pytest.raises(SystemExit, match="protocol 'reference'"):
+        tool.main(["--concat", str(first), str(other)])
+
+
 def test_compare_reports_pairs_grid_pointing_game_reports_on_the_same_mosaics(tmp_path):
     import json
 
