@@ -803,8 +803,11 @@ class GradSkip(Method):
             value_norms = raw["value_norms"]
             if not self.value_norm or value_norms is None:
                 value_norms = torch.ones(attention.shape[:3] + attention.shape[-1:], device=attention.device)
-            main_flow = torch.stack([torch.linalg.vecdot(g, o) for g, o in zip(raw["grad_o"], raw["o"])], 1).float()
-            skip_flow = torch.stack([torch.linalg.vecdot(g, x) for g, x in zip(raw["grad_x"], raw["x"])], 1).float()
+            # summed in float32 also for a half-precision model (a sum over channels)
+            main_flow = torch.stack([torch.linalg.vecdot(g.float(), o.float())
+                                     for g, o in zip(raw["grad_o"], raw["o"])], 1)
+            skip_flow = torch.stack([torch.linalg.vecdot(g.float(), x.float())
+                                     for g, x in zip(raw["grad_x"], raw["x"])], 1)
             grad_z, end = raw["grad_z"].float(), raw["z"].float()
             state = GradSkipState(
                 attention_flow=flows,
