@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..resize import resize_bilinear
 from ..smoothing import gaussian_smooth
 
 DEFAULT_ARCH = {"levels": 4, "width": 32, "embed_dim": 64, "gain_init": 10.0}
@@ -73,7 +74,7 @@ class FusionBlock(nn.Module):
         out = self.skip(skip)
         if coarser is not None:
             if coarser.shape[-2:] != skip.shape[-2:]:
-                coarser = F.interpolate(coarser, size=skip.shape[-2:], mode="bilinear", align_corners=False)
+                coarser = resize_bilinear(coarser, skip.shape[-2:])
             out = out + coarser
         return self.out(out)
 
@@ -100,7 +101,7 @@ class OutputHead(nn.Module):
         so concurrent refinements never see each other's weights."""
         out = F.conv2d(fused, params["conv1.weight"], params["conv1.bias"], padding=1)
         out = F.conv2d(F.relu(out), params["conv2.weight"], params["conv2.bias"])
-        out = F.interpolate(out, size=tuple(image_hw), mode="bilinear", align_corners=False).squeeze(1)
+        out = resize_bilinear(out, image_hw).squeeze(1)
         if cam is not None:
             out = out + params["cam_weight"] * cam
         return params["log_gain"].exp() * out
@@ -333,8 +334,7 @@ class AHAExplainer(nn.Module):
             x = projection(level.float())
             if scale != 1.0:
                 size = tuple(max(1, int(round(s * scale))) for s in x.shape[-2:])
-                x = F.adaptive_avg_pool2d(x, size) if scale < 1 else F.interpolate(
-                    x, size=size, mode="bilinear", align_corners=False)
+                x = F.adaptive_avg_pool2d(x, size) if scale < 1 else resize_bilinear(x, size)
             gamma, beta = film(embedding).chunk(2, dim=1)
             x = x * (1 + gamma[..., None, None]) + beta[..., None, None]
             projected.append(x)
@@ -348,8 +348,7 @@ class AHAExplainer(nn.Module):
             fused = fusion(x, fused)
         cam_full = None
         if cam is not None:
-            cam_full = F.interpolate(cam.unsqueeze(1), size=encoded.image_hw, mode="bilinear",
-                                     align_corners=False).squeeze(1)
+            cam_full = resize_bilinear(cam, encoded.image_hw)
         return fused, cam_full
 
     def smooth(self, maps: torch.Tensor, sigma: float | None = None) -> torch.Tensor:

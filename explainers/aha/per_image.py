@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
+from ..resize import resize_bilinear
 from .network import standardise
 from .objective import TAU_END, aha_loss, default_fractions, grid_range, reference_batch
 
@@ -84,7 +84,7 @@ def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps:
     optimizer = torch.optim.Adam([correction], lr=lr)
 
     def current():
-        return base + F.interpolate(correction, size=image_hw, mode="bilinear", align_corners=False).squeeze(1)
+        return base + resize_bilinear(correction, image_hw).squeeze(1)
 
     for step in range(steps):
         with torch.enable_grad():

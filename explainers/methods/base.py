@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
+
+from ..resize import resize_bilinear
 
 ALL_FAMILIES = frozenset({"vit", "swin", "convnext", "resnet", "efficientnet", "cnn"})
 
@@ -173,10 +174,8 @@ def repeated_runs(images: torch.Tensor) -> list:
 
 
 def upsample(maps: torch.Tensor, size: tuple) -> torch.Tensor:
-    """B x h x w -> B x H x W, bilinear."""
-    if tuple(maps.shape[-2:]) == tuple(size):
-        return maps
-    return F.interpolate(maps.unsqueeze(1), size=size, mode="bilinear", align_corners=False).squeeze(1)
+    """B x h x w -> B x H x W, bilinear (`explainers.resize`: the same map as F.interpolate, several times faster)."""
+    return resize_bilinear(maps, size)
 
 
 def normalize_max(maps: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
