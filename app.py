@@ -366,11 +366,16 @@ def model_change_handler(services):
     return on_model
 
 
+def shows_details(methods) -> bool:
+    """The details panel (GradSkip's head weights and main / skip shares) is shown while a method with details is
+    ticked: also for the methods ticked when the page opens, which no change event announces."""
+    return any(m in METHODS and bool(METHODS[m].details) for m in methods or [])
+
+
 def methods_change(methods):
     """Each slider is shown while its method is ticked; the details panel while a method with details is."""
     methods = methods or []
-    return (*[gr.update(visible=m in methods) for m, _ in SLIDERS],
-            gr.update(visible=any(m in METHODS and bool(METHODS[m].details) for m in methods)))
+    return (*[gr.update(visible=m in methods) for m, _ in SLIDERS], gr.update(visible=shows_details(methods)))
 
 
 # ---------------------------------------------------------------- data-set browsing (Explain + Review)
@@ -508,7 +513,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                         curves = gr.Plot(label="Deletion and insertion curves", elem_id="curves")
                         aucs = gr.Dataframe(headers=figures.AUC_HEADERS, label="Scores", interactive=False,
                                             elem_id="aucs", wrap=True)
-                with gr.Accordion(DETAILS, open=False, visible=False) as heads_box:
+                with gr.Accordion(DETAILS, open=False, visible=shows_details(first_methods),
+                                  elem_id="method-details") as heads_box:
                     heads = gr.Plot(label="Head weights")
                 with gr.Row():
                     with gr.Column(scale=1, min_width=260):

@@ -126,6 +126,13 @@ def test_explain_tab(page, shots):
         except Exception:  # once in CI the released value never showed (not reproduced here: a synthetic pointerup
             slider.dispatch_event("pointerup")  # racing the filled value, or a late preview): release once more
             wait_js(page, released)
+        # GradSkip is ticked from the start, so its details panel must be there without touching the methods
+        details = page.locator("#method-details")
+        assert details.is_visible()
+        details.get_by_text("GradSkip details").first.click()
+        wait_js(page, "!!document.querySelector('#method-details [data-testid=plotly] .main-svg')")
+        figure = details.locator("[data-testid=plotly]").first.text_content()  # both of its svg layers
+        assert "main / skip share per block" in figure and "skip" in figure  # the b_main profile beside the heads
     else:
         assert external, "the tiny test app defaults to a ViT, so the alpha slider must be shown"
     time.sleep(0.5)
