@@ -85,11 +85,20 @@ def _same_protocol(paths: list, reports: list) -> None:
                                  f"{report['protocol'].get(key)} vs {reports[0]['protocol'].get(key)}")
 
 
+def check_same_items(paths: list, reports: list, flag: str) -> None:
+    """Refuse unless every report scored the same files (the same mosaics, for grid pointing game reports) in the
+    same order: the precondition of pairing their methods image by image."""
+    key = "mosaics" if is_gridpg(reports[0]) else "files"
+    items = reports[0].get(key)
+    for path, report in zip(paths, reports):
+        if not items or report.get(key) != items:
+            raise SystemExit(f"{flag}: {path} did not score the same {'mosaics' if key == 'mosaics' else 'images'}"
+                             f" in the same order as {paths[0]}")
+
+
 def same_images(paths: list, reports: list) -> dict:
     """`A+B` of a --concat part: reports of the same files in the same order, methods merged under their names."""
-    for path, report in zip(paths, reports):
-        if report.get("files") != reports[0].get("files"):
-            raise SystemExit(f"{path} did not score the same images in the same order as {paths[0]}")
+    check_same_items(paths, reports, "--concat")
     _same_protocol(paths, reports)
     methods = {}
     for path, report in zip(paths, reports):
@@ -138,12 +147,7 @@ def is_gridpg(report: dict) -> bool:
 def merged(paths: list, reports: list) -> dict:
     """One report whose methods are every report's, named `N:method`; refused unless all scored the same files
     (the same mosaics, for grid pointing game reports)."""
-    key = "mosaics" if is_gridpg(reports[0]) else "files"
-    files = reports[0].get(key)
-    for path, report in zip(paths, reports):
-        if not files or report.get(key) != files:
-            raise SystemExit(f"--merge: {path} did not score the same {'mosaics' if key == 'mosaics' else 'images'}"
-                             f" in the same order as {paths[0]}")
+    check_same_items(paths, reports, "--merge")
     methods = {f"{n}:{name}": row for n, report in enumerate(reports, 1) for name, row in report["methods"].items()}
     return {**reports[0], "methods": methods, "merged_from": list(paths)}
 

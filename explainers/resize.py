@@ -7,21 +7,18 @@ against 196 us (one thread, measured). Every method's final upsampling and AHA's
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
+from .smoothing import cached_matrix
 
-@functools.lru_cache(maxsize=64)
-def _interpolation_matrix(size_in: int, size_out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+
+@cached_matrix
+def _interpolation_matrix(size_in: int, size_out: int) -> torch.Tensor:
     """size_out x size_in: column j is 1-D linear interpolation (align_corners=False) of the unit signal e_j, so
-    it is exactly the weights `F.interpolate` uses along one axis. Built in float64 outside inference mode (a
-    cached inference tensor could not be saved for backward later), cached per dtype and device, read only."""
-    with torch.inference_mode(False):
-        unit = torch.eye(size_in, dtype=torch.float64).unsqueeze(1)  # size_in signals of length size_in
-        columns = F.interpolate(unit, size=size_out, mode="linear", align_corners=False).squeeze(1)
-        return columns.T.contiguous().to(device=device, dtype=dtype)
+    it is exactly the weights `F.interpolate` uses along one axis."""
+    unit = torch.eye(size_in, dtype=torch.float64).unsqueeze(1)  # size_in signals of length size_in
+    return F.interpolate(unit, size=size_out, mode="linear", align_corners=False).squeeze(1).T
 
 
 def resize_bilinear(grid: torch.Tensor, size) -> torch.Tensor:

@@ -6,22 +6,29 @@ import functools
 import torch
 
 
-@functools.lru_cache(maxsize=32)
-def _blur_matrix(sigma: float, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def cached_matrix(builder):
+    """A float64 matrix builder turned into a cache of read-only matrices per (arguments, dtype, device), built
+    outside inference mode: a cached inference tensor made by a first call under `torch.inference_mode` (a one-pass
+    map) could not be saved for backward by a later call under autograd. Shared by the blur and `resize`."""
+    @functools.lru_cache(maxsize=64)
+    def cached(*arguments):
+        *key, dtype, device = arguments
+        with torch.inference_mode(False):
+            return builder(*key).to(device=device, dtype=dtype)
+    return cached
+
+
+@cached_matrix
+def _blur_matrix(sigma: float, size: int) -> torch.Tensor:
     """size x size: row i holds the 1-D Gaussian's taps around i, with the taps that fall past an edge added to the
-    edge cell (replicate padding folded in), so one side of the blur is a matrix product. Built in float64, cached
-    in the map's dtype and device (read only: callers only multiply by it)."""
-    # a normal tensor even when the first call comes from a one-pass map under inference_mode: a cached inference
-    # tensor could not be saved for backward by a later blur under autograd
-    with torch.inference_mode(False):
-        radius = max(1, int(round(3 * sigma)))
-        offsets = torch.arange(-radius, radius + 1)
-        kernel = torch.exp(-offsets.double() ** 2 / (2 * sigma ** 2))
-        kernel = kernel / kernel.sum()
-        columns = (torch.arange(size).view(-1, 1) + offsets.view(1, -1)).clamp(0, size - 1)
-        matrix = torch.zeros(size, size, dtype=torch.float64)
-        matrix.scatter_add_(1, columns, kernel.expand(size, -1).contiguous())
-        return matrix.to(device=device, dtype=dtype)
+    edge cell (replicate padding folded in), so one side of the blur is a matrix product."""
+    radius = max(1, int(round(3 * sigma)))
+    offsets = torch.arange(-radius, radius + 1)
+    kernel = torch.exp(-offsets.double() ** 2 / (2 * sigma ** 2))
+    kernel = kernel / kernel.sum()
+    columns = (torch.arange(size).view(-1, 1) + offsets.view(1, -1)).clamp(0, size - 1)
+    matrix = torch.zeros(size, size, dtype=torch.float64)
+    return matrix.scatter_add_(1, columns, kernel.expand(size, -1).contiguous())
 
 
 # up to this many cells (16 x 16) a grid is blurred by ONE product with the Kronecker product of its two blur
@@ -30,13 +37,11 @@ def _blur_matrix(sigma: float, size: int, dtype: torch.dtype, device: torch.devi
 KRONECKER_CELLS = 256
 
 
-@functools.lru_cache(maxsize=32)
-def _grid_blur_matrix(sigma: float, h: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+@cached_matrix
+def _grid_blur_matrix(sigma: float, h: int, w: int) -> torch.Tensor:
     """(h w) x (h w): a flattened h x w grid times this is the separable blur (kron(rows, columns) transposed)."""
-    with torch.inference_mode(False):  # see _blur_matrix
-        rows = _blur_matrix(sigma, h, torch.float64, torch.device("cpu"))
-        columns = _blur_matrix(sigma, w, torch.float64, torch.device("cpu"))
-        return torch.kron(rows, columns).T.contiguous().to(device=device, dtype=dtype)
+    cpu = torch.device("cpu")
+    return torch.kron(_blur_matrix(sigma, h, torch.float64, cpu), _blur_matrix(sigma, w, torch.float64, cpu)).T
 
 
 def gaussian_smooth(grid: torch.Tensor, sigma: float) -> torch.Tensor:
