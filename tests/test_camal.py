@@ -316,7 +316,10 @@ def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_
             clock.sleep(0.05)  # training has started
         asked = clock.monotonic()
         step_at_cancel = runner.get(job_id)["progress"]["step"]
-        assert "stopping" in finetune.cancel_finetune(services, job_id)
+        text = finetune.cancel_finetune(services, job_id)
+        # a step here takes milliseconds, so the job may see the request and record "cancelled" before
+        # cancel_finetune reads the record back: both messages are right
+        assert "stopping" in text or text.endswith(": cancelled."), text
         while runner.get(job_id)["status"] == "running" and clock.monotonic() < asked + 30:
             clock.sleep(0.02)
         took = clock.monotonic() - asked  # until the job process records it (its exit follows)
