@@ -41,13 +41,24 @@ from explainers.methods.aha import AHA  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402
 
 
+def trainable_indices(data, holdout) -> list:
+    """The images of `data` a teacher or a student may read: all of them, or without the `holdout` fraction that
+    `train-aha --val-holdout` kept out of training (the same indices, so the validation photos stay unseen)."""
+    from explainers.aha.train import holdout_indices
+    from explainers.data import open_dataset
+
+    total = len(open_dataset(data, split="train"))
+    return list(range(total)) if holdout is None else holdout_indices(total, holdout)[0]
+
+
 def chosen_cells(args) -> tuple:
-    """This part's training cells: `--limit` spread over the file, shifted by `--offset`, every parts-th from `part`."""
-    from explainers.data import open_dataset, spread_indices
+    """This part's training cells: `--limit` spread over the trainable images, shifted by `--offset`, every parts-th
+    from `part`."""
+    from explainers.data import spread_indices
 
     part, parts = (int(v) for v in args.part.split("/"))
-    total = len(open_dataset(args.data, split="train"))
-    return [i + args.offset for i in spread_indices(total - args.offset, args.limit)][part::parts], part, parts
+    allowed = trainable_indices(args.data, args.holdout)[args.offset:]
+    return [allowed[i] for i in spread_indices(len(allowed), args.limit)][part::parts], part, parts
 
 
 def write_in_chunks(out, chosen: list, chunk: int, teach) -> None:
@@ -81,6 +92,17 @@ def correction_teacher(explainer, bundle, images, targets, steps: int, grid: int
     return optimise_maps(bundle, images, targets, steps=steps, prior_maps=one_pass.clone(), **settings)
 
 
+def encode_all(explainer, images: torch.Tensor, batch: int = 16):
+    """One `Encoded` for all `images` (the classifier is frozen, so its features can be computed once)."""
+    from explainers.aha.network import Encoded
+
+    parts = [explainer.encode(images[s:s + batch]) for s in range(0, len(images), batch)]
+    return Encoded(torch.cat([p.logits for p in parts]),
+                   [torch.cat([p.levels[k] for p in parts]) for k in range(len(parts[0].levels))],
+                   None if parts[0].final_grid is None else torch.cat([p.final_grid for p in parts]),
+                   parts[0].image_hw)
+
+
 def teacher_arguments(parser, *, limit: int, chunk: int) -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--data", required=True)
@@ -90,6 +112,8 @@ def teacher_arguments(parser, *, limit: int, chunk: int) -> None:
     parser.add_argument("--chunk", type=int, default=chunk)
     parser.add_argument("--grid", type=int, default=0, help="correction teacher: this grid instead of the card's")
     parser.add_argument("--offset", type=int, default=0, help="shift the spread cells by this many (a disjoint set)")
+    parser.add_argument("--holdout", type=float, default=None, help="leave out this held-out fraction of --data "
+                        "(photos: the explainer's `train-aha --val-holdout` validation images)")
     parser.add_argument("--out", required=True)
 
 
@@ -136,11 +160,24 @@ def _train(args, bundle) -> None:
     assert len(images) == len(teacher)  # load_eval_images keeps the order of `indices` (all of them)
     with torch.no_grad():
         targets = torch.cat([bundle(images[s:s + 256]).argmax(1) for s in range(0, len(images), 256)])
-    val_images, _ = load_eval_images(bundle, args.val_data, args.val_limit, split="val")
+    if args.val_holdout is not None:  # photos: the images of --data that the explainer's training held out
+        from explainers.aha.train import holdout_indices
+        from explainers.data import open_dataset
+
+        held = holdout_indices(len(open_dataset(args.data, split="train")), args.val_holdout)[1]
+        assert not set(held) & set(indices), "a teacher image is a validation image"
+        val_images, _ = load_eval_images(bundle, args.data, None, split="train", indices=held)
+    else:
+        val_images, _ = load_eval_images(bundle, args.val_data, args.val_limit, split="val")
     mosaics, mosaic_classes = (validation_mosaics(bundle, args.val_data, args.val_mosaics) if args.val_mosaics
                                else (None, None))
     # the shipped explainer, frozen: its mosaic maps are kept (only the mosaic steps read it)
     keeper = load_explainer(bundle).eval() if args.mosaic_every else None
+    cached = None
+    if args.cache_encoded:  # photos at 224 px: the classifier pass dominates a step; do it once per view
+        if args.flip or args.mosaic_every:
+            raise SystemExit("--cache-encoded works with --hflip or no augmentation, without mosaic steps")
+        cached = [encode_all(explainer, images)] + ([encode_all(explainer, images.flip(-1))] if args.hflip else [])
     params = [p for p in explainer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=1e-3)
     history = []
@@ -182,7 +219,10 @@ def _train(args, bundle) -> None:
                 x, goal = torch.rot90(x, turns, (-2, -1)), torch.rot90(goal, turns, (-2, -1))
                 if int(torch.randint(2, (1,), generator=generator)):
                     x, goal = x.flip(-1), goal.flip(-1)
-            encoded = explainer.encode(x)
+            mirrored = bool(args.hflip and int(torch.randint(2, (1,), generator=generator)))
+            if mirrored:  # photos: mirror images only
+                x, goal = x.flip(-1), goal.flip(-1)
+            encoded = cached[int(mirrored)].select(pick) if cached else explainer.encode(x)
             with torch.enable_grad():
                 out = explainer(encoded, t)
                 loss = ((standardise(out) - goal) ** 2).mean()
@@ -247,7 +287,8 @@ def ship(args) -> None:
         "teacher": json.loads(args.teacher_json),
         "student": {"init": f"{previous} (the shipped explainer before this round)", "lr": train_args["lr"],
                     "batch_size_cells": train_args["batch_size"],
-                    "augment": "quarter turns and flips" if train_args["flip"] else "none",
+                    "augment": ("quarter turns and flips" if train_args["flip"] else
+                                "horizontal flips" if train_args.get("hflip") else "none"),
                     "mosaic_every": train_args["mosaic_every"], "planned_steps": train_args["steps"],
                     "time_budget_minutes": train_args["minutes"], "steps_done": history.get("steps_done"),
                     "device": history.get("device", "cpu"), "threads": train_args.get("threads", 1)},
@@ -277,13 +318,18 @@ def main(argv=None) -> int:
     r.add_argument("--model", required=True)
     r.add_argument("--data", required=True)
     r.add_argument("--targets", nargs="+", required=True)
-    r.add_argument("--val-data", required=True)
+    r.add_argument("--val-data", default=None)
+    r.add_argument("--val-holdout", type=float, default=None, help="instead of --val-data: validate on this held-out "
+                   "fraction of --data (photos; the targets must come from `targets --holdout` with the same value)")
     r.add_argument("--val-limit", type=int, default=256)
     r.add_argument("--steps", type=int, default=2000)
     r.add_argument("--batch-size", type=int, default=32)
     r.add_argument("--lr", type=float, default=1e-4)
     r.add_argument("--objective-weight", type=float, default=0.0)
-    r.add_argument("--flip", action="store_true")
+    r.add_argument("--flip", action="store_true", help="quarter turns and flips (cells)")
+    r.add_argument("--hflip", action="store_true", help="horizontal flips only (photos)")
+    r.add_argument("--cache-encoded", action="store_true", help="encode every training image (and its mirror "
+                   "image) once instead of at every step (memory: about 1 MB per image and view at 224 px)")
     r.add_argument("--mosaic-every", type=int, default=0, help="every k-th step: keep the shipped mosaic maps")
     r.add_argument("--mosaics", type=int, default=8)
     r.add_argument("--mosaic-weight", type=float, default=1.0)
@@ -305,6 +351,8 @@ def main(argv=None) -> int:
     s.add_argument("--commands", nargs="+", required=True)
     s.add_argument("--weights-dir", default=None, help="where the shipped explainer is (default: where the app finds it)")
     args = parser.parse_args(argv)
+    if args.command == "train" and (args.val_data is None) == (args.val_holdout is None):
+        parser.error("train: give --val-data or --val-holdout (one of them)")
     torch.set_num_threads(getattr(args, "threads", 1))
     {"targets": write_targets, "train": train, "ship": ship}[args.command](args)
     return 0

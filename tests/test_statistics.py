@@ -309,3 +309,40 @@ def test_head_signals_are_linear_in_the_row_and_pearson_knows_its_answers():
     assert all(p.grad is None for p in vit.network.parameters())  # the shared model's gradients are left alone
     m = base["gradient_x_activation"]
     assert np.allclose(tool.pearson(m, m), 1.0) and np.allclose(tool.pearson(m, -m), -1.0)
+
+def test_photo_teachers_never_read_the_held_out_validation_images(monkeypatch):
+    """bench/aha_distill.py --holdout: the teacher images avoid exactly the images `train-aha --val-holdout` kept out
+    (the student is selected on those), and the parts split the chosen images without overlap."""
+    import argparse
+
+    import explainers.data
+    from explainers.aha.train import holdout_indices
+
+    tool = bench_script("aha_distill")
+    monkeypatch.setattr(explainers.data, "open_dataset", lambda data, split=None, limit=None: range(400))
+    held = set(holdout_indices(400, 0.1)[1])
+    parts = [tool.chosen_cells(argparse.Namespace(data="x", holdout=0.1, limit=180, offset=0, part=f"{p}/2"))[0]
+             for p in (0, 1)]
+    assert len(held) == 40 and len(parts[0]) == len(parts[1]) == 90
+    assert not set(parts[0]) & set(parts[1]) and not (set(parts[0]) | set(parts[1])) & held
+    everything = tool.chosen_cells(argparse.Namespace(data="x", holdout=None, limit=400, offset=0, part="0/1"))[0]
+    assert everything == list(range(400))  # without --holdout: the whole file, as for the cells
+
+
+def test_encoded_cache_is_the_per_batch_encoding_concatenated():
+    import torch
+
+    from explainers.aha.network import Encoded
+
+    tool = bench_script("aha_distill")
+
+    class Fake:
+        def encode(self, x):
+            return Encoded(x.sum((1, 2, 3))[:, None], [x, x[:, :1] * 2], None, tuple(x.shape[-2:]))
+
+    images = torch.randn(37, 3, 4, 4)
+    cached = tool.encode_all(Fake(), images, batch=8)
+    pick = torch.tensor([36, 0, 9, 9])
+    chosen, direct = cached.select(pick), Fake().encode(images[pick])
+    assert torch.equal(chosen.logits, direct.logits) and chosen.final_grid is None and chosen.image_hw == (4, 4)
+    assert all(torch.equal(a, b) for a, b in zip(chosen.levels, direct.levels))
