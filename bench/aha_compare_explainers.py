@@ -4,6 +4,8 @@ of B - A. Used to decide whether a new training run replaces the shipped explain
 
     python bench/aha_compare_explainers.py bloodmnist-cnn weights/aha-bloodmnist-cnn NEW_STEM \
         ../shared/data/bloodmnist/64/val 256 OUT.json
+    python bench/aha_compare_explainers.py efficientnet-lite0 weights/aha-efficientnet-lite0 NEW_STEM \
+        ../shared/data/imagenet-train 40 OUT.json 0.1   # the 10% of the photos its training held out
 """
 import json
 import os
@@ -21,7 +23,14 @@ from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
 torch.set_num_threads(1)
 model, stem_a, stem_b, data, limit, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
 bundle = load_model(model)
-images, _ = load_eval_images(bundle, data, limit, split="val")
+if len(sys.argv) > 7:  # photos: the images of DATA the explainer's training held out (train-aha --val-holdout F)
+    from explainers.aha.train import holdout_indices
+    from explainers.data import open_dataset
+
+    held = holdout_indices(len(open_dataset(data, split="train")), float(sys.argv[7]))[1]
+    images, _ = load_eval_images(bundle, data, limit, split="train", indices=held)
+else:
+    images, _ = load_eval_images(bundle, data, limit, split="val")
 scores = {}
 for label, stem in (("A", stem_a), ("B", stem_b)):
     explainer = load_explainer(bundle, stem).eval()

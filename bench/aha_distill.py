@@ -178,7 +178,11 @@ def _train(args, bundle) -> None:
         if args.flip or args.mosaic_every:
             raise SystemExit("--cache-encoded works with --hflip or no augmentation, without mosaic steps")
         cached = [encode_all(explainer, images)] + ([encode_all(explainer, images.flip(-1))] if args.hflip else [])
-    params = [p for p in explainer.parameters() if p.requires_grad]
+    trainable = set(args.trainable.split(",")) if args.trainable else None
+    params = [p for name, p in explainer.named_parameters()
+              if p.requires_grad and (trainable is None or name.split(".")[0] in trainable)]
+    if not params:
+        raise SystemExit(f"--trainable {args.trainable}: no such parts of the explainer")
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=1e-3)
     history = []
 
@@ -328,6 +332,8 @@ def main(argv=None) -> int:
     r.add_argument("--objective-weight", type=float, default=0.0)
     r.add_argument("--flip", action="store_true", help="quarter turns and flips (cells)")
     r.add_argument("--hflip", action="store_true", help="horizontal flips only (photos)")
+    r.add_argument("--trainable", default=None, help="train only these top-level parts of the explainer, e.g. "
+                   "head,fusions (default: all; fewer for few teacher images)")
     r.add_argument("--cache-encoded", action="store_true", help="encode every training image (and its mirror "
                    "image) once instead of at every step (memory: about 1 MB per image and view at 224 px)")
     r.add_argument("--mosaic-every", type=int, default=0, help="every k-th step: keep the shipped mosaic maps")
