@@ -11,6 +11,8 @@ the choice; the test split is never read here. It made the shipped `aha-bloodmni
 `distillation` holds the commands and the validation trace). Two teachers: `--teacher head` (rounds 1-2) refines the
 explainer's output head per image; `--teacher correction` runs the method's own T steps (a G x G correction of the
 one-pass map, with the card's refinement settings), a stronger teacher at grid 16 (session 14).
+Photos (efficientnet-lite0, session 20): `targets --holdout 0.1` and `train --val-holdout 0.1 --hflip --cache-encoded`
+keep the 40 photos the explainer's training held out for validation and mirror the photos instead of turning them.
 `ship` replaces the shipped explainer by a student that passed the validation rule and records the round in the card.
 
   python bench/aha_distill.py targets --model bloodmnist-cnn --data ../shared/data/bloodmnist/64/train \
@@ -169,8 +171,8 @@ def _train(args, bundle) -> None:
         val_images, _ = load_eval_images(bundle, args.data, None, split="train", indices=held)
     else:
         val_images, _ = load_eval_images(bundle, args.val_data, args.val_limit, split="val")
-    mosaics, mosaic_classes = (validation_mosaics(bundle, args.val_data, args.val_mosaics) if args.val_mosaics
-                               else (None, None))
+    mosaics, mosaic_classes = (validation_mosaics(bundle, args.val_data, args.val_mosaics)
+                               if args.val_mosaics and args.val_data else (None, None))  # photos: no GridPG
     # the shipped explainer, frozen: its mosaic maps are kept (only the mosaic steps read it)
     keeper = load_explainer(bundle).eval() if args.mosaic_every else None
     cached = None
