@@ -154,7 +154,7 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
             continue
         state["results"].append(record)
         if hasattr(services, "record_seconds"):
-            services.record_seconds(model_name, method, record["seconds"])
+            services.record_seconds(model_name, method, record["seconds"], cost_options(method, options))
     return state, image
 
 
@@ -280,13 +280,30 @@ def method_passes(bundle, method: str) -> int:
     return 3 if cls is None else int(cls.model_passes(bundle))
 
 
-def expected_seconds(services, bundle, method: str) -> float:
-    """Expected seconds of one map (without the curves): the last measured time for this model and method,
-    else forward passes × the measured time of one image's pass."""
-    measured = services.measured_seconds(bundle.name, method)
+def cost_options(method: str, options: dict) -> tuple:
+    """The options of a run that change what its map costs, as a key: all but the live ones (those recombine a
+    prepared state without a model pass, e.g. GradSkip's alpha)."""
+    live = set(METHODS[method].live_options()) if method in METHODS else set()
+    return tuple(sorted((name, repr(value)) for name, value in options.items() if name not in live))
+
+
+def expected_seconds(services, bundle, method: str, values: dict | None = None) -> float:
+    """Expected seconds of one map (without the curves) with the sliders' `values` (default: the defaults): the
+    last measured time for this model, method and cost options, else the method's own estimate where it has
+    one (AHA's refinement or per-image steps: one step timed, times the steps) on top of its forward passes ×
+    the measured time of one image's pass."""
+    options = engine.method_options(method, slider_values(values), bundle)
+    cost = cost_options(method, options)  # the key explain_maps records a run's time under
+    measured = services.measured_seconds(bundle.name, method, cost)
     if measured is not None:
         return measured
-    return method_passes(bundle, method) * services.image_seconds(bundle)
+
+    def estimate() -> float:
+        passes = method_passes(bundle, method) * services.image_seconds(bundle)
+        own = getattr(METHODS.get(method), "expected_seconds", None)
+        return passes + (float(METHODS[method](**options).expected_seconds(bundle)) if own else 0.0)
+
+    return services.estimated_seconds(bundle.name, method, cost, estimate)
 
 
 def _seconds(value: float) -> str:
@@ -297,16 +314,16 @@ def _seconds(value: float) -> str:
     return f"about {value / 60:.0f} min"
 
 
-def expected_text(services, model_name, methods) -> str:
-    """A Markdown line: the expected time of each ticked method on this model (slow ones in bold), before it
-    runs, and of the curves."""
+def expected_text(services, model_name, methods, values: dict | None = None) -> str:
+    """A Markdown line: the expected time of each ticked method on this model with the sliders' `values` (slow
+    ones in bold), before it runs, and of the curves."""
     methods = [m for m in menus.method_order(list(methods or [])) if m in METHODS]
     if not model_name or not methods:
         return ""
     bundle = services.bundle(model_name)
     parts, total = [], 0.0
     for method in methods:
-        seconds = expected_seconds(services, bundle, method)
+        seconds = expected_seconds(services, bundle, method, values)
         total += seconds
         text = f"{engine.method_label(method)} {_seconds(seconds)}"
         parts.append(f"**{text}**" if seconds > SLOW_SECONDS else text)

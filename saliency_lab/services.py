@@ -165,14 +165,25 @@ class Services:
             self._objects[key] = min(times)
         return self._objects[key]
 
-    def record_seconds(self, model: str, method: str, seconds: float) -> None:
-        """Remember how long a map took (the next expected time for this model and method)."""
+    def record_seconds(self, model: str, method: str, seconds: float, cost: tuple = ()) -> None:
+        """Remember how long a map took (the next expected time for this model, method and `cost`: the options
+        that change what a map costs, e.g. AHA's refinement steps)."""
         with self._lock:
-            self._objects[("map_seconds", model, method)] = float(seconds)
+            self._objects[("map_seconds", model, method, cost)] = float(seconds)
 
-    def measured_seconds(self, model: str, method: str):
+    def measured_seconds(self, model: str, method: str, cost: tuple = ()):
         with self._lock:
-            return self._objects.get(("map_seconds", model, method))
+            return self._objects.get(("map_seconds", model, method, cost))
+
+    def estimated_seconds(self, model: str, method: str, cost: tuple, estimate) -> float:
+        """`estimate()` once per model, method and cost options (it may time a step of the method)."""
+        key = ("estimated_seconds", model, method, cost)
+        with self._lock:
+            if key in self._objects:
+                return self._objects[key]
+        value = float(estimate())
+        with self._lock:
+            return self._objects.setdefault(key, value)
 
     def names(self) -> list:
         return list(self.model_names()) if callable(self.model_names) else list(self.model_names)

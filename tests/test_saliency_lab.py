@@ -605,11 +605,46 @@ def test_slow_methods_are_unticked_on_slow_models_with_their_expected_time(tmp_p
     else:  # a machine fast enough that 300 passes take under 5 s: kept
         assert "rise" in kept
     assert explain.model_menu(services, "tiny-small", ["gradcam", "rise"])[1] == ["gradcam", "rise"]  # quick here
-    services.record_seconds("tiny-large", "rise", 36.7)
+    from explainers import engine
+
+    services.record_seconds("tiny-large", "rise", 36.7,  # a run with the default options, as explain_maps records it
+                            explain.cost_options("rise", engine.method_options("rise", None, large)))
     text = explain.expected_text(services, "tiny-large", ["rise", "gradcam"])
     assert text.startswith("Expected on this machine: Grad-CAM") and "**RISE about 37 s**" in text
     assert "then the curves" in text and "slow methods in bold" in text
     assert explain.model_menu(services, "tiny-large", ["gradcam", "rise"])[1] == ["gradcam"]
+
+
+def test_the_expected_time_follows_the_refinement_steps_and_remembers_runs_per_setting(tmp_path):
+    """The line shown before a run reads the sliders: AHA with T refinement steps is expected to cost the one pass
+    plus T timed steps (once the user moved T to 3 on a 224 px model, "under 1 s" was shown for a 14 s run), and a
+    measured run is remembered for its own T only; a live slider (GradSkip's alpha) costs no model pass."""
+    from conftest import tiny_cnn
+    from explainers.aha.network import AHAExplainer
+    from explainers.aha.store import forget_explainers, register_explainer
+    from saliency_lab.services import Services
+
+    bundle = tiny_cnn("tiny-expected", size=32)
+    register_explainer(bundle, AHAExplainer(bundle, width=8, embed_dim=8))
+    try:
+        services = Services({bundle.name: bundle}.__getitem__, [bundle.name], tmp_path)
+        one_pass = explain.expected_seconds(services, bundle, "aha", {"refine_steps": 0})
+        assert one_pass == explain.method_passes(bundle, "aha") * services.image_seconds(bundle)
+        refined = explain.expected_seconds(services, bundle, "aha", {"refine_steps": 10})
+        assert refined > one_pass  # ten timed optimisation steps on top
+        assert explain.expected_seconds(services, bundle, "aha", {"refine_steps": 10}) == refined  # timed once
+        services.record_seconds(bundle.name, "aha", 42.0, explain.cost_options("aha", {"refine_steps": 10}))
+        assert explain.expected_seconds(services, bundle, "aha", {"refine_steps": 10}) == 42.0
+        assert explain.expected_seconds(services, bundle, "aha", {"refine_steps": 0}) == one_pass  # not T=10's run
+        assert "**AHA (amortized) about 42 s**" in explain.expected_text(services, bundle.name, ["aha"],
+                                                                      {"refine_steps": 10})
+        assert explain.cost_options("gradskip", {"alpha": 0.2}) == explain.cost_options("gradskip", {"alpha": 0.9})
+        cell = sorted(CELLS.glob("*.jpg"))[0]
+        state, _ = explain.explain_maps(services, str(cell), bundle.name, ["aha"], values={"refine_steps": 2})
+        ran = state["results"][0]["seconds"]  # a real run is what the line shows next for the same T
+        assert explain.expected_seconds(services, bundle, "aha", {"refine_steps": 2}) == ran
+    finally:
+        forget_explainers(bundle.name)
 
 
 def test_sanity_plot_shows_negative_correlations():
