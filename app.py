@@ -596,9 +596,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                      api_name="select_model", **heavy)
         methods.change(methods_change, methods, [*sliders, heads_box], api_visibility="private",
                        show_progress="hidden", queue=False)
-        # a slider that costs model passes (AHA's refinement steps) changes the expected time too
-        expected_triggers = [methods.change] + [slider.release for slider, (_, option) in zip(sliders, SLIDERS)
-                                                if not option.live]
+        # shown when the page opens; the model and a slider that costs model passes (AHA's refinement steps)
+        # change it too
+        expected_triggers = [demo.load, model.change, methods.change] + [
+            slider.release for slider, (_, option) in zip(sliders, SLIDERS) if not option.live]
         gr.on(expected_triggers, friendly(lambda m, chosen, *values: explain.expected_text(
             services, m, chosen, slider_values(values))), [model, methods, *sliders], expected,
               api_name="expected_time", **light)

@@ -102,6 +102,8 @@ def test_explain_tab(page, shots):
     external = bool(os.environ.get("SALIENCY_LAB_URL"))
     examples = os.environ.get("SALIENCY_LAB_EXAMPLES", "cell-examples")  # or photo-examples (ImageNet models)
     index = int(os.environ.get("SALIENCY_LAB_EXAMPLE_INDEX", "0"))
+    # the expected time of the methods ticked when the page opens, before anything runs
+    wait_js(page, "(document.querySelector('#expected-time')?.innerText || '').includes('Expected on this machine')")
     page.locator(f"#{examples} button.thumbnail-item").nth(index).click()  # picking an example explains at once
     wait_js(page, "document.querySelectorAll('#overlays img').length >= 2")
     wait_js(page, "[...document.querySelectorAll('#overlays .caption-label')].filter(e => e.innerText.includes('ins'))"
