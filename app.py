@@ -544,6 +544,10 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
 
         # ------------------------------------------------------------------ Explain wiring
         explain_inputs = [image, model, methods, target, *sliders, opacity, colormap, outline]
+        expected_inputs = [model, methods, *sliders]
+        show_expected = friendly(lambda m, chosen, *values: explain.expected_text(services, m, chosen,
+                                                                                 slider_values(values)))
+        after_run = dict(api_visibility="private", **light)  # a run's measured time is the next expected time
         maps_outputs = [top5, target, overlays, curves, aucs, status, explain_state]
         curves_inputs = [explain_state, *[sliders[i] for i in LIVE], opacity, colormap]
         curves_outputs = [overlays, curves, aucs, status, explain_state, heads]
@@ -559,9 +563,11 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         curves_group.update(show_progress_on=[curves], show_progress="minimal")
         on_maps = dict(heavy, show_progress_on=[overlays], show_progress="minimal")
         explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **on_maps).success(
-            curves_fn, curves_inputs, curves_outputs, api_name="explain_curves", **curves_group)
+            curves_fn, curves_inputs, curves_outputs, api_name="explain_curves", **curves_group).success(
+            show_expected, expected_inputs, expected, **after_run)
         target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **on_maps).success(
-            curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
+            curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group).success(
+            show_expected, expected_inputs, expected, **after_run)
 
         def cleared(message):
             return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
@@ -590,7 +596,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
             gallery.select(example_picker(paths), None, image, api_visibility="private", queue=False)
         image.change(new_image, explain_inputs, [image, *maps_outputs], api_name="explain_new_image",
                      **on_maps).success(
-            curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group)
+            curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group).success(
+            show_expected, expected_inputs, expected, **after_run)
 
         model.change(model_change_handler(services), [model, methods], [methods, *sliders, model_info],
                      api_name="select_model", **heavy)
@@ -600,9 +607,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         # change it too
         expected_triggers = [demo.load, model.change, methods.change] + [
             slider.release for slider, (_, option) in zip(sliders, SLIDERS) if not option.live]
-        gr.on(expected_triggers, friendly(lambda m, chosen, *values: explain.expected_text(
-            services, m, chosen, slider_values(values))), [model, methods, *sliders], expected,
-              api_name="expected_time", **light)
+        gr.on(expected_triggers, show_expected, expected_inputs, expected, api_name="expected_time", **light)
         for slider, (_, option) in zip(sliders, SLIDERS):
             previews = []
             if option.live:  # recombined while it moves (no model pass); the curves when it is released
@@ -611,9 +616,12 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                               api_name=option.preview_api_name or None, **light))
             # a preview still waiting when the slider is released is superseded: were it to run after the release's
             # result, it would put back a caption without curves (and a state without them)
-            slider.release(option_release_handler(services, option), [slider, explain_state, opacity, colormap],
-                           [overlays, curves, aucs, status, explain_state], api_name=option.api_name or None,
-                           trigger_mode="always_last", cancels=previews, **heavy)
+            released = slider.release(option_release_handler(services, option), [slider, explain_state, opacity,
+                                      colormap], [overlays, curves, aucs, status, explain_state],
+                                      api_name=option.api_name or None, trigger_mode="always_last", cancels=previews,
+                                      **heavy)
+            if not option.live:  # it ran the method again: its measured time is the next expected one
+                released.success(show_expected, expected_inputs, expected, **after_run)
         gr.on([opacity.change, colormap.change], redraw_handler(services), [opacity, colormap, explain_state],
               overlays, api_name="redraw", **light)
         colormap.change(pictures.colour_bar_html, colormap, colour_bar, api_visibility="private", queue=False)

@@ -226,6 +226,10 @@ def rerun_method(services, state, method: str, options: dict) -> tuple:
 
     results = [run_method(bundle, image, method, r["target"], {**kept(r), **options}, services.cache)
                if r["method"] == method else r for r in state["results"]]
+    for record in results:
+        if record["method"] == method and hasattr(services, "record_seconds"):  # the next expected time
+            services.record_seconds(state["model"], method, record["seconds"],
+                                    cost_options(method, engine.method_options(method, record["options"], bundle)))
     slider_names = {o.name for _, o in menus.sliders()}
     return {**state, "results": results, **{k: v for k, v in options.items() if k in slider_names}}, image
 

@@ -643,6 +643,8 @@ def test_the_expected_time_follows_the_refinement_steps_and_remembers_runs_per_s
         state, _ = explain.explain_maps(services, str(cell), bundle.name, ["aha"], values={"refine_steps": 2})
         ran = state["results"][0]["seconds"]  # a real run is what the line shows next for the same T
         assert explain.expected_seconds(services, bundle, "aha", {"refine_steps": 2}) == ran
+        state, _ = explain.rerun_method(services, state, "aha", {"refine_steps": 1})  # the slider released at 1
+        assert explain.expected_seconds(services, bundle, "aha", {"refine_steps": 1}) == state["results"][0]["seconds"]
     finally:
         forget_explainers(bundle.name)
 
