@@ -153,8 +153,7 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
                 warn(f"{engine.method_label(method)} skipped: {user_message(error)}")
             continue
         state["results"].append(record)
-        if hasattr(services, "record_seconds"):
-            services.record_seconds(model_name, method, record["seconds"], cost_options(method, options))
+        remember_seconds(services, bundle, record)
     return state, image
 
 
@@ -227,9 +226,8 @@ def rerun_method(services, state, method: str, options: dict) -> tuple:
     results = [run_method(bundle, image, method, r["target"], {**kept(r), **options}, services.cache)
                if r["method"] == method else r for r in state["results"]]
     for record in results:
-        if record["method"] == method and hasattr(services, "record_seconds"):  # the next expected time
-            services.record_seconds(state["model"], method, record["seconds"],
-                                    cost_options(method, engine.method_options(method, record["options"], bundle)))
+        if record["method"] == method:
+            remember_seconds(services, bundle, record)
     slider_names = {o.name for _, o in menus.sliders()}
     return {**state, "results": results, **{k: v for k, v in options.items() if k in slider_names}}, image
 
@@ -277,11 +275,12 @@ SLOW_SECONDS = 5.0  # a map expected to take longer than this is "slow": unticke
 CURVE_PASSES = 2 * 21  # deletion + insertion, 21 steps each
 
 
-def method_passes(bundle, method: str) -> int:
-    """Forward passes (backward counted as two) one map of this method costs on this model, as the method
-    declares it (`Method.model_passes`: RISE its masks, occlusion its windows, gradient methods about three)."""
+def method_passes(bundle, method: str, options: dict | None = None) -> int:
+    """Forward passes (backward counted as two) one map of this method costs on this model with `options`, as the
+    method declares it (`Method.model_passes`: RISE its masks, occlusion its windows, AHA its refinement steps,
+    gradient methods about three)."""
     cls = METHODS.get(method)
-    return 3 if cls is None else int(cls.model_passes(bundle))
+    return 3 if cls is None else int(cls.model_passes(bundle, options))
 
 
 def cost_options(method: str, options: dict) -> tuple:
@@ -291,23 +290,23 @@ def cost_options(method: str, options: dict) -> tuple:
     return tuple(sorted((name, repr(value)) for name, value in options.items() if name not in live))
 
 
+def remember_seconds(services, bundle, record: dict) -> None:
+    """A run's time is the next expected time for its model, method and cost options."""
+    if hasattr(services, "record_seconds"):
+        method = record["method"]
+        options = engine.method_options(method, record["options"], bundle)
+        services.record_seconds(bundle.name, method, record["seconds"], cost_options(method, options))
+
+
 def expected_seconds(services, bundle, method: str, values: dict | None = None) -> float:
     """Expected seconds of one map (without the curves) with the sliders' `values` (default: the defaults): the
-    last measured time for this model, method and cost options, else the method's own estimate where it has
-    one (AHA's refinement or per-image steps: one step timed, times the steps) on top of its forward passes ×
-    the measured time of one image's pass."""
+    last measured time for this model, method and cost options, else the passes the method declares for these
+    options × the measured time of one image's pass (no model pass of its own)."""
     options = engine.method_options(method, slider_values(values), bundle)
-    cost = cost_options(method, options)  # the key explain_maps records a run's time under
-    measured = services.measured_seconds(bundle.name, method, cost)
+    measured = services.measured_seconds(bundle.name, method, cost_options(method, options))
     if measured is not None:
         return measured
-
-    def estimate() -> float:
-        passes = method_passes(bundle, method) * services.image_seconds(bundle)
-        own = getattr(METHODS.get(method), "expected_seconds", None)
-        return passes + (float(METHODS[method](**options).expected_seconds(bundle)) if own else 0.0)
-
-    return services.estimated_seconds(bundle.name, method, cost, estimate)
+    return method_passes(bundle, method, options) * services.image_seconds(bundle)
 
 
 def _seconds(value: float) -> str:

@@ -175,16 +175,6 @@ class Services:
         with self._lock:
             return self._objects.get(("map_seconds", model, method, cost))
 
-    def estimated_seconds(self, model: str, method: str, cost: tuple, estimate) -> float:
-        """`estimate()` once per model, method and cost options (it may time a step of the method)."""
-        key = ("estimated_seconds", model, method, cost)
-        with self._lock:
-            if key in self._objects:
-                return self._objects[key]
-        value = float(estimate())
-        with self._lock:
-            return self._objects.setdefault(key, value)
-
     def names(self) -> list:
         return list(self.model_names()) if callable(self.model_names) else list(self.model_names)
 

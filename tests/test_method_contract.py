@@ -80,8 +80,9 @@ def test_declares_what_the_ui_needs(name):
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_declared_passes_match_the_images_it_forwards(bundle, name):
-    """The app's time estimate before a run (`model_passes`) is within a factor 3 of the images one map with the
-    interactive options really sends through the model (a backward counts as up to two)."""
+    """The app's time estimate before a run (`model_passes`) is within a factor 3 of the images one map really
+    sends through the model (a backward counts as up to two), with the interactive options and with every costly
+    user option at its maximum."""
     cls = METHODS[name]
     if bundle.family not in cls.families:
         return
@@ -89,13 +90,18 @@ def test_declared_passes_match_the_images_it_forwards(bundle, name):
     forwarded = []  # images through the first convolution (the patch embedding): forward_features counts too
     stem = next(m for m in bundle.network.modules() if isinstance(m, torch.nn.Conv2d))
     handle = stem.register_forward_hook(lambda module, args, output: forwarded.append(args[0].shape[0]))
+    # the defaults, then every option that costs model passes at its maximum (AHA: 10 refinement steps)
+    costly = {o.name: o.kind(o.maximum) for o in cls.user_options if not o.live}
     try:
-        explain(bundle, images, [1], name, **cls.interactive_options(bundle))
+        for options in ({}, costly) if costly else ({},):
+            options = {**cls.interactive_options(bundle), **options}
+            forwarded.clear()
+            explain(bundle, images, [1], name, **options)
+            declared = cls.model_passes(bundle, options)
+            assert isinstance(declared, int) and declared >= 0
+            assert declared / 3 <= sum(forwarded) <= declared, (options, declared, sum(forwarded))
     finally:
         handle.remove()
-    declared = cls.model_passes(bundle)
-    assert isinstance(declared, int) and declared >= 0
-    assert declared / 3 <= sum(forwarded) <= declared, (declared, sum(forwarded))
 
 
 def test_orders_and_colours_are_distinct():

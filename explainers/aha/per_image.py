@@ -103,17 +103,17 @@ def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps:
         return current()
 
 
+def step_passes() -> int:
+    """Model passes one optimisation step costs per image (a backward counted as two): the image is sent through
+    the model at every interior fraction of both curves, forward and backward (28 images per step, counted)."""
+    return 3 * 2 * (len(default_fractions()) - 2)  # as optimise_maps: the interior fractions
+
+
 def expected_seconds(bundle, steps: int = PER_IMAGE_STEPS, images: int = 1, **settings) -> float:
     """A measured estimate: one optimisation step on a blank image of the model's size, times the steps
-    (`settings`: optimise_maps's grid / lr / deletion_weight, as the run will use them). The faster of two
-    steps: the first on a freshly loaded model pays its warm-up (it read twice the real time on
-    EfficientNet-Lite0)."""
+    (`settings`: optimise_maps's grid / lr / deletion_weight, as the run will use them)."""
     x = torch.full((1, 3, *bundle.input_size), 0.5, device=bundle.device)
-    prior = torch.rand(1, *bundle.input_size, generator=torch.Generator().manual_seed(0)).to(bundle.device)
-    times = []
-    for _ in range(2):
-        started = time.perf_counter()
-        optimise_maps(bundle, x, torch.zeros(1, dtype=torch.long, device=bundle.device), steps=1, **settings,
-                      prior_maps=prior)
-        times.append(time.perf_counter() - started)
-    return min(times) * steps * images
+    started = time.perf_counter()
+    optimise_maps(bundle, x, torch.zeros(1, dtype=torch.long, device=bundle.device), steps=1, **settings,
+                  prior_maps=torch.rand(1, *bundle.input_size, generator=torch.Generator().manual_seed(0)).to(bundle.device))
+    return (time.perf_counter() - started) * steps * images

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from ..aha.network import check_output_blur, resolve_targets
-from ..aha.per_image import PER_IMAGE_LR, PER_IMAGE_STEPS, expected_seconds, optimise_maps, prior_method
+from ..aha.per_image import (PER_IMAGE_LR, PER_IMAGE_STEPS, expected_seconds, optimise_maps, prior_method,
+                              step_passes)
 from ..aha.refine import MAX_REFINE_STEPS, check_refine_steps
 from ..aha.store import ExplainerUnavailable, get_explainer
 from . import register
@@ -71,6 +72,17 @@ class AHA(Method):
     @classmethod
     def quick_on(cls, bundle) -> bool:
         return cls.has_trained_explainer(bundle)
+
+    @classmethod
+    def model_passes(cls, bundle, options: dict | None = None) -> int:
+        """The one pass, or the prior map; then, for T refinement steps (or the per-image mode's steps), the two
+        end points and every step's passes (`step_passes`: 84 per image): T=3 costs about 85 times T=0."""
+        options = options or {}
+        mode = options.get("mode", "auto")
+        trained = mode == "trained" or (mode == "auto" and cls.has_trained_explainer(bundle))
+        steps = int(options.get("refine_steps", 0)) if trained else int(options.get("per_image_steps",
+                                                                                     PER_IMAGE_STEPS))
+        return 3 + (2 + steps * step_passes() if steps else 0)
 
     def __init__(self, refine_steps: int = 0, refine_lr: float | None = None, reference: str = "mean",
                  mode: str = "auto", per_image_steps: int = PER_IMAGE_STEPS, per_image_lr: float = PER_IMAGE_LR,

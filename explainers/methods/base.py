@@ -92,10 +92,10 @@ class Method(ABC):
         return {}
 
     @classmethod
-    def model_passes(cls, bundle) -> int:
-        """About how many forward passes (a backward counted as two) one map costs on this model with the
-        interactive options: the app's time estimate before a run. Gradient methods about three, a baseline none;
-        a method that perturbs the input says how many it makes."""
+    def model_passes(cls, bundle, options: dict | None = None) -> int:
+        """About how many forward passes (a backward counted as two) one map costs on this model with `options`
+        (the user and interactive options of the run; None: the defaults): the app's time estimate before a run.
+        Gradient methods about three, a baseline none; a method that perturbs the input says how many it makes."""
         return 0 if cls.baseline else 3
 
     @classmethod

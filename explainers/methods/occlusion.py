@@ -57,9 +57,10 @@ class Occlusion(Method):
     )
 
     @classmethod
-    def model_passes(cls, bundle) -> int:
+    def model_passes(cls, bundle, options: dict | None = None) -> int:
         height, width = bundle.input_size
-        return 1 + len(occlusion_windows(height, width, cls.user_options[0].default)[2])
+        window = float((options or {}).get("window_fraction", cls.user_options[0].default))
+        return 1 + len(occlusion_windows(height, width, window)[2])
 
     def __init__(self, window_fraction: float = 0.125, score: str = "logit", batch_size: int = 128):
         if not 0 < float(window_fraction) <= 1:

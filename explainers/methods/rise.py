@@ -51,8 +51,8 @@ class RISE(Method):
         return {"n_masks": 4000 if on_gpu else (1000 if cls.quick_on(bundle) else 300), "batch_size": 100}
 
     @classmethod
-    def model_passes(cls, bundle) -> int:
-        return int(cls.interactive_options(bundle)["n_masks"])
+    def model_passes(cls, bundle, options: dict | None = None) -> int:
+        return int((options or {}).get("n_masks", cls.interactive_options(bundle)["n_masks"]))
 
     def __init__(self, n_masks: int = 4000, cells: int = 8, keep_probability: float = 0.5, batch_size: int = 200,
                  seed: int = 0):
