@@ -17,6 +17,7 @@ keep the 40 photos the explainer's training held out for validation and mirror t
 
   python bench/aha_distill.py targets --model bloodmnist-cnn --data ../shared/data/bloodmnist/64/train \
       --limit 1200 --part 0/2 --out /tmp/teacher-0.safetensors
+  python bench/aha_distill.py targets ... --skip /tmp/teacher-0.safetensors --out /tmp/teacher-2.safetensors  # more, none twice
   python bench/aha_distill.py train --model bloodmnist-cnn --data ../shared/data/bloodmnist/64/train \
       --targets /tmp/teacher-0.safetensors /tmp/teacher-1.safetensors --val-data ../shared/data/bloodmnist/64/val \
       --out /tmp/aha-distilled
@@ -54,13 +55,17 @@ def trainable_indices(data, holdout) -> list:
 
 
 def chosen_cells(args) -> tuple:
-    """This part's training cells: `--limit` spread over the trainable images, shifted by `--offset`, every parts-th
-    from `part`."""
+    """This part's training cells: `--limit` spread over the trainable images, shifted by `--offset`, less those the
+    `--skip` teacher files already hold, every parts-th from `part`."""
+    from safetensors.torch import load_file
+
     from explainers.data import spread_indices
 
     part, parts = (int(v) for v in args.part.split("/"))
     allowed = trainable_indices(args.data, args.holdout)[args.offset:]
-    return [allowed[i] for i in spread_indices(len(allowed), args.limit)][part::parts], part, parts
+    held = {int(i) for f in (getattr(args, "skip", None) or []) for i in load_file(str(f))["indices"].tolist()}
+    spread = [allowed[i] for i in spread_indices(len(allowed), args.limit)]
+    return [i for i in spread if i not in held][part::parts], part, parts
 
 
 def write_in_chunks(out, chosen: list, chunk: int, teach) -> None:
@@ -116,6 +121,8 @@ def teacher_arguments(parser, *, limit: int, chunk: int) -> None:
     parser.add_argument("--offset", type=int, default=0, help="shift the spread cells by this many (a disjoint set)")
     parser.add_argument("--holdout", type=float, default=None, help="leave out this held-out fraction of --data "
                         "(photos: the explainer's `train-aha --val-holdout` validation images)")
+    parser.add_argument("--skip", nargs="*", default=[], help="leave out the cells these teacher files already hold "
+                        "(more teachers for the same data without repeating any)")
     parser.add_argument("--out", required=True)
 
 

@@ -329,6 +329,33 @@ def test_photo_teachers_never_read_the_held_out_validation_images(monkeypatch):
     assert everything == list(range(400))  # without --holdout: the whole file, as for the cells
 
 
+def test_more_teachers_skip_the_images_earlier_teacher_files_hold(monkeypatch, tmp_path):
+    """bench/aha_distill.py --skip: a second teacher run over all trainable images writes only the ones the first
+    run's files do not hold, never a held-out image, and its parts still split them without overlap."""
+    import argparse
+
+    import torch
+    from safetensors.torch import save_file
+
+    import explainers.data
+    from explainers.aha.train import holdout_indices
+
+    tool = bench_script("aha_distill")
+    monkeypatch.setattr(explainers.data, "open_dataset", lambda data, split=None, limit=None: range(400))
+    first = [tool.chosen_cells(argparse.Namespace(data="x", holdout=0.1, limit=180, offset=0, part=f"{p}/2"))[0]
+             for p in (0, 1)]
+    files = []
+    for p, cells in enumerate(first):
+        files.append(tmp_path / f"teacher-{p}.safetensors")
+        save_file({"indices": torch.tensor(cells), "maps": torch.zeros(len(cells), 2, 2)}, str(files[-1]))
+    second = [tool.chosen_cells(argparse.Namespace(data="x", holdout=0.1, limit=360, offset=0, part=f"{p}/2",
+                                                   skip=files))[0] for p in (0, 1)]
+    trainable = set(holdout_indices(400, 0.1)[0])
+    assert len(second[0]) == len(second[1]) == 90 and not set(second[0]) & set(second[1])
+    assert set(first[0]) | set(first[1]) | set(second[0]) | set(second[1]) == trainable  # together: every image once
+    assert not (set(second[0]) | set(second[1])) & (set(first[0]) | set(first[1]))
+
+
 def test_encoded_cache_is_the_per_batch_encoding_concatenated():
     import torch
 
