@@ -86,7 +86,7 @@ def write_in_chunks(out, chosen: list, chunk: int, teach) -> None:
         indices += batch
         save_file({"indices": torch.tensor(indices), **{k: torch.cat(v) for k, v in saved.items()}}, str(out))
         rate = (time.time() - started) / (start + len(batch))
-        print(f"{len(indices)}/{len(chosen)} cells, {rate:.2f} s per cell, "
+        print(f"{len(indices)}/{len(chosen)} images, {rate:.2f} s per image, "
               f"ETA {rate * (len(todo) - start - len(batch)) / 60:.1f} min", flush=True)
 
 
