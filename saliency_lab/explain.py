@@ -33,35 +33,39 @@ AUTO = "auto"
 
 
 COMPOSED_NOTE = "Transparent parts are composed on white: the picture shown is the one the model sees."
+FIRST_FRAME_NOTE = ("This file has {frames} frames (an animation or a multi-page file): only its first frame is "
+                    "shown and explained.")
 
 
 def _shown_as_is(path) -> tuple:
-    """(whether a browser shows this file as `load_image` reads it, whether it has transparency): plain 8-bit
-    RGB PNG or JPEG, one frame, no EXIF rotation. Anything else (16-bit, CMYK, alpha, grayscale, TIFF, GIF,
-    EXIF-rotated...) is shown through a normalised copy."""
+    """(whether a browser shows this file as `load_image` reads it, whether it has transparency, its frame count):
+    plain 8-bit RGB PNG or JPEG, one frame, no EXIF rotation. Anything else (16-bit, CMYK, alpha, grayscale, TIFF,
+    GIF, EXIF-rotated...) is shown through a normalised copy."""
     from PIL import Image
 
     try:
         with Image.open(path) as picture:
+            frames = int(getattr(picture, "n_frames", 1) or 1)
             transparent = picture.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in picture.info
             plain = (picture.format in ("PNG", "JPEG") and picture.mode == "RGB" and not transparent
-                     and getattr(picture, "n_frames", 1) == 1 and picture.getexif().get(274, 1) == 1)
-            return plain, transparent
+                     and frames == 1 and picture.getexif().get(274, 1) == 1)
+            return plain, transparent, frames
     except Exception:  # noqa: BLE001 - load_image gives the message
-        return False, False
+        return False, False, 1
 
 
 def shown_image(services, image_path) -> tuple:
     """(path, note) of the picture to show for an upload: the file itself when a browser shows it exactly as
     `explainers.images.load_image` reads it, else a PNG of what load_image returns (named after the upload),
-    so that the preview, the model input and the overlays are one image. `note`: why it changed, or "".
-    Refused uploads raise ImageError (a message for the user)."""
+    so that the preview, the model input and the overlays are one image. `note`: why it changed (transparency
+    composed on white, only the first of several frames), or "". Refused uploads raise ImageError (a message for
+    the user)."""
     path = Path(str(image_path))
     folder = services.downloads / "uploads"
     if folder in path.parents:
         return str(path), ""
     picture = load_image(path)  # refuses what the model could not take
-    plain, transparent = _shown_as_is(path)
+    plain, transparent, frames = _shown_as_is(path)
     if plain:
         return str(path), ""
     from explainers.images import image_digest, png_bytes
@@ -70,7 +74,8 @@ def shown_image(services, image_path) -> tuple:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(png_bytes(picture, compress_level=1))
-    return str(target), (COMPOSED_NOTE if transparent else "")
+    notes = ([COMPOSED_NOTE] if transparent else []) + ([FIRST_FRAME_NOTE.format(frames=frames)] if frames > 1 else [])
+    return str(target), " ".join(notes)
 
 
 def prepared(services, model_name, image_path) -> tuple:

@@ -244,6 +244,32 @@ def test_explanation_helpers():
         explain.prepared(None, "m", None)
 
 
+def test_shown_image_says_why_the_preview_differs_from_the_upload(tmp_path):
+    """A plain RGB PNG is shown as is; an animated GIF and a transparent PNG are shown through the normalised
+    picture the model reads, and the note says which frame is explained and where the transparency went."""
+    from saliency_lab.services import Services
+
+    services = Services(lambda name: None, [], tmp_path / "state")
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (20, 20), "red").save(plain)
+    assert explain.shown_image(services, plain) == (str(plain), "")
+    animated = tmp_path / "blink.gif"
+    frames = [Image.new("RGB", (20, 20), colour) for colour in ("red", "blue", "green")]
+    frames[0].save(animated, save_all=True, append_images=frames[1:])
+    shown, note = explain.shown_image(services, animated)
+    assert shown != str(animated) and Path(shown).name == "blink.png"
+    assert "3 frames" in note and "first frame" in note and "transparent" not in note.lower()
+    with Image.open(shown) as preview:
+        assert getattr(preview, "n_frames", 1) == 1 and preview.getpixel((5, 5)) == (255, 0, 0)  # the first frame
+    see_through = tmp_path / "glass.png"
+    Image.new("RGBA", (20, 20), (0, 0, 255, 0)).save(see_through)
+    shown, note = explain.shown_image(services, see_through)
+    assert note == explain.COMPOSED_NOTE
+    with Image.open(shown) as preview:
+        assert preview.getpixel((5, 5)) == (255, 255, 255)
+    assert explain.shown_image(services, shown) == (shown, "")  # the normalised copy is final
+
+
 def test_explain_maps_skips_a_method_that_cannot_explain_the_model(tmp_path, cnn_bundle):
     from saliency_lab.services import Services
 
