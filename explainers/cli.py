@@ -36,11 +36,13 @@ def cmd_explain(args) -> int:
 
     from .engine import prepare_input, run_method
     from .evaluate import parse_method_spec, predict
-    from .images import crop_region, load_image, map_to_original, overlay
+    from .images import conversion_notes, crop_region, load_image, map_to_original, overlay
     from .models import load_model
 
     bundle = load_model(args.model)
     original = load_image(args.image)
+    for note in conversion_notes(args.image):
+        print(f"note: {note}")
     prepared = prepare_input(original, bundle)  # the app's path: the same cached run_method
     name, options, _ = parse_method_spec(args.method)
     options = {**_method_options(args).get(name, {}), **options}

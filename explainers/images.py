@@ -281,6 +281,34 @@ def _to_rgb(image: Image.Image, name: str) -> Image.Image:
         raise ImageError(f"{name} has an unsupported colour mode ({mode}): {_reason(error)}") from error
 
 
+COMPOSED_NOTE = "Transparent parts are composed on white: the picture shown is the one the model sees."
+FIRST_FRAME_NOTE = ("This file has {frames} frames (an animation or a multi-page file): only its first frame is "
+                    "shown and explained.")
+
+
+def file_facts(path) -> tuple:
+    """(plain, transparent, frames) of an image file: `plain` when a browser shows it exactly as `load_image`
+    reads it (8-bit RGB PNG or JPEG, one frame, no EXIF rotation; anything else - 16-bit, CMYK, alpha, grayscale,
+    TIFF, GIF, EXIF-rotated... - reaches the model converted), whether it has transparency, its frame count. A file
+    PIL cannot open gives (False, False, 1): `load_image` says what is wrong with it."""
+    try:
+        with Image.open(path) as picture:
+            frames = int(getattr(picture, "n_frames", 1) or 1)
+            transparent = picture.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in picture.info
+            plain = (picture.format in ("PNG", "JPEG") and picture.mode == "RGB" and not transparent
+                     and frames == 1 and picture.getexif().get(274, 1) == 1)
+            return plain, transparent, frames
+    except Exception:  # noqa: BLE001 - load_image gives the message
+        return False, False, 1
+
+
+def conversion_notes(path) -> list:
+    """What `load_image` changed in this file that a person would not guess from it, in words for them: transparency
+    composed on white, only the first of several frames. Empty when nothing such."""
+    _, transparent, frames = file_facts(path)
+    return ([COMPOSED_NOTE] if transparent else []) + ([FIRST_FRAME_NOTE.format(frames=frames)] if frames > 1 else [])
+
+
 def _composite_over_white(rgba: Image.Image) -> Image.Image:
     """Composite an RGBA image over an opaque white background."""
     background = Image.new("RGB", rgba.size, (255, 255, 255))

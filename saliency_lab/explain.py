@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from explainers import engine
-from explainers.images import load_image
+from explainers.images import conversion_notes, file_facts, load_image
 from explainers.methods import METHODS
 
 from . import menus, pictures
@@ -30,28 +30,6 @@ from .services import add_curves, run_method
 
 NO_IMAGE = "Upload an image, pick an example or choose one from the BloodMNIST browser first."
 AUTO = "auto"
-
-
-COMPOSED_NOTE = "Transparent parts are composed on white: the picture shown is the one the model sees."
-FIRST_FRAME_NOTE = ("This file has {frames} frames (an animation or a multi-page file): only its first frame is "
-                    "shown and explained.")
-
-
-def _shown_as_is(path) -> tuple:
-    """(whether a browser shows this file as `load_image` reads it, whether it has transparency, its frame count):
-    plain 8-bit RGB PNG or JPEG, one frame, no EXIF rotation. Anything else (16-bit, CMYK, alpha, grayscale, TIFF,
-    GIF, EXIF-rotated...) is shown through a normalised copy."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as picture:
-            frames = int(getattr(picture, "n_frames", 1) or 1)
-            transparent = picture.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in picture.info
-            plain = (picture.format in ("PNG", "JPEG") and picture.mode == "RGB" and not transparent
-                     and frames == 1 and picture.getexif().get(274, 1) == 1)
-            return plain, transparent, frames
-    except Exception:  # noqa: BLE001 - load_image gives the message
-        return False, False, 1
 
 
 def shown_image(services, image_path) -> tuple:
@@ -65,8 +43,7 @@ def shown_image(services, image_path) -> tuple:
     if folder in path.parents:
         return str(path), ""
     picture = load_image(path)  # refuses what the model could not take
-    plain, transparent, frames = _shown_as_is(path)
-    if plain:
+    if file_facts(path)[0]:
         return str(path), ""
     from explainers.images import image_digest, png_bytes
 
@@ -74,8 +51,7 @@ def shown_image(services, image_path) -> tuple:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(png_bytes(picture, compress_level=1))
-    notes = ([COMPOSED_NOTE] if transparent else []) + ([FIRST_FRAME_NOTE.format(frames=frames)] if frames > 1 else [])
-    return str(target), " ".join(notes)
+    return str(target), " ".join(conversion_notes(path))
 
 
 def prepared(services, model_name, image_path) -> tuple:

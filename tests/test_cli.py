@@ -84,7 +84,13 @@ def test_explain_writes_overlay_and_npy(tmp_path, registered, capsys):
                  f"{DATA_DIR}/cell_3.jpg", "--target", "2", "--out", str(npy)]) == 0
     attribution = np.load(npy)
     assert attribution.shape == (64, 64) and np.isfinite(attribution).all() and attribution.max() > 0
-    assert "deletion AUC" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "deletion AUC" in printed and "note:" not in printed  # a plain JPEG: nothing to say
+    cell = Image.open(f"{DATA_DIR}/cell_3.jpg").convert("RGB")
+    cell.save(tmp_path / "two.gif", save_all=True, append_images=[cell.rotate(90)])
+    assert main(["explain", "--model", "cli-tiny-cnn", "--method", "gradcam", "--image", str(tmp_path / "two.gif"),
+                 "--out", str(png)]) == 0
+    assert "note: This file has 2 frames" in capsys.readouterr().out  # an animation: only its first frame
 
 
 def test_clear_errors_not_tracebacks(tmp_path, registered, capsys):

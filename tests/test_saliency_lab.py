@@ -247,6 +247,7 @@ def test_explanation_helpers():
 def test_shown_image_says_why_the_preview_differs_from_the_upload(tmp_path):
     """A plain RGB PNG is shown as is; an animated GIF and a transparent PNG are shown through the normalised
     picture the model reads, and the note says which frame is explained and where the transparency went."""
+    from explainers.images import COMPOSED_NOTE
     from saliency_lab.services import Services
 
     services = Services(lambda name: None, [], tmp_path / "state")
@@ -264,7 +265,7 @@ def test_shown_image_says_why_the_preview_differs_from_the_upload(tmp_path):
     see_through = tmp_path / "glass.png"
     Image.new("RGBA", (20, 20), (0, 0, 255, 0)).save(see_through)
     shown, note = explain.shown_image(services, see_through)
-    assert note == explain.COMPOSED_NOTE
+    assert note == COMPOSED_NOTE
     with Image.open(shown) as preview:
         assert preview.getpixel((5, 5)) == (255, 255, 255)
     assert explain.shown_image(services, shown) == (shown, "")  # the normalised copy is final
