@@ -236,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--model", required=True)
     evaluate.add_argument("--methods", required=True,
                           help="comma-separated; options per method as name:key=value (e.g. aha:refine_steps=3)")
-    evaluate.add_argument("--data", required=True, help="folder with labels.csv, or a MedMNIST-layout .npz")
+    evaluate.add_argument("--data", required=True,
+                          help="a folder of images (with labels.csv, file,class_index, for the accuracy; the "
+                               "targets are always the predictions), or a MedMNIST-layout .npz")
     evaluate.add_argument("--split", default="test", help="npz split (or sub-folder)")
     evaluate.add_argument("--limit", type=int, default=None, help="first N images")
     evaluate.add_argument("--seed", type=int, default=0)

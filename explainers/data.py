@@ -1,6 +1,9 @@
-"""Labelled image sets: a folder with `labels.csv` (`file,class_index`), or a MedMNIST-layout npz.
+"""Image sets: a folder with `labels.csv` (`file,class_index`), or a MedMNIST-layout npz; for evaluation (targets are
+the model's predictions) also a plain folder of images without labels.
 
-Both yield (image in [0, 1] as 3 x H x W float tensor, class index), in file order.
+Both yield (image in [0, 1] as 3 x H x W float tensor, class index; UNLABELLED where there is none), in file order.
+A folder's images are read by `explainers.images.load_image`, exactly as an upload of the same file: EXIF rotation
+applied, transparency composed on white, 16-bit scaled, sizes checked.
 """
 from __future__ import annotations
 
@@ -23,17 +26,29 @@ def spread_indices(total: int, limit: int | None) -> list:
     return sorted({int(round(i * (total - 1) / max(1, limit - 1))) for i in range(limit)}) if limit > 1 else [0]
 
 
+UNLABELLED = -1
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".bmp", ".gif")
+
+
 class LabelledFolder(Dataset):
     """A folder of images with labels.csv, processed in the csv's order (`limit`: an even spread, see
-    `spread_indices`)."""
+    `spread_indices`). With `require_labels=False` a folder without labels.csv is read too: its image files
+    (IMAGE_SUFFIXES, not sub-folders) in name order, each labelled UNLABELLED."""
 
-    def __init__(self, root, transform=None, limit: int | None = None):
+    def __init__(self, root, transform=None, limit: int | None = None, require_labels: bool = True):
         self.root = Path(root)
         labels = self.root / "labels.csv"
-        if not labels.exists():
+        if labels.exists():
+            with labels.open(newline="") as handle:
+                rows = [(r["file"], int(r["class_index"])) for r in csv.DictReader(handle)]
+        elif require_labels:
             raise FileNotFoundError(f"{self.root} has no labels.csv (expected columns: file,class_index)")
-        with labels.open(newline="") as handle:
-            rows = [(r["file"], int(r["class_index"])) for r in csv.DictReader(handle)]
+        else:
+            rows = [(f.name, UNLABELLED) for f in sorted(self.root.iterdir())
+                    if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
+            if not rows:
+                raise FileNotFoundError(f"{self.root} has no labels.csv and no images "
+                                        f"({', '.join(IMAGE_SUFFIXES)})")
         for file_name, _ in rows:
             if Path(file_name).is_absolute() or ".." in Path(file_name).parts:
                 raise ValueError(f"labels.csv names a path outside the folder: {file_name}")
@@ -51,8 +66,9 @@ class LabelledFolder(Dataset):
         return self.root / self.items[index][0]
 
     def image(self, index: int) -> Image.Image:
-        with Image.open(self.path(index)) as image:
-            return image.convert("RGB")
+        from .images import load_image
+
+        return load_image(self.path(index))  # what the app shows and explains for the same file
 
     def __getitem__(self, index):
         image = self.image(index)
@@ -101,14 +117,17 @@ def pil_to_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
-def open_dataset(path, split: str = "test", transform=None, limit: int | None = None) -> Dataset:
+def open_dataset(path, split: str = "test", transform=None, limit: int | None = None,
+                 require_labels: bool = True) -> Dataset:
+    """A folder with labels.csv (or its `split` sub-folder with one), or a MedMNIST npz's `split`. With
+    `require_labels=False` a plain folder of images is taken too (LabelledFolder; labels UNLABELLED)."""
     path = Path(path)
     if path.suffix == ".npz":
         return NpzSplit(path, split=split, transform=transform, limit=limit)
     if path.is_dir():
         if not (path / "labels.csv").exists() and (path / split / "labels.csv").exists():
             path = path / split
-        return LabelledFolder(path, transform=transform, limit=limit)
+        return LabelledFolder(path, transform=transform, limit=limit, require_labels=require_labels)
     raise FileNotFoundError(f"No data set at {path}: expected a folder with labels.csv or a .npz file")
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import item_names, open_dataset
+from .data import UNLABELLED, item_names, open_dataset
 from .methods import as_targets, get_method
 from .metrics import REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
 from .statistics import N_RESAMPLES, format_interval, method_intervals
@@ -97,7 +97,8 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
                      method_options: dict | None = None, masks=None, progress: bool = True) -> dict:
     """Deletion/insertion (and pointing game where masks exist) for each method over a data set.
 
-    Targets are the model's predicted classes. `ms_per_image` is each method's own time to produce maps
+    Targets are the model's predicted classes, so `data` may be a plain folder of images (no labels.csv: the
+    report's accuracy is None); each image is read as an upload of the file would be. `ms_per_image` is each method's own time to produce maps
     (curves excluded), measured in this run so that methods compare as ratios. The report keeps `files`
     (the images, in order), each method's `per_image` scores in that order and percentile-bootstrap 95%
     intervals of each mean (`statistics.bootstrap_ci`, `bootstrap_resamples` resamples, seeded by `seed`).
@@ -105,7 +106,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}")
     torch.manual_seed(seed)
-    dataset = open_dataset(data, split=split, limit=limit)
+    dataset = open_dataset(data, split=split, limit=limit, require_labels=False)  # targets: the predictions
     size = bundle.input_size
 
     def load(index):
@@ -131,7 +132,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         labels = torch.tensor([int(dataset.labels[i]) for i in batch_indices])
         with torch.no_grad():
             targets = bundle(images).argmax(dim=1)
-        correct += int((targets.cpu() == labels).sum())
+        correct += int(((targets.cpu() == labels) & (labels != UNLABELLED)).sum())
         for label, method_obj in method_objects:
             started = time.perf_counter()
             maps = method_obj.attribute(bundle, images, targets).detach()
@@ -148,11 +149,13 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     if world > 1:
         totals, correct = _gather(totals, correct, indices, len(all_indices))
     n = len(all_indices)
+    labelled = sum(1 for label in dataset.labels if int(label) != UNLABELLED)
     report = {
         "model": bundle.name,
         "n_images": n,
         "files": item_names(dataset),
-        "accuracy": correct / max(n, 1),
+        "accuracy": correct / labelled if labelled else None,  # None: a folder without labels.csv
+        "labelled_images": labelled,
         "protocol": {"data": str(data), "split": split, "limit": limit, "steps": steps, "reference": reference,
                      "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
                      "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
@@ -242,7 +245,8 @@ def init_distributed() -> tuple:
 
 def format_table(report: dict) -> str:
     """The evaluate table; each AUC with its 95% interval where the report has one."""
-    lines = [f"{report['model']}: {report['n_images']} images, accuracy {report['accuracy']:.4f}, "
+    accuracy = ("no labels" if report.get("accuracy") is None else f"accuracy {report['accuracy']:.4f}")
+    lines = [f"{report['model']}: {report['n_images']} images, {accuracy}, "
              f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps"
              + (" (95% bootstrap intervals)" if report["n_images"] > 1 else ""),
              f"{'method':<28}{'deletion (lower better)':>27}{'insertion (higher better)':>27}{'ins-del':>27}"

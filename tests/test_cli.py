@@ -65,6 +65,49 @@ def test_evaluate_compare_prints_and_stores_the_paired_interval(tiny_folder, tmp
     assert "not among the evaluated methods" in capsys.readouterr().err
 
 
+def test_evaluate_takes_a_folder_without_labels_and_reads_files_as_uploads(tiny_folder, tmp_path, registered,
+                                                                           capsys):
+    """Targets are the predictions, so a plain folder of images is evaluated (accuracy: none) with the same scores as
+    the labelled folder of the same files; an EXIF-rotated photo is read upright, as the app reads its upload."""
+    import shutil
+
+    from explainers.data import UNLABELLED, open_dataset
+    from explainers.images import load_image
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for c in range(6):
+        shutil.copy(tiny_folder / f"cell_{c}.jpg", plain / f"cell_{c}.jpg")
+    (plain / "notes.txt").write_text("not an image")
+    reports = []
+    for folder in (tiny_folder, plain):
+        out = tmp_path / f"{folder.name}.json"
+        assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(folder),
+                     "--steps", "4", "--out", str(out)]) == 0
+        reports.append(json.loads(out.read_text()))
+    labelled, unlabelled = reports
+    assert labelled["labelled_images"] == 6 and 0 <= labelled["accuracy"] <= 1
+    assert unlabelled["accuracy"] is None and unlabelled["labelled_images"] == 0
+    assert unlabelled["files"] == [f"cell_{c}.jpg" for c in range(6)]  # the images only, in name order
+    assert unlabelled["methods"]["gradcam"]["per_image"] == labelled["methods"]["gradcam"]["per_image"]
+    assert "no labels" in capsys.readouterr().out
+    # EXIF orientation 6 (turn 90 degrees): the data set gives the upright picture load_image gives the app
+    wide = Image.fromarray(np.arange(24 * 40 * 3, dtype=np.uint8).reshape(24, 40, 3))
+    exif = Image.Exif()
+    exif[274] = 6
+    wide.save(plain / "turned.jpg", exif=exif.tobytes())
+    dataset = open_dataset(plain, require_labels=False)
+    index = [name for name, _ in dataset.items].index("turned.jpg")
+    assert dataset.labels[index] == UNLABELLED and dataset.image(index).size == (24, 40)
+    assert np.array_equal(np.asarray(dataset.image(index)), np.asarray(load_image(plain / "turned.jpg")))
+    with pytest.raises(FileNotFoundError, match="no labels.csv"):
+        open_dataset(plain)  # training needs labels: still refused there
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(empty)]) == 2
+    assert "no labels.csv and no images" in capsys.readouterr().err
+
+
 def test_evaluate_reads_medmnist_npz(tmp_path, registered):
     images = np.stack([np.asarray(Image.open(f"{DATA_DIR}/cell_{c}.jpg").resize((32, 32))) for c in range(4)])
     np.savez(tmp_path / "blood.npz", test_images=images, test_labels=np.arange(4).reshape(4, 1))
