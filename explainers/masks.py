@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .images import image_digest
+from .images import image_digest, load_image
 
 GRABCUT_LABEL = "GrabCut (offline fallback, not SAM)"
 SAM_WEIGHTS = {
@@ -341,8 +341,7 @@ def load_mask_set(masks, data=None, *, image_hw=None, limit: int | None = None) 
     for row in rows:
         image_path = data_root / _safe_relative(row["file"], "file")
         mask_path = mask_root / _safe_relative(row["mask_file"], "mask file")
-        with Image.open(image_path) as handle:
-            image = handle.convert("RGB")
+        image = load_image(image_path)  # as the app showed it when the mask was drawn (EXIF rotation, alpha)
         with Image.open(mask_path) as handle:
             mask = np.asarray(handle.convert("L")) > 0
         validate_mask(mask, (image.size[1], image.size[0]), what=f"The mask {row['mask_file']}")
