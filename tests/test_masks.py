@@ -107,6 +107,24 @@ def test_mask_set_round_trip_and_refusals(tmp_path):
         M.load_mask_set(tmp_path / "nowhere")
 
 
+def test_a_mask_sets_photo_is_read_upright_as_the_mask_was_drawn(tmp_path):
+    """A user's mask set whose photo carries an EXIF rotation: the mask was drawn on the upright picture the app
+    showed (load_image), so the set reads the photo upright too, not sideways under its mask."""
+    image, inside = blob_image(24, 40, (12, 12), 6)  # upright: 24 x 40, the blob on the left
+    M.write_mask_set(tmp_path / "set", [("a", image, inside, 1)])
+    stored = Image.fromarray(image).transpose(Image.Transpose.ROTATE_90)  # stored turned; EXIF 6 turns it back
+    exif = Image.Exif()
+    exif[274] = 6
+    stored.save(tmp_path / "set" / "images" / "a.jpg", exif=exif.tobytes(), quality=100)
+    rows = (tmp_path / "set" / "masks.csv").read_text().replace("images/a.png", "images/a.jpg")
+    (tmp_path / "set" / "masks.csv").write_text(rows)
+    data = M.load_mask_set(tmp_path / "set")
+    assert data.images.shape == (1, 3, 24, 40)
+    picture = data.images[0].permute(1, 2, 0).numpy().astype(int)
+    assert np.abs(picture[inside] - (90, 40, 140)).mean() < 20  # the blob lies under its mask (JPEG: on average)
+    assert np.abs(picture[~inside] - (235, 210, 200)).mean() < 20
+
+
 # ------------------------------------------------------------------ SAM with a tiny random-weight model
 def tiny_sam(seed=0):
     from segment_anything.modeling import ImageEncoderViT, MaskDecoder, PromptEncoder, Sam, TwoWayTransformer
