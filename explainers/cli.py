@@ -34,32 +34,56 @@ def _method_options(args) -> dict:
 def cmd_explain(args) -> int:
     import numpy as np
 
-    from .engine import prepare_input, run_method
-    from .evaluate import parse_method_spec, predict
+    from . import engine
+    from .evaluate import parse_method_spec, split_method_specs
     from .images import conversion_notes, crop_region, load_image, map_to_original, overlay
     from .models import load_model
 
+    specs = [parse_method_spec(spec)[:2] for spec in split_method_specs(args.method)]
+    if not specs:
+        raise ValueError("--method names no method (e.g. --method gradcam or --method gradcam,aha)")
+    names = [name for name, _ in specs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--method names a method twice ({', '.join(names)}): one run per method; run it again "
+                         "for other options")
+    out = Path(args.out)
+    one_file = out.suffix.lower() in (".png", ".npy")
+    if one_file and len(specs) > 1:
+        raise ValueError(f"--out {out.name} is one file, but {len(specs)} methods were asked for: give a folder "
+                         "(overlay PNG per method, curves.csv, report.json)")
     bundle = load_model(args.model)
     original = load_image(args.image)
     for note in conversion_notes(args.image):
         print(f"note: {note}")
-    prepared = prepare_input(original, bundle)  # the app's path: the same cached run_method
-    name, options, _ = parse_method_spec(args.method)
-    options = {**_method_options(args).get(name, {}), **options}
-    top = predict(bundle, prepared.tensor)[0]
+    prepared = engine.prepare_input(original, bundle)  # the app's path: the same cached run_method
+    top, verdict = engine.predict_and_check(bundle, prepared)
+    if verdict and verdict["unfamiliar"]:
+        print(f"warning: {verdict['message']}")
     target = top[0][0] if args.target is None else int(args.target)
-    record = run_method(bundle, prepared, name, target, options, steps=args.steps, reference=args.reference)
-    attribution = map_to_original(record["map"], prepared.geometry)
-    out = Path(args.out)
+    records = []
+    for name, options in specs:
+        options = {**_method_options(args).get(name, {}), **options}
+        records.append(engine.run_method(bundle, prepared, name, target, options, steps=args.steps,
+                                         reference=args.reference))
+    print(f"model {bundle.name}; prediction: " + ", ".join(f"{n} {p:.3f}" for _, n, p in top[:3]))
+    for record in records:
+        print(f"{record['method']} for class {target} ({bundle.class_name(target)}): "
+              f"deletion AUC {record['deletion_auc']:.4f} (lower is better), insertion AUC "
+              f"{record['insertion_auc']:.4f} (higher is better), {1000 * record['seconds']:.1f} ms")
+    if not one_file:  # the app's download: overlay-<method>.png each, curves.csv, report.json
+        paths = engine.write_downloads(out, bundle.name, prepared, records, opacity=args.opacity,
+                                       colormap=args.colormap, prediction=top, image_name=Path(args.image).name,
+                                       steps=args.steps, reference=args.reference, familiarity=verdict)
+        print(f"wrote {', '.join(path.name for path in paths)} to {out}")
+        return 0
     out.parent.mkdir(parents=True, exist_ok=True)
+    attribution = map_to_original(records[0]["map"], prepared.geometry)
     if out.suffix.lower() == ".npy":
         np.save(out, attribution)
     else:
-        overlay(original, attribution, opacity=args.opacity, region=crop_region(prepared.geometry)).save(out)
-    print(f"model {bundle.name}; prediction: " + ", ".join(f"{n} {p:.3f}" for _, n, p in top[:3]))
-    print(f"{name} for class {target} ({bundle.class_name(target)}): "
-          f"deletion AUC {record['deletion_auc']:.4f} (lower is better), insertion AUC "
-          f"{record['insertion_auc']:.4f} (higher is better), {1000 * record['seconds']:.1f} ms; wrote {out}")
+        overlay(original, attribution, opacity=args.opacity, colormap=args.colormap,
+                region=crop_region(prepared.geometry)).save(out)
+    print(f"wrote {out}")
     return 0
 
 
@@ -206,6 +230,8 @@ def cmd_review_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .images import COLORMAPS
+
     parser = argparse.ArgumentParser(prog="python -m explainers", description="Saliency Lab: faithful visual explanations.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -222,13 +248,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out-dir", default="weights")
     train.set_defaults(handler=cmd_train_classifier)
 
-    explain = commands.add_parser("explain", help="explain one image: overlay PNG or raw .npy map")
+    explain = commands.add_parser("explain", help="explain one image: overlay PNG, raw .npy map, or a folder with "
+                                                  "the app's download (overlays, curves.csv, report.json)")
     explain.add_argument("--model", required=True)
-    explain.add_argument("--method", required=True, help="e.g. gradcam, rise, chefer, gradskip, aha")
+    explain.add_argument("--method", required=True,
+                         help="e.g. gradcam, rise, chefer, gradskip, aha; several comma-separated with a folder --out; "
+                              "options as name:key=value (e.g. aha:refine_steps=3)")
     explain.add_argument("--image", required=True)
     explain.add_argument("--target", type=int, default=None, help="class index (default: the prediction)")
-    explain.add_argument("--out", required=True, help="FILE.png (overlay) or FILE.npy (map at image size)")
+    explain.add_argument("--out", required=True,
+                         help="FILE.png (overlay), FILE.npy (map at image size) or a FOLDER: an overlay PNG per "
+                              "method at the image's size, curves.csv and report.json, as the app's download")
     explain.add_argument("--opacity", type=float, default=0.5)
+    explain.add_argument("--colormap", choices=COLORMAPS, default="cividis", help="colour-blind safe by default")
     _add_method_options(explain)
     explain.set_defaults(handler=cmd_explain)
 
@@ -350,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_aha_parser(commands)
     add_aha_figures_parser(commands)
     add_output_blur_parser(commands)
+    from .familiarity import add_familiarity_parser  # the unfamiliar-image warning's statistics
+
+    add_familiarity_parser(commands)
     return parser
 
 

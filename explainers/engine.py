@@ -231,6 +231,21 @@ def predict_top(bundle, prepared: PreparedInput, top_k: int = 5) -> list:
         return predict(bundle, prepared.tensor, top_k)[0]
 
 
+def predict_and_check(bundle, prepared: PreparedInput, top_k: int = 5) -> tuple:
+    """(the top-k prediction, the familiarity verdict): whether the image looks like the model's training images
+    (`familiarity.verdict`; None where the model has no statistics), read from the same forward pass."""
+    from . import familiarity
+
+    if familiarity.get_stats(bundle) is None:
+        return predict_top(bundle, prepared, top_k), None
+    with bundle.lock, torch.no_grad():
+        logits, features = familiarity.logits_and_features(bundle, prepared.tensor)
+    probabilities = logits.softmax(dim=1)[0]
+    values, indices = probabilities.topk(min(top_k, probabilities.numel()))
+    prediction = [(int(i), bundle.class_name(int(i)), float(v)) for v, i in zip(values, indices)]
+    return prediction, familiarity.check(bundle, features)[0]
+
+
 def as_map(maps) -> np.ndarray:
     """One map (the first of a batch) as a float32 H x W array."""
     if isinstance(maps, torch.Tensor):
@@ -476,9 +491,9 @@ def overlay_at(prepared: PreparedInput, record: dict, size: tuple, *, opacity: f
 
 def write_downloads(folder, bundle_name: str, prepared: PreparedInput, results: list, *, opacity: float,
                     colormap: str, prediction=None, image_name: str = "", steps: int = 20,
-                    reference: str = "mean", size: str = "original") -> list:
+                    reference: str = "mean", size: str = "original", familiarity: dict | None = None) -> list:
     """Overlay PNGs (one per method, at the original image's size, or enlarged: `download_size`), curves.csv
-    and report.json; returns the paths."""
+    and report.json (with the familiarity verdict of `predict_and_check`; null: not checked); returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -491,7 +506,8 @@ def write_downloads(folder, bundle_name: str, prepared: PreparedInput, results: 
         paths.append(path)
     paths.append(curves_csv(results, folder / "curves.csv"))
     data = report(bundle_name, results, image_name=image_name, prediction=prediction, steps=steps,
-                  reference=reference, extra={"overlay": {"opacity": float(opacity), "colormap": colormap,
+                  reference=reference, extra={"familiarity": familiarity,
+                                              "overlay": {"opacity": float(opacity), "colormap": colormap,
                                                           "size": list(pixels),
                                                           "original_size": list(prepared.original.size)}})
     report_path = folder / "report.json"

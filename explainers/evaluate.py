@@ -1,18 +1,17 @@
-"""Evaluation over a labelled data set, and single-image explanation: the functions the CLI and the app share."""
+"""Evaluation over a data set (deletion / insertion with intervals), prediction and method specs: what the CLI and the app share."""
 from __future__ import annotations
 
 import json
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from .data import UNLABELLED, item_names, open_dataset
-from .methods import as_targets, get_method
+from .methods import get_method
 from .metrics import REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
 from .statistics import N_RESAMPLES, format_interval, method_intervals
 
@@ -24,33 +23,6 @@ def predict(bundle, images: torch.Tensor, top_k: int = 5) -> list:
     values, indices = probabilities.topk(min(top_k, probabilities.shape[1]), dim=1)
     return [[(int(i), bundle.class_name(int(i)), float(v)) for v, i in zip(vs, ix)]
             for vs, ix in zip(values, indices)]
-
-
-@dataclass
-class Explanation:
-    method: str
-    target: int
-    maps: torch.Tensor  # 1 x H x W in model-input space
-    seconds: float
-    curves: object = None  # metrics.Curves
-    options: dict = field(default_factory=dict)
-
-
-def explain_image(bundle, image: torch.Tensor, method: str, target: int | None = None, *, curves: bool = True,
-                  steps: int = 20, reference: str = "mean", **options) -> Explanation:
-    """Explain one image (1 x 3 x H x W in [0, 1]) for `target` (default: the predicted class)."""
-    if target is None:
-        target = predict(bundle, image, 1)[0][0][0]
-    method_obj = get_method(method, **options)
-    method_obj.check(bundle)
-    targets = as_targets(int(target), 1, image.device)
-    started = time.perf_counter()
-    maps = method_obj.attribute(bundle, image, targets).detach()
-    seconds = time.perf_counter() - started
-    result = Explanation(method=method, target=int(target), maps=maps, seconds=seconds, options=options)
-    if curves:
-        result.curves = deletion_insertion(bundle, image, maps, targets, steps=steps, reference=reference)
-    return result
 
 
 def parse_method_spec(spec: str) -> tuple:

@@ -460,8 +460,8 @@ def imported_models() -> list:
 
 
 def remove_imported_model(name: str) -> list:
-    """Delete an imported model (card, weights, and its AHA explainer if one was trained); returns the removed
-    files. Shipped models and fine-tuned models are never touched."""
+    """Delete an imported model (card, weights, its AHA explainer and familiarity statistics where they exist);
+    returns the removed files. Shipped models and fine-tuned models are never touched."""
     name = safe_name(name)
     folder = _user_dir()
     card_file = folder / f"{name}.json"
@@ -473,7 +473,8 @@ def remove_imported_model(name: str) -> list:
     removed = []
     weights_name = Path(card.get("weights_file", f"{name}.safetensors")).name
     for path in (folder / weights_name, folder / f"aha-{name}.safetensors", folder / f"aha-{name}.json",
-                 folder / f"aha-{name}.ckpt", card_file):
+                 folder / f"aha-{name}.ckpt", folder / f"{name}.familiarity.safetensors",
+                 folder / f"{name}.familiarity.json", card_file):
         if path.exists():
             path.unlink()
             removed.append(str(path))

@@ -134,3 +134,17 @@ def score_table(methods: dict, *, digits: int = 3, **options) -> list:
                                                                   **options)["significant"])
         rows.append(row)
     return rows
+
+
+def wilson_interval(successes: int, total: int, *, level: float = LEVEL) -> tuple:
+    """The Wilson score interval of a proportion (successes / total): unlike the bootstrap it stays inside [0, 1]
+    and is not degenerate when every image (or none) is counted. (0, 1) for total 0."""
+    from statistics import NormalDist
+
+    if total <= 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p = successes / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * np.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))

@@ -85,12 +85,14 @@ def status_text(state) -> str:
     if not state:
         return ""
     skipped = ("\n\n**Skipped:** " + "; ".join(state["skipped"])) if state.get("skipped") else ""
+    familiarity = state.get("familiarity") or {}
+    unfamiliar = f"**⚠ Unfamiliar image.** {familiarity['message']}\n\n" if familiarity.get("unfamiliar") else ""
     if not state.get("results"):
-        return skipped.strip()
+        return (unfamiliar + skipped.strip()).strip()
     parts = [f"**{r['label']}** {1000 * r['seconds']:.0f} ms" for r in state["results"]]
     crop = f" {state['crop_note']}" if state.get("crop_note") else ""
-    return (f"Model **{state['model']}**, target **{state['target_name']}** (class {state['target']}). "
-            f"Map times: {', '.join(parts)}.{crop}") + skipped
+    return unfamiliar + (f"Model **{state['model']}**, target **{state['target_name']}** (class {state['target']}). "
+                         f"Map times: {', '.join(parts)}.{crop}") + skipped
 
 
 def has_method(state, method: str) -> bool:
@@ -113,14 +115,16 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
     if not methods:
         raise ValueError("Pick at least one explanation method.")
     bundle, image = prepared(services, model_name, image_path)
-    prediction = engine.predict_top(bundle, image, 5)
+    prediction, familiarity = engine.predict_and_check(bundle, image, 5)
+    if familiarity and familiarity["unfamiliar"] and warn is not None:
+        warn(familiarity["message"])
     choice = target_choice(target, prediction)
     target_index = prediction[0][0] if choice == AUTO else int(choice)
     values = slider_values(values)
     state = {"model": model_name, "image": image_path, "image_name": Path(str(image_path)).name,
              "image_size": list(image.original.size), "crop_note": pictures.crop_note(image, bundle),
              "target": target_index, "target_name": bundle.class_name(target_index), "prediction": prediction,
-             "target_choice": choice, **values, "results": [], "skipped": []}
+             "target_choice": choice, "familiarity": familiarity, **values, "results": [], "skipped": []}
     for method in menus.method_order(methods):
         options = engine.method_options(method, values, bundle)
         try:
@@ -249,7 +253,7 @@ def write_downloads(services, state, opacity, colormap, size="original") -> list
     folder = Path(tempfile.mkdtemp(prefix="explain-", dir=services.downloads))
     return engine.write_downloads(folder, state["model"], image, state["results"], opacity=opacity, colormap=colormap,
                                   prediction=state["prediction"], image_name=state["image_name"],
-                                  size=size or "original")
+                                  size=size or "original", familiarity=state.get("familiarity"))
 
 
 SLOW_SECONDS = 5.0  # a map expected to take longer than this is "slow": unticked when the model changes

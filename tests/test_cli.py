@@ -136,6 +136,30 @@ def test_explain_writes_overlay_and_npy(tmp_path, registered, capsys):
     assert "note: This file has 2 frames" in capsys.readouterr().out  # an animation: only its first frame
 
 
+def test_explain_several_methods_into_a_folder_writes_the_apps_download(tmp_path, registered, capsys):
+    """--out FOLDER: an overlay per method, curves.csv and report.json, the same files as the app's download (one
+    engine.write_downloads), with the options given per method; one file for several methods is refused."""
+    out = tmp_path / "explained"
+    assert main(["explain", "--model", "cli-tiny-vit", "--method", "gradcam,gradskip:alpha=0.2,rollout", "--image",
+                 f"{DATA_DIR}/cell_3.jpg", "--out", str(out), "--colormap", "gray"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["curves.csv", "overlay-gradcam.png", "overlay-gradskip.png",
+                                                     "overlay-rollout.png", "report.json"]
+    report = json.loads((out / "report.json").read_text())
+    assert [m["method"] for m in report["methods"]] == ["gradcam", "gradskip", "rollout"]
+    assert report["methods"][1]["options"]["alpha"] == 0.2 and report["overlay"]["colormap"] == "gray"
+    assert report["image"] == "cell_3.jpg" and report["familiarity"] is None  # no statistics for this model
+    assert Image.open(out / "overlay-gradcam.png").size == Image.open(f"{DATA_DIR}/cell_3.jpg").size
+    rows = (out / "curves.csv").read_text().splitlines()
+    assert rows[0].startswith("method,options,target") and len(rows) == 1 + 3 * 21
+    capsys.readouterr()
+    assert main(["explain", "--model", "cli-tiny-vit", "--method", "gradcam,rollout", "--image",
+                 f"{DATA_DIR}/cell_3.jpg", "--out", str(tmp_path / "one.png")]) == 2
+    assert "give a folder" in capsys.readouterr().err
+    assert main(["explain", "--model", "cli-tiny-vit", "--method", "gradcam,gradcam:x=1", "--image",
+                 f"{DATA_DIR}/cell_3.jpg", "--out", str(out)]) == 2
+    assert "names a method twice" in capsys.readouterr().err
+
+
 def test_clear_errors_not_tracebacks(tmp_path, registered, capsys):
     bad = tmp_path / "not-an-image.png"
     bad.write_text("hello")

@@ -1,0 +1,158 @@
+"""The unfamiliar-image check: pre-logit features from the prediction's own forward pass, Mahalanobis scores with
+known answers, the threshold from validation images, the verdict reaching the CLI, the app's state and report.json."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from explainers import engine, familiarity
+from explainers.familiarity import FamiliarityStats
+from explainers.statistics import wilson_interval
+
+from conftest import tiny_cnn, tiny_vit
+
+
+def test_features_come_from_the_predictions_own_forward_pass():
+    """logits_and_features: the logits are the bundle's, the features timm's pre-logits, from ONE forward pass."""
+    for bundle in (tiny_cnn(), tiny_vit()):
+        images = torch.rand(3, 3, *bundle.input_size)
+        calls = []
+        handle = bundle.network.register_forward_hook(lambda *args: calls.append(1))
+        try:
+            logits, features = familiarity.logits_and_features(bundle, images)
+        finally:
+            handle.remove()
+        assert len(calls) == 1
+        with torch.no_grad():
+            network = bundle.network
+            expected = network.forward_head(network.forward_features(bundle.normalize(images)), pre_logits=True)
+            assert torch.allclose(logits, bundle(images), atol=1e-5)
+        assert torch.allclose(features, expected.flatten(1), atol=1e-5)
+        assert not bundle.network._forward_pre_hooks and not familiarity.classifier_head(network)._forward_pre_hooks
+
+
+def test_scores_are_mahalanobis_distances_to_the_nearest_class_mean():
+    """A known answer: identity precision gives the Euclidean distance to the nearest mean; a scaled axis counts
+    less; the percentile counts the validation scores below."""
+    stats = FamiliarityStats(means=torch.tensor([[0.0, 0.0], [10.0, 0.0]], dtype=torch.float64),
+                             precision=torch.diag(torch.tensor([1.0, 0.25], dtype=torch.float64)),
+                             val_scores=torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64), threshold=3.5,
+                             source={"quantile": 0.75})
+    scores = stats.score(torch.tensor([[3.0, 0.0], [9.0, 0.0], [0.0, 4.0]]))
+    assert torch.allclose(scores, torch.tensor([3.0, 1.0, 2.0], dtype=torch.float64))
+    assert stats.percentile(2.5) == 50.0 and stats.percentile(0.5) == 0.0 and stats.percentile(9) == 100.0
+    far, near = familiarity.verdict(stats, 5.0, "m"), familiarity.verdict(stats, 2.0, "m")
+    assert far["unfamiliar"] and "does not look like the images m learned from" in far["message"]
+    assert "100.0% of the validation images" in far["message"]
+    assert not near["unfamiliar"] and "message" not in near and near["validation_percentile"] == 25.0
+
+
+def test_wilson_interval_known_values():
+    low, high = wilson_interval(0, 10)
+    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(0.2775, abs=1e-3)
+    low, high = wilson_interval(5, 10)
+    assert (low, high) == (pytest.approx(0.2366, abs=1e-3), pytest.approx(0.7634, abs=1e-3))
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def _noise_folder(folder, count=4, size=32):
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"noise_{i}.png")
+    return folder
+
+
+def test_fit_save_load_and_flag_noise_not_the_training_cells(tiny_folder, tmp_path):
+    """Fitted on the cells, the check flags at most one of them (the one above the 99% quantile of their own scores),
+    and every random-noise image, whose features lie far from every class, scores above every cell; the statistics
+    survive a safetensors round trip."""
+    bundle = tiny_cnn(size=32)
+    stats = familiarity.fit(bundle, tiny_folder, tiny_folder, quantile=0.99)
+    assert stats.means.shape[0] == 4 and stats.precision.shape[0] == stats.means.shape[1]
+    assert stats.threshold == pytest.approx(float(torch.quantile(stats.val_scores, 0.99)))
+    assert stats.source["train_images"] == 6 and stats.source["val_images"] == 6
+    path = familiarity.save(stats, tmp_path / "m.familiarity.safetensors")
+    loaded = familiarity.load(path)
+    assert torch.equal(loaded.precision, stats.precision) and loaded.threshold == stats.threshold
+    assert loaded.source == stats.source
+    cells = familiarity.flagged_share(bundle, loaded, tiny_folder)
+    noise = familiarity.flagged_share(bundle, loaded, _noise_folder(tmp_path / "noise"))
+    assert cells["images"] == 6 and cells["flagged"] <= 1  # at most the one cell above the 99% quantile
+    assert noise["flagged"] == 4 and noise["median_score"] > stats.val_scores.max()
+    assert noise["share_ci95"] == list(wilson_interval(4, 4))
+
+
+def test_predict_and_check_matches_predict_top_and_says_nothing_without_statistics(tiny_folder):
+    bundle = tiny_cnn(name="familiar-tiny")
+    prepared = engine.prepare_input(Image.open(tiny_folder / "cell_0.jpg").convert("RGB"), bundle)
+    try:
+        familiarity.register_stats(bundle, None)
+        assert engine.predict_and_check(bundle, prepared) == (engine.predict_top(bundle, prepared), None)
+        familiarity.register_stats(bundle, familiarity.fit(bundle, tiny_folder, tiny_folder))
+        prediction, verdict = engine.predict_and_check(bundle, prepared)
+        assert [(i, n) for i, n, _ in prediction] == [(i, n) for i, n, _ in engine.predict_top(bundle, prepared)]
+        assert np.allclose([p for *_, p in prediction], [p for *_, p in engine.predict_top(bundle, prepared)])
+        assert set(verdict) >= {"score", "threshold", "unfamiliar", "validation_percentile"}
+    finally:
+        familiarity.register_stats(bundle, None)
+
+
+def test_an_unfamiliar_upload_is_said_in_the_app_state_status_report_and_cli(tiny_folder, tmp_path, capsys):
+    """Noise given to a cell model: a warning (the app's toast), the status line, report.json and the CLI say it;
+    a training cell is explained without one."""
+    from explainers import models
+    from explainers.cli import main
+    from saliency_lab import explain
+    from saliency_lab.services import Services
+
+    bundle = models.register_bundle(tiny_cnn(name="familiar-cli"))
+    noise = _noise_folder(tmp_path / "noise", count=1) / "noise_0.png"
+    try:
+        familiarity.register_stats(bundle, familiarity.fit(bundle, tiny_folder, tiny_folder, quantile=0.99))
+        services = Services(lambda name: bundle, ["familiar-cli"], tmp_path / "state")
+        warnings = []
+        state, _ = explain.explain_maps(services, str(noise), "familiar-cli", ["gradcam"], warn=warnings.append)
+        assert state["familiarity"]["unfamiliar"] and warnings == [state["familiarity"]["message"]]
+        assert explain.status_text(state).startswith("**⚠ Unfamiliar image.** This image does not look like")
+        state, _ = explain.explain_curves(services, state)
+        paths = explain.write_downloads(services, state, 0.5, "cividis")
+        report = json.loads(next(p for p in paths if p.name == "report.json").read_text())
+        assert report["familiarity"] == state["familiarity"]
+        lowest = min(range(6), key=lambda i: familiarity.get_stats(bundle).score(familiarity.logits_and_features(
+            bundle, engine.prepare_input(Image.open(tiny_folder / f"cell_{i}.jpg").convert("RGB"),
+                                         bundle).tensor)[1]).item())
+        warnings.clear()
+        state, _ = explain.explain_maps(services, str(tiny_folder / f"cell_{lowest}.jpg"), "familiar-cli", ["gradcam"],
+                                        warn=warnings.append)
+        assert not state["familiarity"]["unfamiliar"] and warnings == []
+        assert "Unfamiliar" not in explain.status_text(state)
+        assert main(["explain", "--model", "familiar-cli", "--method", "gradcam", "--image", str(noise), "--out",
+                     str(tmp_path / "out")]) == 0
+        assert "warning: This image does not look like the images familiar-cli learned from" in capsys.readouterr().out
+        saved = json.loads((tmp_path / "out" / "report.json").read_text())
+        assert saved["familiarity"]["unfamiliar"] is True
+    finally:
+        familiarity.register_stats(bundle, None)
+
+
+def test_the_familiarity_command_fits_writes_and_counts(tiny_folder, tmp_path, capsys):
+    from explainers import models
+    from explainers.cli import main
+
+    models.register_bundle(tiny_cnn(name="familiar-fit"))
+    out, report = tmp_path / "stats.safetensors", tmp_path / "report.json"
+    noise = _noise_folder(tmp_path / "noise")
+    assert main(["familiarity", "--model", "familiar-fit", "--train", str(tiny_folder), "--val", str(tiny_folder),
+                 "--out", str(out), "--check", f"noise={noise}", "--check", str(tiny_folder),
+                 "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert familiarity.load(out).threshold == data["threshold"]
+    checks = {row["name"]: row for row in data["checks"]}
+    assert checks["noise"]["flagged"] == 4 and checks["noise"]["images"] == 4
+    assert checks[tiny_folder.name]["images"] == 6
+    assert "noise: 4/4 flagged" in capsys.readouterr().out
+    assert main(["familiarity", "--model", "familiar-fit", "--train", str(tiny_folder), "--val", str(tiny_folder),
+                 "--quantile", "1.5"]) == 2
