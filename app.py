@@ -177,6 +177,8 @@ CSS = """
 .note { background: var(--background-fill-secondary); border-left: 4px solid var(--color-accent);
         padding: 6px 12px; border-radius: 6px; }
 .verdict-row button { min-width: 120px; }
+.warning-note { background: #fff4e5; color: #5f3b00; border-left: 4px solid #e69f00; padding: 6px 12px;
+                border-radius: 6px; }
 footer { display: none !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
@@ -488,6 +490,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
                                                  visible=m in first_methods) for m, o in SLIDERS]
                         explain_button = gr.Button("Explain", variant="primary", size="lg", elem_id="explain-button")
                         expected = gr.Markdown(elem_classes="help", elem_id="expected-time")
+                        unfamiliar = gr.Markdown(visible=False, elem_id="unfamiliar-note", elem_classes="warning-note")
                         top5 = gr.Label(num_top_classes=5, label="Prediction (top 5)", elem_id="top5")
                         target = gr.Radio([("Predicted class (top-1)", "auto")], value="auto",
                                           label="Explain which class? (why this class and not that one)",
@@ -641,6 +644,9 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         # the size choice names the explained image's pixels (original, enlarged)
         explain_state.change(lambda s: gr.update(choices=explain.download_choices(s)), explain_state, download_size,
                              api_visibility="private", queue=False, show_progress="hidden")
+        # an image unlike the model's training images: said above the prediction for as long as it is explained
+        explain_state.change(lambda s: gr.update(value=explain.unfamiliar_note(s), visible=bool(explain.unfamiliar_note(s))),
+                             explain_state, unfamiliar, api_visibility="private", queue=False, show_progress="hidden")
 
         # browser
         browse_outputs = [browse_gallery, browse_indices, browse_info, browse_class, browse_page]

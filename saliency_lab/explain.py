@@ -80,6 +80,13 @@ def label_value(prediction) -> dict:
     return out
 
 
+def unfamiliar_note(state) -> str:
+    """The warning shown above the prediction, where a person reads it, while the explained image is unfamiliar to
+    the model (`explainers.familiarity`); "" otherwise."""
+    familiarity = (state or {}).get("familiarity") or {}
+    return f"⚠ **Unfamiliar image.** {familiarity['message']}" if familiarity.get("unfamiliar") else ""
+
+
 def status_text(state) -> str:
     """A Markdown line: model, target and the time each map took; the skipped methods and why."""
     if not state:

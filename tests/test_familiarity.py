@@ -117,6 +117,7 @@ def test_an_unfamiliar_upload_is_said_in_the_app_state_status_report_and_cli(tin
         state, _ = explain.explain_maps(services, str(noise), "familiar-cli", ["gradcam"], warn=warnings.append)
         assert state["familiarity"]["unfamiliar"] and warnings == [state["familiarity"]["message"]]
         assert explain.status_text(state).startswith("**⚠ Unfamiliar image.** This image does not look like")
+        assert explain.unfamiliar_note(state).startswith("⚠ **Unfamiliar image.** This image does not look like")
         state, _ = explain.explain_curves(services, state)
         paths = explain.write_downloads(services, state, 0.5, "cividis")
         report = json.loads(next(p for p in paths if p.name == "report.json").read_text())
@@ -129,6 +130,7 @@ def test_an_unfamiliar_upload_is_said_in_the_app_state_status_report_and_cli(tin
                                         warn=warnings.append)
         assert not state["familiarity"]["unfamiliar"] and warnings == []
         assert "Unfamiliar" not in explain.status_text(state)
+        assert explain.unfamiliar_note(state) == ""
         assert main(["explain", "--model", "familiar-cli", "--method", "gradcam", "--image", str(noise), "--out",
                      str(tmp_path / "out")]) == 0
         assert "warning: This image does not look like the images familiar-cli learned from" in capsys.readouterr().out
