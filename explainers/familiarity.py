@@ -193,10 +193,10 @@ def verdict(stats: FamiliarityStats, score: float, model_name: str) -> dict:
               "quantile": stats.source.get("quantile", QUANTILE), "unfamiliar": bool(unfamiliar),
               "validation_percentile": round(percentile, 1)}
     if unfamiliar:
-        record["message"] = (f"This image does not look like the images {model_name} learned from (its features lie "
-                             f"further from every class than {percentile:.1f}% of the validation images; "
-                             f"score {score:.1f}, flagged above {stats.threshold:.1f}). The prediction may mean "
-                             "nothing, and so may its explanation.")
+        record["message"] = (f"This image does not look like the images {model_name} learned from: its features lie "
+                             f"further from all of the model's classes than those of {percentile:.1f}% of its "
+                             f"validation images (score {score:.1f}; flagged above {stats.threshold:.1f}). The "
+                             "prediction may mean nothing, and so may its explanation.")
     return record
 
 

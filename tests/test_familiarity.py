@@ -45,7 +45,7 @@ def test_scores_are_mahalanobis_distances_to_the_nearest_class_mean():
     assert stats.percentile(2.5) == 50.0 and stats.percentile(0.5) == 0.0 and stats.percentile(9) == 100.0
     far, near = familiarity.verdict(stats, 5.0, "m"), familiarity.verdict(stats, 2.0, "m")
     assert far["unfamiliar"] and "does not look like the images m learned from" in far["message"]
-    assert "100.0% of the validation images" in far["message"]
+    assert "than those of 100.0% of its validation images" in far["message"]
     assert not near["unfamiliar"] and "message" not in near and near["validation_percentile"] == 25.0
 
 
