@@ -48,6 +48,8 @@ def cmd_explain(args) -> int:
                          "for other options")
     out = Path(args.out)
     one_file = out.suffix.lower() in (".png", ".npy")
+    if out.suffix and not one_file and not out.is_dir():
+        raise ValueError(f"--out {out.name}: give FILE.png (overlay), FILE.npy (map) or a folder")
     if one_file and len(specs) > 1:
         raise ValueError(f"--out {out.name} is one file, but {len(specs)} methods were asked for: give a folder "
                          "(overlay PNG per method, curves.csv, report.json)")

@@ -158,6 +158,10 @@ def test_explain_several_methods_into_a_folder_writes_the_apps_download(tmp_path
     assert main(["explain", "--model", "cli-tiny-vit", "--method", "gradcam,gradcam:x=1", "--image",
                  f"{DATA_DIR}/cell_3.jpg", "--out", str(out)]) == 2
     assert "names a method twice" in capsys.readouterr().err
+    assert main(["explain", "--model", "cli-tiny-vit", "--method", "gradcam", "--image", f"{DATA_DIR}/cell_3.jpg",
+                 "--out", str(tmp_path / "overlay.jpg")]) == 2  # not silently a folder named overlay.jpg
+    assert "give FILE.png (overlay), FILE.npy (map) or a folder" in capsys.readouterr().err
+    assert not (tmp_path / "overlay.jpg").exists()
 
 
 def test_clear_errors_not_tracebacks(tmp_path, registered, capsys):
