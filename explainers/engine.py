@@ -524,9 +524,15 @@ def item_name(dataset, index: int) -> str:
 
 
 @torch.no_grad()
-def predict_dataset(bundle, dataset, indices=None, batch_size: int = 64, progress=None) -> list:
-    """[(item name, position, label, predicted class, confidence)] for the given indices."""
+def predict_dataset(bundle, dataset, indices=None, batch_size: int = 64, progress=None,
+                    verdicts: list | None = None) -> list:
+    """[(item name, position, label, predicted class, confidence)] for the given indices. `verdicts`: a list that
+    receives each row's familiarity verdict (`predict_and_check`; read in the same forward pass) where the model
+    has statistics."""
+    from . import familiarity
+
     indices = list(range(len(dataset))) if indices is None else list(indices)
+    check = verdicts is not None and familiarity.get_stats(bundle) is not None
     rows = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
@@ -534,7 +540,12 @@ def predict_dataset(bundle, dataset, indices=None, batch_size: int = 64, progres
                    for i in chunk]
         images = torch.stack(tensors).to(bundle.device)
         with bundle.lock:
-            probabilities = bundle(images).softmax(dim=1)
+            if check:
+                logits, features = familiarity.logits_and_features(bundle, images)
+                verdicts.extend(familiarity.check(bundle, features))
+            else:
+                logits = bundle(images)
+        probabilities = logits.softmax(dim=1)
         confidence, predicted = probabilities.max(dim=1)
         for i, p, c in zip(chunk, predicted.tolist(), confidence.tolist()):
             rows.append((item_name(dataset, i), i, int(dataset.labels[i]), int(p), float(c)))

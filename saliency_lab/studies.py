@@ -63,7 +63,8 @@ def create_study(services, name, dataset_name, model_name, methods, reviewers, p
     if not 1 <= count <= MAX_STUDY_IMAGES:
         raise ReviewError(f"A study has 1 to {MAX_STUDY_IMAGES} images.")
     indices = spread_indices(len(dataset), min(count, len(dataset)))
-    rows = engine.predict_dataset(bundle, dataset, indices, progress=progress)
+    verdicts = []
+    rows = engine.predict_dataset(bundle, dataset, indices, progress=progress, verdicts=verdicts)
     labels = [r[2] for r in rows]
     names = (class_names_for(folder) if folder.is_dir() else None) or list(bundle.class_names)
     if max(labels, default=-1) >= len(names):
@@ -77,6 +78,12 @@ def create_study(services, name, dataset_name, model_name, methods, reviewers, p
     text = (f"Study **{name}** created: {len(rows)} images of {dataset_name}, model {model_name}, protocol "
             f"*{protocol}*, reviewers: {who}.\n\n**Study code: `{code}`** (shown only now: copy it and give it to "
             "the reviewers; without it nobody can open the study).")
+    unfamiliar = [rows[i][0] for i, verdict in enumerate(verdicts) if verdict["unfamiliar"]]
+    if unfamiliar:  # a study of predictions that may mean nothing: say so before anyone reviews them
+        shown = ", ".join(unfamiliar[:5]) + (", ..." if len(unfamiliar) > 5 else "")
+        text += (f"\n\n⚠ **{len(unfamiliar)} of {len(rows)} images do not look like the images {model_name} learned "
+                 f"from** ({shown}): their predictions, and so their explanations, may mean nothing. Reviewers will "
+                 "see them as any other image.")
     return code, text
 
 

@@ -431,3 +431,30 @@ def test_study_score_table_pairs_images_and_one_image_has_no_interval(services):
     results = studies.study_results(services, "single", code, faithfulness=False, n_boot=200)
     assert [row[1] for row in results.scores] == ["0.100", "0.300"]  # one image: the means, nothing marked
     assert "[" not in "".join(row[1] for row in results.scores) and "excludes 0" not in results.summary
+
+
+def test_a_study_of_images_unlike_the_models_training_images_says_so(services):
+    """Creating a study predicts its images once; where the model has familiarity statistics the same pass counts
+    the unfamiliar images and the creation message names them; without statistics nothing is said."""
+    import torch
+
+    from explainers import familiarity
+    from explainers.familiarity import FamiliarityStats
+
+    bundle = services.bundle("tiny-vit")
+    width = familiarity.logits_and_features(bundle, torch.rand(1, 3, *bundle.input_size))[1].shape[1]
+    _, plain = studies.create_study(services, "plain", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
+                                    count=6)
+    assert "do not look like" not in plain
+    try:  # every score is >= 0: threshold -1 flags every image
+        familiarity.register_stats(bundle, FamiliarityStats(
+            means=torch.zeros(1, width, dtype=torch.float64), precision=torch.eye(width, dtype=torch.float64),
+            val_scores=torch.zeros(1, dtype=torch.float64), threshold=-1.0, source={}))
+        _, flagged = studies.create_study(services, "odd", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
+                                          count=6)
+    finally:
+        familiarity.register_stats(bundle, None)
+    assert "**6 of 6 images do not look like the images tiny-vit learned from**" in flagged
+    assert ", ..." in flagged and flagged.count(".jpg") == 5  # the first five named
+    rows = services.store.study_items("odd")
+    assert len(rows) == 6  # the study itself is created as before
