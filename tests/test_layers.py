@@ -72,3 +72,23 @@ def test_import_explainers_is_light():
     assert _loaded_after("import explainers") == []  # the public API loads on first use
     assert _loaded_after("import explainers, explainers.methods, explainers.metrics") == ["timm", "torch"]
     assert _loaded_after("import explainers; explainers.get_method") == ["timm", "torch"]
+
+
+def test_the_space_deploy_copies_every_package_the_app_imports():
+    """Space.md's deploy step copies the code by name: every top-level package of this repository that app.py
+    imports must be in that list (saliency_lab once was not: the Space would not start)."""
+    import ast
+    import re
+
+    tree = ast.parse((ROOT / "app.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    local = {name for name in imported if (ROOT / name / "__init__.py").exists()}
+    assert {"explainers", "saliency_lab"} <= local
+    copy = re.search(r"cp -r (app\.py [^\n]*?) space/", (ROOT / "Space.md").read_text())
+    assert copy, "Space.md has no 'cp -r app.py ... space/' step"
+    copied = set(copy.group(1).split())
+    assert local <= copied, f"Space.md's deploy leaves out {sorted(local - copied)}"
+    assert {"assets", "weights"} <= copied
