@@ -107,6 +107,9 @@ def fit(bundle, train_data, val_data, *, quantile: float = QUANTILE, progress=No
     train = open_dataset(train_data, split="train")
     features, labels = dataset_features(bundle, train, progress=progress)
     classes = sorted(set(labels.tolist()))
+    if classes and not (0 <= classes[0] and classes[-1] < bundle.num_classes):
+        raise ValueError(f"the training labels must be class indices of {bundle.name} (0..{bundle.num_classes - 1}); "
+                         f"{train_data} has {classes[0]}..{classes[-1]}")
     if len(classes) < 2:
         raise ValueError("the training data has fewer than two classes")
     means = torch.zeros(bundle.num_classes, features.shape[1], dtype=torch.float64)

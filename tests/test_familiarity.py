@@ -158,3 +158,12 @@ def test_the_familiarity_command_fits_writes_and_counts(tiny_folder, tmp_path, c
     assert "noise: 4/4 flagged" in capsys.readouterr().out
     assert main(["familiarity", "--model", "familiar-fit", "--train", str(tiny_folder), "--val", str(tiny_folder),
                  "--quantile", "1.5"]) == 2
+    unlabelled = tmp_path / "unlabelled"
+    unlabelled.mkdir()
+    (unlabelled / "labels.csv").write_text("file,class_index\n" + "".join(f"{p.name},-1\n" for p in noise.iterdir()))
+    for p in noise.iterdir():
+        (unlabelled / p.name).write_bytes(p.read_bytes())
+    capsys.readouterr()
+    assert main(["familiarity", "--model", "familiar-fit", "--train", str(unlabelled), "--val", str(tiny_folder),
+                 "--out", str(out)]) == 2  # -1 (no label) is not a class: refused, not a silent last class
+    assert "must be class indices of familiar-fit" in capsys.readouterr().err
