@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from . import familiarity
 from .data import UNLABELLED, item_names, open_dataset
 from .methods import get_method
 from .metrics import REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
@@ -99,11 +100,19 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     batches = [all_indices[start:start + batch_size] for start in range(0, len(all_indices), batch_size)][rank::world]
     indices = [i for batch in batches for i in batch]
     bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
+    check = familiarity.get_stats(bundle) is not None
+    verdicts = []  # familiarity verdicts of this process's images, in `indices` order
     for batch_indices in batches:
         images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
         labels = torch.tensor([int(dataset.labels[i]) for i in batch_indices])
         with torch.no_grad():
-            targets = bundle(images).argmax(dim=1)
+            if check:  # the same forward pass: is each image like the model's training images?
+                with bundle.lock:
+                    logits, features = familiarity.logits_and_features(bundle, images)
+                verdicts.extend(familiarity.check(bundle, features))
+            else:
+                logits = bundle(images)
+            targets = logits.argmax(dim=1)
         correct += int(((targets.cpu() == labels) & (labels != UNLABELLED)).sum())
         for label, method_obj in method_objects:
             started = time.perf_counter()
@@ -120,6 +129,8 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
 
     if world > 1:
         totals, correct = _gather(totals, correct, indices, len(all_indices))
+        if check:
+            verdicts = gather_items({"verdicts": verdicts}, {}, indices, len(all_indices))[0]["verdicts"]
     n = len(all_indices)
     labelled = sum(1 for label in dataset.labels if int(label) != UNLABELLED)
     report = {
@@ -135,6 +146,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
                      "threads": torch.get_num_threads(), "device": str(bundle.device), "processes": world,
                      "pointing_tolerance_px": tolerance if masks is not None else None,
                      "intervals": f"percentile bootstrap over images, {N_RESAMPLES} resamples, seed {seed}"},
+        "familiarity": _familiarity_summary(verdicts, item_names(dataset)) if check else None,
         "methods": {},
     }
     for label, method_obj in method_objects:
@@ -155,6 +167,13 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             report["methods"][label]["per_image"]["pointing"] = [None if np.isnan(v) else float(v)
                                                                  for v in stats["pointing"]]
     return report
+
+
+def _familiarity_summary(verdicts: list, files: list) -> dict:
+    """How many images the unfamiliar-image check flags (`explainers.familiarity`): their scores mean little."""
+    flagged = [name for name, verdict in zip(files, verdicts) if verdict["unfamiliar"]]
+    return {"threshold": verdicts[0]["threshold"] if verdicts else None, "unfamiliar": len(flagged),
+            "unfamiliar_files": flagged, "scores": [verdict["score"] for verdict in verdicts]}
 
 
 def _world() -> tuple:
@@ -223,6 +242,11 @@ def format_table(report: dict) -> str:
              + (" (95% bootstrap intervals)" if report["n_images"] > 1 else ""),
              f"{'method':<28}{'deletion (lower better)':>27}{'insertion (higher better)':>27}{'ins-del':>27}"
              f"{'pointing':>10}{'ms/image':>11}"]
+    checked = report.get("familiarity")
+    if checked and checked["unfamiliar"]:
+        lines.insert(1, f"warning: {checked['unfamiliar']} of {report['n_images']} images do not look like the images "
+                        f"{report['model']} learned from (the familiarity check; report: familiarity.unfamiliar_files)"
+                        ": their predictions, and so their scores, may mean nothing")
     for label, row in report["methods"].items():
         pointing = "-" if row["pointing_game"] is None else f"{row['pointing_game']:.3f}"
         cells = [format_interval(row[key], row.get(f"{key.removesuffix('_auc')}_ci95"))

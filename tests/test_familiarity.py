@@ -167,3 +167,38 @@ def test_the_familiarity_command_fits_writes_and_counts(tiny_folder, tmp_path, c
     assert main(["familiarity", "--model", "familiar-fit", "--train", str(unlabelled), "--val", str(tiny_folder),
                  "--out", str(out)]) == 2  # -1 (no label) is not a class: refused, not a silent last class
     assert "must be class indices of familiar-fit" in capsys.readouterr().err
+
+
+def test_evaluate_counts_the_unfamiliar_images_in_its_one_prediction_pass(tiny_folder, tmp_path, capsys):
+    """`evaluate` reads each image's familiarity in the pass that picks its target: the report names the flagged
+    files and the table warns; a model without statistics reports null. Noise among cells: exactly the noise."""
+    import shutil
+
+    from explainers import models
+    from explainers.cli import main
+
+    bundle = models.register_bundle(tiny_cnn(name="familiar-eval"))
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tiny_folder, mixed)
+    noise = _noise_folder(tmp_path / "noise", count=2)
+    rows = (mixed / "labels.csv").read_text()
+    for p in noise.iterdir():
+        shutil.copy(p, mixed / p.name)
+        rows += f"{p.name},0\n"
+    (mixed / "labels.csv").write_text(rows)
+    out = tmp_path / "report.json"
+    assert main(["evaluate", "--model", "familiar-eval", "--methods", "gradcam", "--data", str(mixed), "--steps", "2",
+                 "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["familiarity"] is None and "warning" not in capsys.readouterr().out
+    try:
+        stats = familiarity.fit(bundle, tiny_folder, tiny_folder, quantile=0.99)
+        stats.threshold = float(stats.val_scores.max())  # every cell below, the noise far above (known answer)
+        familiarity.register_stats(bundle, stats)
+        assert main(["evaluate", "--model", "familiar-eval", "--methods", "gradcam", "--data", str(mixed), "--steps",
+                     "2", "--out", str(out)]) == 0
+    finally:
+        familiarity.register_stats(bundle, None)
+    report = json.loads(out.read_text())["familiarity"]
+    assert report["unfamiliar"] == 2 and sorted(report["unfamiliar_files"]) == ["noise_0.png", "noise_1.png"]
+    assert len(report["scores"]) == 8
+    assert "warning: 2 of 8 images do not look like the images familiar-eval learned from" in capsys.readouterr().out
