@@ -27,6 +27,7 @@ _API = {
     "deletion_insertion": "metrics", "Curves": "metrics",
     # the engine (cached explanations, as the app and the CLI run them)
     "run_method": "engine", "prepare_input": "engine", "ExplanationCache": "engine", "PreparedInput": "engine",
+    "predict_and_check": "engine",
 }
 
 __all__ = sorted(_API)

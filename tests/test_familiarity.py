@@ -86,6 +86,9 @@ def test_fit_save_load_and_flag_noise_not_the_training_cells(tiny_folder, tmp_pa
 
 
 def test_predict_and_check_matches_predict_top_and_says_nothing_without_statistics(tiny_folder):
+    import explainers
+
+    assert explainers.predict_and_check is engine.predict_and_check  # the public API (README's example)
     bundle = tiny_cnn(name="familiar-tiny")
     prepared = engine.prepare_input(Image.open(tiny_folder / "cell_0.jpg").convert("RGB"), bundle)
     try:
