@@ -10,23 +10,38 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from explainers.images import load_image, prepare_for_model  # noqa: E402
+from explainers.methods.gradskip import prepare  # noqa: E402
+from explainers.models import load_model  # noqa: E402
+
+REPEATS = 200
+CELL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "bloodmnist",
+                    "test_00000.jpg")
+
+
+def per_call_ms(function) -> float:
+    for _ in range(20):
+        function()
+    started = time.perf_counter()
+    for _ in range(REPEATS):
+        function()
+    return (time.perf_counter() - started) / REPEATS * 1000
+
+
 torch.set_num_threads(1)
-from explainers.models import load_model
-from explainers.methods.gradskip import prepare
-from explainers.images import load_image, prepare_for_model
-b = load_model('bloodmnist-vit')
-x, _ = prepare_for_model(load_image('assets/bloodmnist/test_00000.jpg'), b)
-state = prepare(b, x, torch.tensor([0]))
-def f(): return state.map(alpha=0.5)
-for _ in range(20): f()
-t=time.perf_counter()
-for _ in range(200): f()
-eager=(time.perf_counter()-t)/200*1000
-print('eager map ms', round(eager,3))
-cf = torch.compile(f, dynamic=False)
-t=time.perf_counter(); out=cf(); print('compile s', round(time.perf_counter()-t,1))
-print('same', torch.allclose(out, f(), atol=1e-6))
-for _ in range(20): cf()
-t=time.perf_counter()
-for _ in range(200): cf()
-print('compiled map ms', round((time.perf_counter()-t)/200*1000,3))
+bundle = load_model("bloodmnist-vit")
+image, _ = prepare_for_model(load_image(CELL), bundle)
+state = prepare(bundle, image, torch.tensor([0]))
+
+
+def new_alpha():
+    return state.map(alpha=0.5)
+
+
+print(f"eager map ms {per_call_ms(new_alpha):.3f}")
+compiled = torch.compile(new_alpha, dynamic=False)
+started = time.perf_counter()
+out = compiled()
+print(f"compile s {time.perf_counter() - started:.1f}")
+print("same map:", bool(torch.allclose(out, new_alpha(), atol=1e-6)))
+print(f"compiled map ms {per_call_ms(compiled):.3f}")
