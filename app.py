@@ -645,8 +645,12 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         explain_state.change(lambda s: gr.update(choices=explain.download_choices(s)), explain_state, download_size,
                              api_visibility="private", queue=False, show_progress="hidden")
         # an image unlike the model's training images: said above the prediction for as long as it is explained
-        explain_state.change(lambda s: gr.update(value=explain.unfamiliar_note(s), visible=bool(explain.unfamiliar_note(s))),
-                             explain_state, unfamiliar, api_visibility="private", queue=False, show_progress="hidden")
+        def show_unfamiliar(state):
+            note = explain.unfamiliar_note(state)
+            return gr.update(value=note, visible=bool(note))
+
+        explain_state.change(show_unfamiliar, explain_state, unfamiliar, api_visibility="private", queue=False,
+                             show_progress="hidden")
 
         # browser
         browse_outputs = [browse_gallery, browse_indices, browse_info, browse_class, browse_page]

@@ -50,9 +50,16 @@ for shrinkage in SHRINKAGES:
                                          val_scores=torch.zeros(0), threshold=0.0, source={})
     rows.append(measured(f"mahalanobis, one mean, shrinkage {shrinkage}", stats.score))
 normed = torch.nn.functional.normalize(feats["train"], dim=1)
+
+
+def neighbour_distance(features, k: int):
+    """1 - cosine similarity of the k-th nearest training photo."""
+    similarity = torch.nn.functional.normalize(features, dim=1) @ normed.T
+    return 1 - similarity.topk(k, dim=1).values[:, -1]
+
+
 for k in NEIGHBOURS:
-    rows.append(measured(f"{k}-NN cosine distance",
-                         lambda x, k=k: 1 - (torch.nn.functional.normalize(x, dim=1) @ normed.T).topk(k, dim=1).values[:, -1]))
+    rows.append(measured(f"{k}-NN cosine distance", lambda x, k=k: neighbour_distance(x, k)))
 best = max(rows, key=lambda r: r["unfamiliar_flagged"])
 report = {"model": model, "train": train, "val": val, "val_unfamiliar": unfamiliar,
           "images": {k: len(v) for k, v in feats.items()}, "rows": rows, "best": best,

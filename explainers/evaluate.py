@@ -1,4 +1,5 @@
-"""Evaluation over a data set (deletion / insertion with intervals), prediction and method specs: what the CLI and the app share."""
+"""Evaluation over a data set (deletion / insertion with intervals), prediction and method specs: what the CLI
+and the app share."""
 from __future__ import annotations
 
 import json
@@ -71,10 +72,12 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     """Deletion/insertion (and pointing game where masks exist) for each method over a data set.
 
     Targets are the model's predicted classes, so `data` may be a plain folder of images (no labels.csv: the
-    report's accuracy is None); each image is read as an upload of the file would be. `ms_per_image` is each method's own time to produce maps
-    (curves excluded), measured in this run so that methods compare as ratios. The report keeps `files`
-    (the images, in order), each method's `per_image` scores in that order and percentile-bootstrap 95%
-    intervals of each mean (`statistics.bootstrap_ci`, `bootstrap_resamples` resamples, seeded by `seed`).
+    report's accuracy is None); each image is read as an upload of the file would be. Where the model has
+    familiarity statistics the report's `familiarity` names the images unlike its training images (read in the
+    pass that picks the targets). `ms_per_image` is each method's own time to produce maps (curves excluded),
+    measured in this run so that methods compare as ratios. The report keeps `files` (the images, in order), each
+    method's `per_image` scores in that order and percentile-bootstrap 95% intervals of each mean
+    (`statistics.bootstrap_ci`, `bootstrap_resamples` resamples, seeded by `seed`).
     """
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}")
