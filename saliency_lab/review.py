@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from . import browse
-from explainers import engine
+from explainers import engine, familiarity
 from . import menus
 from . import pictures
 from .browse import PAGE, class_names, open_folder
@@ -43,18 +43,27 @@ def load_review(services, folder, model_name, count, progress=None) -> tuple:
     key = browse.dataset_key(folder)
     count = min(int(count), len(dataset))
     cached = {row["item"]: row for row in services.store.predictions(key, model_name)}
-    missing = [i for i in range(count) if engine.item_name(dataset, i) not in cached]
+    checked = familiarity.get_stats(bundle) is not None  # then a row cached before the check is predicted again
+    missing = [i for i in range(count) if engine.item_name(dataset, i) not in cached
+               or (checked and cached[engine.item_name(dataset, i)]["unfamiliar"] is None)]
     if missing:
         if progress is not None:
             progress(0, len(missing))
-        rows = engine.predict_dataset(bundle, dataset, missing, progress=progress)
-        services.store.save_predictions(key, model_name, rows)
+        verdicts = []
+        rows = engine.predict_dataset(bundle, dataset, missing, progress=progress, verdicts=verdicts)
+        services.store.save_predictions(key, model_name, rows,
+                                        unfamiliar=[v["unfamiliar"] for v in verdicts] if verdicts else None)
     rows = [r for r in services.store.predictions(key, model_name) if r["position"] < count]
     names = class_names(folder, dataset)
-    warning = None
+    warnings = []
     if bundle.num_classes != len(names):
-        warning = (f"{model_name} has {bundle.num_classes} classes but this data set has {len(names)}: "
-                   "'correct' and 'incorrect' compare class indices that do not match.")
+        warnings.append(f"{model_name} has {bundle.num_classes} classes but this data set has {len(names)}: "
+                        "'correct' and 'incorrect' compare class indices that do not match.")
+    unfamiliar = sum(1 for r in rows if r["unfamiliar"])
+    if unfamiliar:
+        warnings.append(f"{unfamiliar} of these {len(rows)} images do not look like the images {model_name} learned "
+                        "from (marked ⚠): their predictions, and so their explanations, may mean nothing.")
+    warning = " ".join(warnings) or None
     state = {"folder": folder, "key": key, "model": model_name, "rows": rows, "names": names,
              "model_names": list(bundle.class_names), "filtered": [], "current": None}
     return state, warning
@@ -93,8 +102,9 @@ def filter_page(services, state, class_value="all", correctness="all", page=1, r
     for row in filtered[(page - 1) * PAGE: page * PAGE]:
         ok = "✓" if row["label"] == row["prediction"] else "✗"
         mark = MARKS.get(verdicts.get(row["item"]), "")
+        odd = "⚠ " if row.get("unfamiliar") else ""  # unlike the model's training images
         items.append((dataset.image(row["position"]),
-                      f"{ok} {state['model_names'][row['prediction']]} {row['confidence']:.0%} {mark}".strip()))
+                      f"{odd}{ok} {state['model_names'][row['prediction']]} {row['confidence']:.0%} {mark}".strip()))
     state["page_start"] = (page - 1) * PAGE
     return ReviewPage(items, state, progress_text(services, state, reviewer), page, pages)
 

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
 CREATE TABLE IF NOT EXISTS predictions (
   dataset TEXT NOT NULL, model TEXT NOT NULL, item TEXT NOT NULL, position INTEGER NOT NULL,
   label INTEGER, prediction INTEGER NOT NULL, confidence REAL NOT NULL, updated REAL NOT NULL,
+  unfamiliar INTEGER,
   PRIMARY KEY (dataset, model, item));
 CREATE TABLE IF NOT EXISTS masks (
   id INTEGER PRIMARY KEY AUTOINCREMENT, set_name TEXT NOT NULL, label TEXT NOT NULL,
@@ -103,6 +104,15 @@ class ReviewStore:
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._con().executescript(SCHEMA + STUDY_SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Databases made by an earlier version gain the columns added since (their rows keep NULL there)."""
+        con = self._con()
+        columns = {row["name"] for row in con.execute("PRAGMA table_info(predictions)")}
+        if "unfamiliar" not in columns:  # the familiarity verdict (explainers.familiarity); NULL: not checked
+            with self._write_lock:
+                con.execute("ALTER TABLE predictions ADD COLUMN unfamiliar INTEGER")
 
     def _con(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)
@@ -189,16 +199,20 @@ class ReviewStore:
         return path
 
     # ------------------------------------------------------------------ cached predictions
-    def save_predictions(self, dataset: str, model: str, rows) -> int:
-        """rows: (item, position, label or None, prediction, confidence)."""
+    def save_predictions(self, dataset: str, model: str, rows, unfamiliar=None) -> int:
+        """rows: (item, position, label or None, prediction, confidence); `unfamiliar`: a familiarity flag per
+        row (True / False), or None where the model was not checked."""
         now = time.time()
+        flags = [None] * len(rows) if unfamiliar is None else [None if f is None else int(bool(f)) for f in unfamiliar]
         data = [(dataset, model, str(item), int(pos), None if label is None else int(label), int(pred),
-                 float(conf), now) for item, pos, label, pred, conf in rows]
+                 float(conf), now, flag) for (item, pos, label, pred, conf), flag in zip(rows, flags)]
         with self._write_lock:
             con = self._con()
             con.execute("BEGIN")
             try:
-                con.executemany("INSERT OR REPLACE INTO predictions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", data)
+                con.executemany("INSERT OR REPLACE INTO predictions (dataset, model, item, position, label, "
+                                "prediction, confidence, updated, unfamiliar) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                data)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -206,7 +220,7 @@ class ReviewStore:
         return len(data)
 
     def predictions(self, dataset: str, model: str) -> list:
-        rows = self._con().execute("SELECT item, position, label, prediction, confidence FROM predictions "
+        rows = self._con().execute("SELECT item, position, label, prediction, confidence, unfamiliar FROM predictions "
                                    "WHERE dataset=? AND model=? ORDER BY position", (dataset, model))
         return [dict(r) for r in rows]
 

@@ -91,3 +91,51 @@ def test_mask_sets(tmp_path, store):
     assert data.masks[0].numpy().sum() == mask.sum()
     store.delete_mask(first)
     assert store.mask_sets() == [("my-set", 1)]
+
+
+def test_an_old_database_gains_the_familiarity_column_and_keeps_its_rows(tmp_path):
+    """A review database made before the familiarity check opens: the new column is added, old rows read None."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE predictions (dataset TEXT NOT NULL, model TEXT NOT NULL, item TEXT NOT NULL, "
+                    "position INTEGER NOT NULL, label INTEGER, prediction INTEGER NOT NULL, confidence REAL NOT NULL, "
+                    "updated REAL NOT NULL, PRIMARY KEY (dataset, model, item))")
+        con.execute("INSERT INTO predictions VALUES ('ds', 'm', 'a.png', 0, 1, 1, 0.9, 0)")
+    store = ReviewStore(path)
+    assert store.predictions("ds", "m") == [{"item": "a.png", "position": 0, "label": 1, "prediction": 1,
+                                              "confidence": 0.9, "unfamiliar": None}]
+    store.save_predictions("ds", "m", [("b.png", 1, 0, 0, 0.5)], unfamiliar=[True])
+    assert [p["unfamiliar"] for p in store.predictions("ds", "m")] == [None, 1]
+    ReviewStore(path)  # opening again changes nothing
+
+
+def test_the_review_gallery_marks_images_unlike_the_models_training_images(tmp_path, monkeypatch):
+    """Loading a data set for review reads each image's familiarity in its one prediction pass: the warning counts
+    them, their thumbnails carry ⚠, and rows cached before the check (unfamiliar unknown) are predicted again."""
+    import torch
+
+    from conftest import tiny_vit
+    from explainers import familiarity
+    from explainers.familiarity import FamiliarityStats
+    from saliency_lab import review
+    from saliency_lab.services import Services
+
+    monkeypatch.setenv("SALIENCY_DATA_DIR", str(tmp_path / "data"))
+    bundle = tiny_vit(num_classes=8)
+    services = Services(lambda name: bundle, ["tiny-vit"], tmp_path / "state")
+    state, warning = review.load_review(services, "bloodmnist-cells", "tiny-vit", 6)
+    assert warning is None and all(r["unfamiliar"] is None for r in state["rows"])  # no statistics: not checked
+    width = familiarity.logits_and_features(bundle, torch.rand(1, 3, *bundle.input_size))[1].shape[1]
+    try:  # every score is >= 0: threshold -1 flags every image
+        familiarity.register_stats(bundle, FamiliarityStats(
+            means=torch.zeros(1, width, dtype=torch.float64), precision=torch.eye(width, dtype=torch.float64),
+            val_scores=torch.zeros(1, dtype=torch.float64), threshold=-1.0, source={}))
+        state, warning = review.load_review(services, "bloodmnist-cells", "tiny-vit", 6)
+        page = review.filter_page(services, state)
+    finally:
+        familiarity.register_stats(bundle, None)
+    assert "6 of these 6 images do not look like the images tiny-vit learned from" in warning
+    assert all(r["unfamiliar"] == 1 for r in state["rows"])  # the cached rows were predicted again
+    assert all(caption.startswith("⚠ ") for _, caption in page.items)
