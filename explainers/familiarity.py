@@ -64,48 +64,81 @@ def classifier_head(network: nn.Module) -> nn.Module:
     return linears[-1]
 
 
+PRE_LOGITS = "pre_logits"
+WITH_PATCH_MEAN = "pre_logits+patch_mean"
+FEATURES = (PRE_LOGITS, WITH_PATCH_MEAN)
+
+
+def _token_norm(bundle) -> nn.Module:
+    """A class-token ViT's final norm, whose output holds every token (B x N x D)."""
+    norm = getattr(bundle.network, "norm", None)
+    if not bundle.is_vit or not isinstance(norm, nn.Module) or isinstance(norm, nn.Identity):
+        raise ValueError(f"'{WITH_PATCH_MEAN}' needs a ViT with a final token norm; {bundle.name} has none")
+    return norm
+
+
+def feature_kind(bundle) -> str:
+    """The features the model's statistics were fitted on (pre-logits where it has none)."""
+    stats = get_stats(bundle)
+    return (stats.source.get("features") if stats is not None else None) or PRE_LOGITS
+
+
 @torch.no_grad()
-def logits_and_features(bundle, images: torch.Tensor) -> tuple:
-    """(logits B x C, pre-logit features B x D) from one forward pass (a pre-hook on the head reads its input)."""
-    seen = []
-    handle = classifier_head(bundle.network).register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+def logits_and_features(bundle, images: torch.Tensor, features: str | None = None) -> tuple:
+    """(logits B x C, features B x D) from one forward pass: hooks read the head's input (the pre-logits) and, for
+    `WITH_PATCH_MEAN` (ViTs), the final norm's tokens, whose patch-token mean is appended (the class token alone
+    lets through whole blood smears that the patches show plainly). `features`: None = what the model's
+    statistics use."""
+    features = feature_kind(bundle) if features is None else features
+    if features not in FEATURES:
+        raise ValueError(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
+    seen, tokens = [], []
+    handles = [classifier_head(bundle.network).register_forward_pre_hook(lambda module, args: seen.append(args[0]))]
+    if features == WITH_PATCH_MEAN:
+        handles.append(_token_norm(bundle).register_forward_hook(lambda module, args, out: tokens.append(out)))
     try:
         logits = bundle(images)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     if not seen:
         raise ValueError("the classifier head was not called in the forward pass")
-    return logits, seen[-1].flatten(1).float()
+    parts = [seen[-1].flatten(1)]
+    if features == WITH_PATCH_MEAN:
+        parts.append(tokens[-1][:, bundle.num_prefix_tokens:].mean(dim=1))
+    return logits, torch.cat(parts, dim=1).float()
 
 
 @torch.no_grad()
-def dataset_features(bundle, dataset, batch_size: int = 128, progress=None) -> tuple:
+def dataset_features(bundle, dataset, batch_size: int = 128, progress=None, features: str | None = None) -> tuple:
     """(features N x D, labels N) of every image of a data set, prepared as the app prepares an upload."""
     from .images import prepare_image
 
-    features, labels = [], []
+    rows, labels = [], []
     for start in range(0, len(dataset), batch_size):
         chunk = range(start, min(start + batch_size, len(dataset)))
         images = torch.stack([prepare_image(dataset.image(i), bundle.input_size, bundle.crop_pct,
                                             bundle.interpolation)[0][0] for i in chunk]).to(bundle.device)
         with bundle.lock:
-            _, batch = logits_and_features(bundle, images)
-        features.append(batch.cpu())
+            _, batch = logits_and_features(bundle, images, features)
+        rows.append(batch.cpu())
         labels.extend(int(dataset.labels[i]) for i in chunk)
         if progress is not None:
             progress(chunk[-1] + 1, len(dataset))
-    return torch.cat(features), torch.tensor(labels)
+    return torch.cat(rows), torch.tensor(labels)
 
 
-def fit(bundle, train_data, val_data, *, quantile: float = QUANTILE, progress=None) -> FamiliarityStats:
-    """Class means and shared covariance of the training images' features (labels from labels.csv); the threshold
+def fit(bundle, train_data, val_data, *, quantile: float = QUANTILE, features: str = PRE_LOGITS,
+        progress=None) -> FamiliarityStats:
+    """Class means and shared covariance of the training images' `features` (labels from labels.csv); the threshold
     is the `quantile` of the validation images' scores."""
     from .data import open_dataset
 
     if not 0.5 <= quantile < 1:
         raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
+    kind = features
     train = open_dataset(train_data, split="train")
-    features, labels = dataset_features(bundle, train, progress=progress)
+    features, labels = dataset_features(bundle, train, progress=progress, features=kind)
     classes = sorted(set(labels.tolist()))
     if classes and not (0 <= classes[0] and classes[-1] < bundle.num_classes):
         raise ValueError(f"the training labels must be class indices of {bundle.name} (0..{bundle.num_classes - 1}); "
@@ -125,12 +158,12 @@ def fit(bundle, train_data, val_data, *, quantile: float = QUANTILE, progress=No
     stats = FamiliarityStats(means=means[present], precision=torch.linalg.inv(covariance),
                              val_scores=torch.zeros(0, dtype=torch.float64), threshold=float("inf"), source={})
     val = open_dataset(val_data, split="val")
-    val_scores = stats.score(dataset_features(bundle, val)[0]).sort().values
+    val_scores = stats.score(dataset_features(bundle, val, features=kind)[0]).sort().values
     stats.val_scores = val_scores
     stats.threshold = float(torch.quantile(val_scores, quantile))
-    stats.source = {"model": bundle.name, "train": str(train_data), "train_images": len(train),
+    stats.source = {"model": bundle.name, "features": kind, "train": str(train_data), "train_images": len(train),
                     "val": str(val_data), "val_images": len(val), "quantile": quantile,
-                    "score": "Mahalanobis distance of the pre-logit features to the nearest class mean, shared "
+                    "score": f"Mahalanobis distance of the features ({kind}) to the nearest class mean, shared "
                              f"covariance (+{SHRINKAGE} x mean variance on the diagonal)"}
     return stats
 
@@ -217,7 +250,7 @@ def flagged_share(bundle, stats: FamiliarityStats, data, *, split: str = "test",
     from .statistics import wilson_interval
 
     dataset = open_dataset(data, split=split, limit=limit, require_labels=False)
-    scores = stats.score(dataset_features(bundle, dataset)[0])
+    scores = stats.score(dataset_features(bundle, dataset, features=stats.source.get("features") or PRE_LOGITS)[0])
     flagged = int((scores > stats.threshold).sum())
     return {"data": str(data), "images": len(dataset), "flagged": flagged, "share": flagged / max(1, len(dataset)),
             "share_ci95": list(wilson_interval(flagged, len(dataset))),
@@ -229,7 +262,7 @@ def cmd_familiarity(args) -> int:
     from .paths import user_models_dir
 
     bundle = load_model(args.model)
-    stats = fit(bundle, args.train, args.val, quantile=args.quantile)
+    stats = fit(bundle, args.train, args.val, quantile=args.quantile, features=args.features)
     out = Path(args.out) if args.out else user_models_dir() / f"{safe_name(bundle.name)}.familiarity.safetensors"
     save(stats, out)
     report = {"kind": "familiarity-statistics", **stats.source, "threshold": stats.threshold, "written": str(out),
@@ -245,7 +278,7 @@ def cmd_familiarity(args) -> int:
               f"[{low:.1%}, {high:.1%}]), median score {row['median_score']:.2f}")
     report["command"] = "python -m explainers familiarity " + " ".join(
         f"--{key.replace('_', '-')} {value}" for key, value in vars(args).items()
-        if key in ("model", "train", "val", "quantile") and value is not None)
+        if key in ("model", "train", "val", "quantile", "features") and value is not None)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))  # the card beside the statistics
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
@@ -261,6 +294,9 @@ def add_familiarity_parser(commands) -> None:
     parser.add_argument("--val", required=True, help="validation images (labels.csv): the threshold's quantile")
     parser.add_argument("--quantile", type=float, default=QUANTILE,
                         help="share of validation images below the threshold (default 0.99)")
+    parser.add_argument("--features", choices=FEATURES, default=PRE_LOGITS,
+                        help="the classifier head's input; ViTs: also the mean of the patch tokens after the final "
+                             "norm")
     parser.add_argument("--out", default=None, help="the statistics (.safetensors); default: the data folder's "
                                                     "models/ (the code's weights/ for a bundled model: give it)")
     parser.add_argument("--check", action="append", metavar="NAME=FOLDER",

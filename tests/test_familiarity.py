@@ -33,6 +33,48 @@ def test_features_come_from_the_predictions_own_forward_pass():
         assert not bundle.network._forward_pre_hooks and not familiarity.classifier_head(network)._forward_pre_hooks
 
 
+def test_vit_features_can_add_the_mean_patch_token_from_the_same_pass():
+    """WITH_PATCH_MEAN on a ViT: the pre-logits, then the mean of the patch tokens after the final norm (class token
+    left out), still one forward pass; refused on a CNN; statistics remember which features they were fitted on."""
+    vit = tiny_vit()
+    images = torch.rand(2, 3, *vit.input_size)
+    calls = []
+    handle = vit.network.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        _, both = familiarity.logits_and_features(vit, images, familiarity.WITH_PATCH_MEAN)
+    finally:
+        handle.remove()
+    assert len(calls) == 1 and not vit.network.norm._forward_hooks
+    with torch.no_grad():
+        tokens = vit.network.forward_features(vit.normalize(images))
+        pre_logits = vit.network.forward_head(tokens, pre_logits=True)
+    width = pre_logits.shape[1]
+    assert both.shape == (2, 2 * width)
+    assert torch.allclose(both[:, :width], pre_logits, atol=1e-5)
+    assert torch.allclose(both[:, width:], tokens[:, vit.num_prefix_tokens:].mean(dim=1), atol=1e-5)
+    with pytest.raises(ValueError, match="needs a ViT"):
+        familiarity.logits_and_features(tiny_cnn(), torch.rand(1, 3, 32, 32), familiarity.WITH_PATCH_MEAN)
+    with pytest.raises(ValueError, match="features must be one of"):
+        familiarity.logits_and_features(vit, images, "tokens")
+
+
+def test_statistics_fitted_on_patch_means_are_read_with_them(tiny_folder):
+    bundle = tiny_vit(name="familiar-vit")
+    stats = familiarity.fit(bundle, tiny_folder, tiny_folder, features=familiarity.WITH_PATCH_MEAN)
+    assert stats.source["features"] == familiarity.WITH_PATCH_MEAN and stats.precision.shape[0] == 64
+    prepared = engine.prepare_input(Image.open(tiny_folder / "cell_0.jpg").convert("RGB"), bundle)
+    try:
+        familiarity.register_stats(bundle, stats)
+        assert familiarity.feature_kind(bundle) == familiarity.WITH_PATCH_MEAN
+        _, verdict = engine.predict_and_check(bundle, prepared)  # the 64 features the statistics expect
+        expected = stats.score(familiarity.logits_and_features(bundle, prepared.tensor,
+                                                               familiarity.WITH_PATCH_MEAN)[1])
+        assert verdict["score"] == round(float(expected), 3)
+    finally:
+        familiarity.register_stats(bundle, None)
+    assert familiarity.feature_kind(bundle) == familiarity.PRE_LOGITS
+
+
 def test_scores_are_mahalanobis_distances_to_the_nearest_class_mean():
     """A known answer: identity precision gives the Euclidean distance to the nearest mean; a scaled axis counts
     less; the percentile counts the validation scores below."""
