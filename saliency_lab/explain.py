@@ -20,7 +20,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from explainers import engine
+from explainers import engine, familiarity
 from explainers.images import conversion_notes, file_facts, load_image
 from explainers.methods import METHODS
 
@@ -339,7 +339,9 @@ def model_menu(services, model_name, methods) -> tuple:
             and expected_seconds(services, bundle, m) > SLOW_SECONDS]
     kept = [m for m in kept if m not in slow] or menus.default_methods(bundle)
     info = (f"**{bundle.name}**: {bundle.family}, {bundle.num_classes} classes, input "
-            f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({menus.model_kind(model_name)}).")
+            f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({menus.model_kind(model_name)}). "
+            + ("Images unlike its training images are flagged." if familiarity.get_stats(bundle) is not None
+               else "Not checked for images unlike its training images (no statistics for this model)."))
     if slow:
         info += " Unticked as slow on this model: " + ", ".join(
             f"{engine.method_label(m)} ({_seconds(expected_seconds(services, bundle, m))} a map)" for m in slow

@@ -158,6 +158,8 @@ def test_an_unfamiliar_upload_is_said_in_the_app_state_status_report_and_cli(tin
     try:
         familiarity.register_stats(bundle, familiarity.fit(bundle, tiny_folder, tiny_folder, quantile=0.99))
         services = Services(lambda name: bundle, ["familiar-cli"], tmp_path / "state")
+        assert "Images unlike its training images are flagged." in explain.model_menu(services, "familiar-cli",
+                                                                                          ["gradcam"])[2]
         warnings = []
         state, _ = explain.explain_maps(services, str(noise), "familiar-cli", ["gradcam"], warn=warnings.append)
         assert state["familiarity"]["unfamiliar"] and warnings == [state["familiarity"]["message"]]
@@ -183,6 +185,8 @@ def test_an_unfamiliar_upload_is_said_in_the_app_state_status_report_and_cli(tin
         assert saved["familiarity"]["unfamiliar"] is True
     finally:
         familiarity.register_stats(bundle, None)
+    assert "Not checked for images unlike its training images" in explain.model_menu(services, "familiar-cli",
+                                                                                       ["gradcam"])[2]
 
 
 def test_the_familiarity_command_fits_writes_and_counts(tiny_folder, tmp_path, capsys):
