@@ -347,3 +347,24 @@ def test_train_aha_for_an_imported_model_stores_it_next_to_the_model(data_dir, t
     assert "base-model" in models.list_models() and "aha-base-model" not in models.list_models()
     remove_imported_model("base-model")
     assert not list((data_dir / "models").glob("aha-base-model*"))
+
+
+def test_an_imported_models_familiarity_statistics_live_beside_it_and_leave_with_it(data_dir, tmp_path):
+    """`familiarity` without --out stores the statistics in the data folder beside the imported model (never in
+    weights/); a fresh load of the model finds them; `remove-model` removes them with the model."""
+    from explainers import familiarity
+    from explainers.cli import main
+    from explainers.import_model import remove_imported_model
+    from explainers.models import WEIGHTS_DIR, forget, load_model
+
+    _, weights, classes = resnet18_files(tmp_path)
+    import_model(arch="resnet18", weights=weights, classes=classes, name="fam-resnet", input_size=(32, 32))
+    folder = labelled_folder(tmp_path / "cells")
+    assert main(["familiarity", "--model", "fam-resnet", "--train", str(folder), "--val", str(folder)]) == 0
+    stored = familiarity.stats_path("fam-resnet")
+    assert stored is not None and Path(WEIGHTS_DIR) not in stored.parents and data_dir in stored.parents
+    assert stored.with_suffix(".json").exists()
+    forget("fam-resnet")
+    assert familiarity.get_stats(load_model("fam-resnet")) is not None
+    removed = remove_imported_model("fam-resnet")
+    assert str(stored) in removed and not stored.exists() and familiarity.stats_path("fam-resnet") is None
