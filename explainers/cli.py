@@ -36,7 +36,7 @@ def cmd_explain(args) -> int:
 
     from . import engine
     from .evaluate import parse_method_spec, split_method_specs
-    from .images import conversion_notes, crop_region, load_image, map_to_original, overlay
+    from .images import conversion_notes, crop_region, file_facts, load_image, map_to_original, overlay
     from .models import load_model
 
     specs = [parse_method_spec(spec)[:2] for spec in split_method_specs(args.method)]
@@ -55,7 +55,7 @@ def cmd_explain(args) -> int:
                          "(overlay PNG per method, curves.csv, report.json)")
     bundle = load_model(args.model)
     original = load_image(args.image)
-    for note in conversion_notes(args.image):
+    for note in conversion_notes(file_facts(args.image)):
         print(f"note: {note}")
     prepared = engine.prepare_input(original, bundle)  # the app's path: the same cached run_method
     top, verdict = engine.predict_and_check(bundle, prepared)

@@ -131,6 +131,19 @@ def open_dataset(path, split: str = "test", transform=None, limit: int | None = 
     raise FileNotFoundError(f"No data set at {path}: expected a folder with labels.csv or a .npz file")
 
 
+def model_batches(dataset, bundle, indices=None, batch_size: int = 64):
+    """Yields (indices, B x 3 x H x W on the bundle's device): a data set's images in batches, each prepared as the
+    app prepares an upload of the file (`images.prepare_image`)."""
+    from .images import prepare_image
+
+    indices = list(range(len(dataset))) if indices is None else list(indices)
+    for start in range(0, len(indices), batch_size):
+        chunk = indices[start:start + batch_size]
+        tensors = [prepare_image(dataset.image(i), bundle.input_size, bundle.crop_pct, bundle.interpolation)[0][0]
+                   for i in chunk]
+        yield chunk, torch.stack(tensors).to(bundle.device)
+
+
 def mean_colour(dataset: Dataset, limit: int = 2000) -> tuple:
     """The data set's mean RGB in [0, 1]: the default deletion/insertion reference."""
     total = torch.zeros(3)

@@ -28,8 +28,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .images import (Geometry, crop_region, image_digest, map_array, map_to_original, overlay, prepare_for_model,
-                     prepare_image)
+from .images import Geometry, crop_region, image_digest, map_array, map_to_original, overlay, prepare_for_model
 from .methods import METHODS, as_targets, check_targets, get_method
 from .metrics import Curves, deletion_insertion
 
@@ -235,15 +234,10 @@ def predict_and_check(bundle, prepared: PreparedInput, top_k: int = 5) -> tuple:
     """(the top-k prediction, the familiarity verdict): whether the image looks like the model's training images
     (`familiarity.verdict`; None where the model has no statistics), read from the same forward pass."""
     from . import familiarity
+    from .evaluate import top_classes
 
-    if familiarity.get_stats(bundle) is None:
-        return predict_top(bundle, prepared, top_k), None
-    with bundle.lock, torch.no_grad():
-        logits, features = familiarity.logits_and_features(bundle, prepared.tensor)
-    probabilities = logits.softmax(dim=1)[0]
-    values, indices = probabilities.topk(min(top_k, probabilities.numel()))
-    prediction = [(int(i), bundle.class_name(int(i)), float(v)) for v, i in zip(values, indices)]
-    return prediction, familiarity.check(bundle, features)[0]
+    logits, verdicts = familiarity.forward_and_check(bundle, prepared.tensor)
+    return top_classes(bundle, logits, top_k)[0], (verdicts[0] if verdicts else None)
 
 
 def as_map(maps) -> np.ndarray:
@@ -527,30 +521,22 @@ def item_name(dataset, index: int) -> str:
 def predict_dataset(bundle, dataset, indices=None, batch_size: int = 64, progress=None,
                     verdicts: list | None = None) -> list:
     """[(item name, position, label, predicted class, confidence)] for the given indices. `verdicts`: a list that
-    receives each row's familiarity verdict (`predict_and_check`; read in the same forward pass) where the model
-    has statistics."""
+    receives each row's familiarity verdict (`familiarity.forward_and_check`, read in the same forward pass) where
+    the model has statistics."""
     from . import familiarity
+    from .data import model_batches
 
     indices = list(range(len(dataset))) if indices is None else list(indices)
-    check = verdicts is not None and familiarity.get_stats(bundle) is not None
     rows = []
-    for start in range(0, len(indices), batch_size):
-        chunk = indices[start:start + batch_size]
-        tensors = [prepare_image(dataset.image(i), bundle.input_size, bundle.crop_pct, bundle.interpolation)[0][0]
-                   for i in chunk]
-        images = torch.stack(tensors).to(bundle.device)
-        with bundle.lock:
-            if check:
-                logits, features = familiarity.logits_and_features(bundle, images)
-                verdicts.extend(familiarity.check(bundle, features))
-            else:
-                logits = bundle(images)
-        probabilities = logits.softmax(dim=1)
-        confidence, predicted = probabilities.max(dim=1)
+    for chunk, images in model_batches(dataset, bundle, indices, batch_size):
+        logits, checked = familiarity.forward_and_check(bundle, images)
+        if verdicts is not None:
+            verdicts.extend(checked or [])
+        confidence, predicted = logits.softmax(dim=1).max(dim=1)
         for i, p, c in zip(chunk, predicted.tolist(), confidence.tolist()):
             rows.append((item_name(dataset, i), i, int(dataset.labels[i]), int(p), float(c)))
         if progress is not None:
-            progress(min(start + batch_size, len(indices)), len(indices))
+            progress(len(rows), len(indices))
     return rows
 
 

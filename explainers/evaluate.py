@@ -21,7 +21,12 @@ from .statistics import N_RESAMPLES, format_interval, method_intervals
 @torch.no_grad()
 def predict(bundle, images: torch.Tensor, top_k: int = 5) -> list:
     """Top-k (class index, class name, probability) per image."""
-    probabilities = bundle(images).softmax(dim=1)
+    return top_classes(bundle, bundle(images), top_k)
+
+
+def top_classes(bundle, logits: torch.Tensor, top_k: int = 5) -> list:
+    """Top-k (class index, class name, probability) per row of logits (from a pass already made)."""
+    probabilities = logits.softmax(dim=1)
     values, indices = probabilities.topk(min(top_k, probabilities.shape[1]), dim=1)
     return [[(int(i), bundle.class_name(int(i)), float(v)) for v, i in zip(vs, ix)]
             for vs, ix in zip(values, indices)]
@@ -108,14 +113,9 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     for batch_indices in batches:
         images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
         labels = torch.tensor([int(dataset.labels[i]) for i in batch_indices])
-        with torch.no_grad():
-            if check:  # the same forward pass: is each image like the model's training images?
-                with bundle.lock:
-                    logits, features = familiarity.logits_and_features(bundle, images)
-                verdicts.extend(familiarity.check(bundle, features))
-            else:
-                logits = bundle(images)
-            targets = logits.argmax(dim=1)
+        logits, checked = familiarity.forward_and_check(bundle, images)  # the pass that picks the targets
+        verdicts.extend(checked or [])
+        targets = logits.argmax(dim=1)
         correct += int(((targets.cpu() == labels) & (labels != UNLABELLED)).sum())
         for label, method_obj in method_objects:
             started = time.perf_counter()

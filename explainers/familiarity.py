@@ -8,7 +8,7 @@ forward pass as the prediction (a pre-hook on the head), so the check costs no m
 
     stats = fit(bundle, "../shared/data/bloodmnist/64/train", "../shared/data/bloodmnist/64/val")  # once
     save(stats, "weights/bloodmnist-vit.familiarity.safetensors")
-    prediction, verdict = predict_and_check(bundle, image)   # verdict: None where the model has no statistics
+    prediction, verdict = engine.predict_and_check(bundle, image)   # verdict: None without statistics
 
 The threshold is a quantile of the validation images' scores (`quantile`, 0.99 by default: about 1 in 100 images
 like the training data is flagged); the verdict says where the image's score lies among them.
@@ -112,13 +112,10 @@ def logits_and_features(bundle, images: torch.Tensor, features: str | None = Non
 @torch.no_grad()
 def dataset_features(bundle, dataset, batch_size: int = 128, progress=None, features: str | None = None) -> tuple:
     """(features N x D, labels N) of every image of a data set, prepared as the app prepares an upload."""
-    from .images import prepare_image
+    from .data import model_batches
 
     rows, labels = [], []
-    for start in range(0, len(dataset), batch_size):
-        chunk = range(start, min(start + batch_size, len(dataset)))
-        images = torch.stack([prepare_image(dataset.image(i), bundle.input_size, bundle.crop_pct,
-                                            bundle.interpolation)[0][0] for i in chunk]).to(bundle.device)
+    for chunk, images in model_batches(dataset, bundle, batch_size=batch_size):
         with bundle.lock:
             _, batch = logits_and_features(bundle, images, features)
         rows.append(batch.cpu())
@@ -138,17 +135,17 @@ def fit(bundle, train_data, val_data, *, quantile: float = QUANTILE, features: s
         raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
     kind = features
     train = open_dataset(train_data, split="train")
-    features, labels = dataset_features(bundle, train, progress=progress, features=kind)
+    train_features, labels = dataset_features(bundle, train, progress=progress, features=kind)
     classes = sorted(set(labels.tolist()))
     if classes and not (0 <= classes[0] and classes[-1] < bundle.num_classes):
         raise ValueError(f"the training labels must be class indices of {bundle.name} (0..{bundle.num_classes - 1}); "
                          f"{train_data} has {classes[0]}..{classes[-1]}")
     if len(classes) < 2:
         raise ValueError("the training data has fewer than two classes")
-    means = torch.zeros(bundle.num_classes, features.shape[1], dtype=torch.float64)
+    means = torch.zeros(bundle.num_classes, train_features.shape[1], dtype=torch.float64)
     centred = []
     for c in classes:
-        members = features[labels == c].double()
+        members = train_features[labels == c].double()
         means[c] = members.mean(dim=0)
         centred.append(members - means[c])
     present = torch.tensor(classes)
@@ -236,12 +233,17 @@ def verdict(stats: FamiliarityStats, score: float, model_name: str) -> dict:
     return record
 
 
-def check(bundle, features: torch.Tensor) -> list | None:
-    """A verdict per image of a batch of pre-logit features; None where the model has no statistics."""
+@torch.no_grad()
+def forward_and_check(bundle, images: torch.Tensor) -> tuple:
+    """(logits B x C, a verdict per image or None where the model has no statistics): the model's forward pass and
+    the check read in it. The one place the prediction passes of the app, `evaluate`, reviews and studies go
+    through; it takes the bundle's lock (the hooks sit on the shared network)."""
     stats = get_stats(bundle)
-    if stats is None:
-        return None
-    return [verdict(stats, float(score), bundle.name) for score in stats.score(features.cpu())]
+    with bundle.lock:
+        if stats is None:
+            return bundle(images), None
+        logits, features = logits_and_features(bundle, images)
+    return logits, [verdict(stats, float(score), bundle.name) for score in stats.score(features.cpu())]
 
 
 def flagged_share(bundle, stats: FamiliarityStats, data, *, split: str = "test", limit: int | None = None) -> dict:

@@ -302,10 +302,10 @@ def file_facts(path) -> tuple:
         return False, False, 1
 
 
-def conversion_notes(path) -> list:
-    """What `load_image` changed in this file that a person would not guess from it, in words for them: transparency
-    composed on white, only the first of several frames. Empty when nothing such."""
-    _, transparent, frames = file_facts(path)
+def conversion_notes(facts: tuple) -> list:
+    """What `load_image` changed in a file that a person would not guess from it, in words for them, from its
+    `file_facts`: transparency composed on white, only the first of several frames. Empty when nothing such."""
+    _, transparent, frames = facts
     return ([COMPOSED_NOTE] if transparent else []) + ([FIRST_FRAME_NOTE.format(frames=frames)] if frames > 1 else [])
 
 

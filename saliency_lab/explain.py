@@ -43,7 +43,8 @@ def shown_image(services, image_path) -> tuple:
     if folder in path.parents:
         return str(path), ""
     picture = load_image(path)  # refuses what the model could not take
-    if file_facts(path)[0]:
+    facts = file_facts(path)
+    if facts[0]:
         return str(path), ""
     from explainers.images import image_digest, png_bytes
 
@@ -51,7 +52,7 @@ def shown_image(services, image_path) -> tuple:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(png_bytes(picture, compress_level=1))
-    return str(target), " ".join(conversion_notes(path))
+    return str(target), " ".join(conversion_notes(facts))
 
 
 def prepared(services, model_name, image_path) -> tuple:
@@ -83,8 +84,8 @@ def label_value(prediction) -> dict:
 def unfamiliar_note(state) -> str:
     """The warning shown above the prediction, where a person reads it, while the explained image is unfamiliar to
     the model (`explainers.familiarity`); "" otherwise."""
-    familiarity = (state or {}).get("familiarity") or {}
-    return f"⚠ **Unfamiliar image.** {familiarity['message']}" if familiarity.get("unfamiliar") else ""
+    verdict = (state or {}).get("familiarity") or {}
+    return f"⚠ **Unfamiliar image.** {verdict['message']}" if verdict.get("unfamiliar") else ""
 
 
 def status_text(state) -> str:
@@ -92,8 +93,7 @@ def status_text(state) -> str:
     if not state:
         return ""
     skipped = ("\n\n**Skipped:** " + "; ".join(state["skipped"])) if state.get("skipped") else ""
-    familiarity = state.get("familiarity") or {}
-    unfamiliar = f"**⚠ Unfamiliar image.** {familiarity['message']}\n\n" if familiarity.get("unfamiliar") else ""
+    unfamiliar = unfamiliar_note(state) + "\n\n" if unfamiliar_note(state) else ""  # also for API clients
     if not state.get("results"):
         return (unfamiliar + skipped.strip()).strip()
     parts = [f"**{r['label']}** {1000 * r['seconds']:.0f} ms" for r in state["results"]]
@@ -122,16 +122,16 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
     if not methods:
         raise ValueError("Pick at least one explanation method.")
     bundle, image = prepared(services, model_name, image_path)
-    prediction, familiarity = engine.predict_and_check(bundle, image, 5)
-    if familiarity and familiarity["unfamiliar"] and warn is not None:
-        warn(familiarity["message"])
+    prediction, verdict = engine.predict_and_check(bundle, image, 5)
     choice = target_choice(target, prediction)
+    if verdict and verdict["unfamiliar"] and warn is not None and choice == AUTO:
+        warn(verdict["message"])  # once per image (a new class of the same image keeps the note, not the toast)
     target_index = prediction[0][0] if choice == AUTO else int(choice)
     values = slider_values(values)
     state = {"model": model_name, "image": image_path, "image_name": Path(str(image_path)).name,
              "image_size": list(image.original.size), "crop_note": pictures.crop_note(image, bundle),
              "target": target_index, "target_name": bundle.class_name(target_index), "prediction": prediction,
-             "target_choice": choice, "familiarity": familiarity, **values, "results": [], "skipped": []}
+             "target_choice": choice, "familiarity": verdict, **values, "results": [], "skipped": []}
     for method in menus.method_order(methods):
         options = engine.method_options(method, values, bundle)
         try:

@@ -191,3 +191,15 @@ def launch_for_test(demo, **launch_kwargs) -> str:
     launch_kwargs.setdefault("ssr_mode", False)
     _, url, _ = demo.queue().launch(prevent_thread_lock=True, server_port=free_port(), quiet=True, **launch_kwargs)
     return url
+
+
+def verdict_stats(bundle, flag_all: bool):
+    """Familiarity statistics with a known verdict for `bundle`: one mean at 0, identity precision, so every score
+    is >= 0; threshold -1 flags every image, +inf none (tests of where the warning is said)."""
+    from explainers import familiarity
+
+    width = familiarity.logits_and_features(bundle, torch.rand(1, 3, *bundle.input_size))[1].shape[1]
+    return familiarity.FamiliarityStats(means=torch.zeros(1, width, dtype=torch.float64),
+                                        precision=torch.eye(width, dtype=torch.float64),
+                                        val_scores=torch.zeros(1, dtype=torch.float64),
+                                        threshold=-1.0 if flag_all else float("inf"), source={})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch_for_test, tiny_cnn, tiny_vit
+from conftest import launch_for_test, tiny_cnn, tiny_vit, verdict_stats
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -656,19 +656,10 @@ def test_an_unfamiliar_image_is_flagged_above_the_prediction(app_url, page):
     prediction; a familiar one clears it. Statistics with a known verdict are put on the test app's ViT."""
     if os.environ.get("SALIENCY_LAB_URL"):
         pytest.skip("needs the in-process test app")
-    import torch
-
     from explainers import familiarity
-    from explainers.familiarity import FamiliarityStats
     from explainers.models import load_model
 
     bundle = load_model("tiny-vit")
-    width = familiarity.logits_and_features(bundle, torch.rand(1, 3, *bundle.input_size))[1].shape[1]
-
-    def stats(threshold):  # every score is >= 0: threshold -1 flags every image, +inf none
-        return FamiliarityStats(means=torch.zeros(1, width, dtype=torch.float64),
-                                precision=torch.eye(width, dtype=torch.float64),
-                                val_scores=torch.zeros(1, dtype=torch.float64), threshold=threshold, source={})
 
     page.get_by_role("tab", name="Explain").click()
     model = page.locator("#model input").first
@@ -677,12 +668,12 @@ def test_an_unfamiliar_image_is_flagged_above_the_prediction(app_url, page):
     page.keyboard.press("Enter")
     note = page.locator("#unfamiliar-note")
     try:
-        familiarity.register_stats(bundle, stats(-1.0))
+        familiarity.register_stats(bundle, verdict_stats(bundle, flag_all=True))
         page.locator("#cell-examples button.thumbnail-item").nth(1).click()
         wait_js(page, "(document.querySelector('#unfamiliar-note')?.innerText || '').includes('does not look like')")
         box, top5 = note.bounding_box(), page.locator("#top5").bounding_box()
         assert box["y"] + box["height"] <= top5["y"] + 1  # above the prediction, where it is read
-        familiarity.register_stats(bundle, stats(float("inf")))
+        familiarity.register_stats(bundle, verdict_stats(bundle, flag_all=False))
         page.locator("#cell-examples button.thumbnail-item").nth(2).click()
         wait_js(page, "!document.querySelector('#unfamiliar-note') || "
                       "document.querySelector('#unfamiliar-note').offsetParent === null || "

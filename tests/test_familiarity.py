@@ -137,7 +137,13 @@ def test_predict_and_check_matches_predict_top_and_says_nothing_without_statisti
         familiarity.register_stats(bundle, None)
         assert engine.predict_and_check(bundle, prepared) == (engine.predict_top(bundle, prepared), None)
         familiarity.register_stats(bundle, familiarity.fit(bundle, tiny_folder, tiny_folder))
-        prediction, verdict = engine.predict_and_check(bundle, prepared)
+        calls = []
+        handle = bundle.network.register_forward_hook(lambda *args: calls.append(1))
+        try:
+            prediction, verdict = engine.predict_and_check(bundle, prepared)
+        finally:
+            handle.remove()
+        assert len(calls) == 1  # the prediction and the check: one forward pass
         assert [(i, n) for i, n, _ in prediction] == [(i, n) for i, n, _ in engine.predict_top(bundle, prepared)]
         assert np.allclose([p for *_, p in prediction], [p for *_, p in engine.predict_top(bundle, prepared)])
         assert set(verdict) >= {"score", "threshold", "unfamiliar", "validation_percentile"}
@@ -163,8 +169,12 @@ def test_an_unfamiliar_upload_is_said_in_the_app_state_status_report_and_cli(tin
         warnings = []
         state, _ = explain.explain_maps(services, str(noise), "familiar-cli", ["gradcam"], warn=warnings.append)
         assert state["familiarity"]["unfamiliar"] and warnings == [state["familiarity"]["message"]]
-        assert explain.status_text(state).startswith("**⚠ Unfamiliar image.** This image does not look like")
+        assert explain.status_text(state).startswith("⚠ **Unfamiliar image.** This image does not look like")
         assert explain.unfamiliar_note(state).startswith("⚠ **Unfamiliar image.** This image does not look like")
+        other = str(state["prediction"][1][0])  # another class of the same image: the note stays, no second toast
+        again, _ = explain.explain_maps(services, str(noise), "familiar-cli", ["gradcam"], other,
+                                        warn=warnings.append)
+        assert again["familiarity"]["unfamiliar"] and len(warnings) == 1
         state, _ = explain.explain_curves(services, state)
         paths = explain.write_downloads(services, state, 0.5, "cividis")
         report = json.loads(next(p for p in paths if p.name == "report.json").read_text())

@@ -114,11 +114,8 @@ def test_an_old_database_gains_the_familiarity_column_and_keeps_its_rows(tmp_pat
 def test_the_review_gallery_marks_images_unlike_the_models_training_images(tmp_path, monkeypatch):
     """Loading a data set for review reads each image's familiarity in its one prediction pass: the warning counts
     them, their thumbnails carry ⚠, and rows cached before the check (unfamiliar unknown) are predicted again."""
-    import torch
-
-    from conftest import tiny_vit
+    from conftest import tiny_vit, verdict_stats
     from explainers import familiarity
-    from explainers.familiarity import FamiliarityStats
     from saliency_lab import review
     from saliency_lab.services import Services
 
@@ -127,11 +124,8 @@ def test_the_review_gallery_marks_images_unlike_the_models_training_images(tmp_p
     services = Services(lambda name: bundle, ["tiny-vit"], tmp_path / "state")
     state, warning = review.load_review(services, "bloodmnist-cells", "tiny-vit", 6)
     assert warning is None and all(r["unfamiliar"] is None for r in state["rows"])  # no statistics: not checked
-    width = familiarity.logits_and_features(bundle, torch.rand(1, 3, *bundle.input_size))[1].shape[1]
-    try:  # every score is >= 0: threshold -1 flags every image
-        familiarity.register_stats(bundle, FamiliarityStats(
-            means=torch.zeros(1, width, dtype=torch.float64), precision=torch.eye(width, dtype=torch.float64),
-            val_scores=torch.zeros(1, dtype=torch.float64), threshold=-1.0, source={}))
+    try:
+        familiarity.register_stats(bundle, verdict_stats(bundle, flag_all=True))
         state, warning = review.load_review(services, "bloodmnist-cells", "tiny-vit", 6)
         page = review.filter_page(services, state)
     finally:

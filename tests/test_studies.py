@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import tiny_vit
+from conftest import tiny_vit, verdict_stats
 from explainers.methods import METHODS
 from explainers.review_report import EXPORT_COLUMNS, study_report, study_rows
 from saliency_lab import review_data, studies
@@ -436,20 +436,14 @@ def test_study_score_table_pairs_images_and_one_image_has_no_interval(services):
 def test_a_study_of_images_unlike_the_models_training_images_says_so(services):
     """Creating a study predicts its images once; where the model has familiarity statistics the same pass counts
     the unfamiliar images and the creation message names them; without statistics nothing is said."""
-    import torch
-
     from explainers import familiarity
-    from explainers.familiarity import FamiliarityStats
 
     bundle = services.bundle("tiny-vit")
-    width = familiarity.logits_and_features(bundle, torch.rand(1, 3, *bundle.input_size))[1].shape[1]
     _, plain = studies.create_study(services, "plain", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
                                     count=6)
     assert "do not look like" not in plain
-    try:  # every score is >= 0: threshold -1 flags every image
-        familiarity.register_stats(bundle, FamiliarityStats(
-            means=torch.zeros(1, width, dtype=torch.float64), precision=torch.eye(width, dtype=torch.float64),
-            val_scores=torch.zeros(1, dtype=torch.float64), threshold=-1.0, source={}))
+    try:
+        familiarity.register_stats(bundle, verdict_stats(bundle, flag_all=True))
         _, flagged = studies.create_study(services, "odd", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
                                           count=6)
     finally:
