@@ -44,8 +44,8 @@ def load_review(services, folder, model_name, count, progress=None) -> tuple:
     count = min(int(count), len(dataset))
     cached = {row["item"]: row for row in services.store.predictions(key, model_name)}
     checked = familiarity.get_stats(bundle) is not None  # then a row cached before the check is predicted again
-    missing = [i for i in range(count) if engine.item_name(dataset, i) not in cached
-               or (checked and cached[engine.item_name(dataset, i)]["unfamiliar"] is None)]
+    fresh = {item for item, row in cached.items() if not (checked and row["unfamiliar"] is None)}
+    missing = [i for i in range(count) if engine.item_name(dataset, i) not in fresh]
     if missing:
         if progress is not None:
             progress(0, len(missing))
