@@ -72,6 +72,8 @@ def cmd_explain(args) -> int:
         print(f"{record['method']} for class {target} ({bundle.class_name(target)}): "
               f"deletion AUC {record['deletion_auc']:.4f} (lower is better), insertion AUC "
               f"{record['insertion_auc']:.4f} (higher is better), {1000 * record['seconds']:.1f} ms")
+        if record.get("caveat"):
+            print(f"note: {record['caveat']}")
     if not one_file:  # the app's download: overlay-<method>.png each, curves.csv, report.json
         paths = engine.write_downloads(out, bundle.name, prepared, records, opacity=args.opacity,
                                        colormap=args.colormap, prediction=top, image_name=Path(args.image).name,
@@ -387,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .familiarity import add_familiarity_parser  # the unfamiliar-image warning's statistics
 
     add_familiarity_parser(commands)
+    from .sanity import add_class_dependence_parser  # does a method's map change with the class asked about?
+
+    add_class_dependence_parser(commands)
     return parser
 
 

@@ -287,7 +287,8 @@ def result_record(method: str, target: int, options: dict, maps: np.ndarray, sec
     record = {"method": method, "label": method_label(method), "target": int(target),
               "target_name": bundle.class_name(int(target)) if bundle is not None else str(target),
               "options": dict(options), "map": maps.astype(np.float32), "seconds": float(seconds),
-              "fractions": None, "deletion": None, "insertion": None, "deletion_auc": None, "insertion_auc": None}
+              "fractions": None, "deletion": None, "insertion": None, "deletion_auc": None, "insertion_auc": None,
+              "caveat": None}
     if curves is not None:
         set_curves(record, curves)
     return record
@@ -350,6 +351,7 @@ def run_method(bundle, prepared: PreparedInput, method: str, target: int, option
         result = result_record(method, target, options, maps, time.perf_counter() - started, None, bundle)
         if not _live(method):  # what the method resolved (e.g. AHA's mode) travels with the result
             result["options"].update(getattr(method_obj, "resolved_options", None) or {})
+        result["caveat"] = METHODS[method].caveat(bundle, result["options"]) if method in METHODS else None
         if cache:
             cache.put(map_key, copy.deepcopy(result))
     if curves:
@@ -447,7 +449,8 @@ def report(bundle_name: str, results: list, *, image_name: str = "", prediction=
         "prediction": [{"class_index": i, "class_name": n, "probability": round(p, 6)} for i, n, p in (prediction or [])],
         "methods": [{"method": r["method"], "label": r["label"], "options": r["options"], "target": r["target"],
                      "target_name": r["target_name"], "deletion_auc": r["deletion_auc"],
-                     "insertion_auc": r["insertion_auc"], "map_seconds": r["seconds"]} for r in results],
+                     "insertion_auc": r["insertion_auc"], "map_seconds": r["seconds"],
+                     **({"caveat": r["caveat"]} if r.get("caveat") else {})} for r in results],
         "protocol": {"steps": steps, "reference": reference, "score": "softmax probability of the target",
                      "auc": "trapezoid over p in [0, 1]", "note": CURVE_NOTE},
         "seed": SEED,

@@ -99,7 +99,17 @@ def status_text(state) -> str:
     parts = [f"**{r['label']}** {1000 * r['seconds']:.0f} ms" for r in state["results"]]
     crop = f" {state['crop_note']}" if state.get("crop_note") else ""
     return unfamiliar + (f"Model **{state['model']}**, target **{state['target_name']}** (class {state['target']}). "
-                         f"Map times: {', '.join(parts)}.{crop}") + skipped
+                         f"Map times: {', '.join(parts)}.{crop}") + caveats_text(state) + skipped
+
+
+def caveats_text(state) -> str:
+    """The methods' caveats for this model and these options (`Method.caveat`, e.g. a one-pass map that barely
+    changes with the class asked about), each once, as Markdown paragraphs; "" when there is none."""
+    seen = []
+    for record in (state or {}).get("results", []):
+        if record.get("caveat") and record["caveat"] not in seen:
+            seen.append(record["caveat"])
+    return "".join(f"\n\n**Note:** {text}" for text in seen)
 
 
 def has_method(state, method: str) -> bool:

@@ -98,6 +98,60 @@ def save_explainer(explainer: AHAExplainer, stem, card: dict) -> dict:
     return card
 
 
+def store_class_dependence(bundle, specs: list, results: dict, *, data: str, images: int, command: str) -> Path:
+    """Write the class dependence of the trained explainer's maps (`explainers.sanity.class_dependence`: one row per
+    'aha' spec, the one pass and refinement steps T) into its card as "class_dependence", where AHA's `caveat` reads
+    it, with each row's paired difference to Grad-CAM's on the same images (the class-sensitive reference: where
+    the two top classes' evidence lies in the same place, as for two dog breeds, every method's two maps agree, and
+    only a rho well above Grad-CAM's says the map ignores the class). Only plain trained-mode specs count ('aha',
+    'aha:refine_steps=3'); ValueError when there is none, without 'gradcam', or without a trained explainer.
+    Returns the card's path."""
+    import numpy as np
+
+    from ..evaluate import parse_method_spec
+    from ..statistics import bootstrap_ci
+    from ..training import atomic_write_text
+
+    parsed = [parse_method_spec(spec) for spec in specs]
+    reference = next((results[label] for name, options, label in parsed if name == "gradcam" and not options), None)
+    if reference is None:
+        raise ValueError("--into-card needs plain 'gradcam' among --methods: the class-sensitive reference the "
+                         "AHA rows are compared with")
+    rows = {}
+    for name, options, label in parsed:
+        if name != "aha" or set(options) - {"refine_steps", "mode"} or options.get("mode", "trained") not in (
+                "trained", "auto"):
+            continue
+        row = results[label]
+        pairs = [(a, b) for a, b in zip(row["per_image"], reference["per_image"]) if np.isfinite(a) and np.isfinite(b)]
+        difference = [a - b for a, b in pairs]
+        rows[str(int(options.get("refine_steps", 0)))] = {
+            "spearman_top1_top2": row["spearman_top1_top2"], "ci95": row["ci95"],
+            "minus_gradcam": {"mean": float(np.mean(difference)) if difference else None,
+                              "ci95": bootstrap_ci(difference) if len(difference) > 1 else None,
+                              "images": len(difference)}}
+    if not rows:
+        raise ValueError("--into-card stores the rows of 'aha' (e.g. --methods aha,aha:refine_steps=3,gradcam): "
+                         "none given")
+    stem = explainer_stem(bundle.name)
+    card_file = Path(str(stem) + ".json")
+    if not card_file.exists():
+        raise ValueError(f"'{bundle.name}' has no trained AHA explainer card to store the results in")
+    from ..sanity import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
+
+    card = json.loads(card_file.read_text())
+    card["class_dependence"] = {
+        "what": "per image, Spearman rho between the map for the predicted class and for the runner-up class "
+                "(mean, 95% bootstrap interval), by refinement steps T, and its paired difference to Grad-CAM's",
+        "data": data, "images": int(images), "command": command, "class_blind_rho": CLASS_BLIND_RHO,
+        "class_blind_margin": CLASS_BLIND_MARGIN,
+        "gradcam": {"spearman_top1_top2": reference["spearman_top1_top2"], "ci95": reference["ci95"]},
+        "by_refine_steps": rows}
+    atomic_write_text(json.dumps(card, indent=2), card_file)
+    forget_explainers(bundle.name)  # the next use reads the new card
+    return card_file
+
+
 def training_hint(model_name: str) -> str:
     try:
         out = explainer_stem(model_name)

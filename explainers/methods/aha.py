@@ -74,6 +74,49 @@ class AHA(Method):
         return cls.has_trained_explainer(bundle)
 
     @classmethod
+    def caveat(cls, bundle, options: dict | None = None) -> str | None:
+        """Where the trained explainer's card measured its one pass as class-blind (`class_dependence`, written by
+        `python -m explainers class-dependence --into-card`: its maps for the two top classes agree, rho >=
+        CLASS_BLIND_RHO, and by CLASS_BLIND_MARGIN more than Grad-CAM's, paired interval above 0): say that the map
+        hardly changes with the class asked about and name the refinement steps that do follow it. The refinement
+        and the per-image mode optimise against the model's own score for the class: no caveat for them."""
+        from ..sanity import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
+
+        options = options or {}
+        if int(options.get("refine_steps", 0) or 0) > 0 or options.get("mode", "trained") not in ("trained", "auto"):
+            return None
+        try:
+            card = getattr(get_explainer(bundle), "card", None) or {}  # an in-memory explainer has none
+        except ExplainerUnavailable:
+            return None
+        measured = card.get("class_dependence") or {}
+        rows = measured.get("by_refine_steps") or {}
+
+        def blind(row) -> bool:
+            rho, against = row.get("spearman_top1_top2"), row.get("minus_gradcam") or {}
+            interval = against.get("ci95")
+            return (rho is not None and rho >= float(measured.get("class_blind_rho", CLASS_BLIND_RHO))
+                    and against.get("mean") is not None
+                    and against["mean"] >= float(measured.get("class_blind_margin", CLASS_BLIND_MARGIN))
+                    and (interval is None or interval[0] > 0))
+
+        one_pass = rows.get("0")
+        if not one_pass or not blind(one_pass):
+            return None
+        reference = (measured.get("gradcam") or {}).get("spearman_top1_top2")
+        text = (f"On {bundle.name} AHA's one pass draws nearly the same map whatever the class asked about "
+                f"(Spearman {one_pass['spearman_top1_top2']:.2f} between its maps for the two top classes on "
+                f"{measured.get('images', '?')} held-out images"
+                + (f"; Grad-CAM {reference:.2f}" if reference is not None else "")
+                + "): it shows where the evidence lies, not which class it supports.")
+        following = sorted((int(steps), row["spearman_top1_top2"]) for steps, row in rows.items()
+                           if int(steps) > 0 and row.get("spearman_top1_top2") is not None and not blind(row))
+        if following:
+            steps, rho = following[0]
+            return text + f" With refinement steps T = {steps} the map follows the class (Spearman {rho:.2f})."
+        return text + " Refinement steps T optimise the map for the chosen class."
+
+    @classmethod
     def model_passes(cls, bundle, options: dict | None = None) -> int:
         """The one pass, or the prior map; then, for T refinement steps (or the per-image mode's steps), the two
         end points and every step's passes (`step_passes`: 84 per image): T=3 costs about 85 times T=0."""

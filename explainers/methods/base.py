@@ -9,7 +9,8 @@ a message a user can act on, from `check(bundle)`.
 
 A method class also declares what a user interface needs, so that adding a method is one file: its `label`,
 `colour` and `order` in menus, its `user_options` (sliders: range, step, default), whether it is a default
-choice for a model (`default_for`), a note for its menu entry (`menu_note`), the options an interactive caller
+choice for a model (`default_for`), a note for its menu entry (`menu_note`), a caveat shown beside its result
+where its map can mislead on that model (`caveat`), the options an interactive caller
 should use (`interactive_options`, e.g. fewer RISE masks on a CPU), and, where a slider must not rerun the
 model, `prepare(bundle, images, targets) -> state` with `state.map(**live_options)` (GradSkip's alpha).
 """
@@ -85,6 +86,13 @@ class Method(ABC):
     def menu_note(cls, bundle) -> str | None:
         """A short note after its label in the app's menu for this model (e.g. 'slow on a CPU'), or None."""
         return "slow on a CPU" if cls.slow and bundle.device.type == "cpu" and not cls.quick_on(bundle) else None
+
+    @classmethod
+    def caveat(cls, bundle, options: dict | None = None) -> str | None:
+        """What a reader of this method's map on this model should know and cannot see in it (one sentence or
+        two, shown beside the result and kept in its report), or None. `options`: the result's options (the
+        user's and what the method resolved, e.g. AHA's mode)."""
+        return None
 
     @classmethod
     def interactive_options(cls, bundle) -> dict:
