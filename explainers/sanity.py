@@ -119,8 +119,10 @@ def class_dependence(bundle, method, images: torch.Tensor, *, batch_size: int = 
     for the model's predicted class and its map for the runner-up class (1: the same map whatever the class;
     near 0 or below: a different map for each). `method`: a Method or a registered name; `images`: B x 3 x H x W
     in [0, 1]. Returns {"spearman_top1_top2": mean, "ci95": bootstrap interval or None, "images": B,
-    "class_blind": mean >= CLASS_BLIND_RHO, "per_image": [rho, ...]} (a map constant over the image has no rank
-    order: its rho is left out of the mean)."""
+    "maps_agree": mean >= CLASS_BLIND_RHO, "per_image": [rho, ...]} (a map constant over the image has no rank
+    order: its rho is left out of the mean). Agreeing maps alone do not make a method class-blind: where the two
+    classes' evidence lies in one place every method's maps agree (AHA's `caveat` also asks for a margin over
+    Grad-CAM's rho on the same images)."""
     from .metrics import spearman
     from .statistics import bootstrap_ci
 
@@ -147,7 +149,7 @@ def class_dependence(bundle, method, images: torch.Tensor, *, batch_size: int = 
     values = [r for r in rhos if np.isfinite(r)]
     mean = float(np.mean(values)) if values else float("nan")
     return {"spearman_top1_top2": mean, "ci95": bootstrap_ci(values, seed=seed) if len(values) > 1 else None,
-            "images": len(rhos), "class_blind": bool(values) and mean >= CLASS_BLIND_RHO, "per_image": rhos}
+            "images": len(rhos), "maps_agree": bool(values) and mean >= CLASS_BLIND_RHO, "per_image": rhos}
 
 
 def add_class_dependence_parser(commands) -> None:
@@ -171,25 +173,24 @@ def cmd_class_dependence(args) -> int:
     import json
     import sys
 
-    from .data import item_names, open_dataset
+    from .data import item_names, model_batches, open_dataset
     from .evaluate import build_methods, split_method_specs
-    from .images import prepare_for_model
     from .models import load_model
 
     bundle = load_model(args.model)
     specs = split_method_specs(args.methods)
     methods = build_methods(bundle, specs)
     dataset = open_dataset(args.data, split=args.split, limit=args.limit, require_labels=False)
-    images = torch.cat([prepare_for_model(dataset.image(i), bundle)[0] for i in range(len(dataset))])
+    images = torch.cat([batch for _, batch in model_batches(dataset, bundle)])  # as the app reads each file
     results = {}
     print(f"class dependence on {args.model}, {len(dataset)} images of {args.data} (Spearman rho between the maps "
-          f"for the top two classes; >= {CLASS_BLIND_RHO}: nearly the same map whatever the class)")
+          f"for the top two classes; >= {CLASS_BLIND_RHO}: the two maps agree)")
     for label, method in methods:
         row = class_dependence(bundle, method, images, seed=args.seed)
         results[label] = row
         interval = f" [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]" if row["ci95"] else ""
         print(f"  {label:<32} {row['spearman_top1_top2']:.3f}{interval}"
-              + ("   the two maps agree" if row["class_blind"] else ""), flush=True)
+              + ("   the two maps agree" if row["maps_agree"] else ""), flush=True)
     command = " ".join(["python -m explainers"] + sys.argv[1:])
     report = {"model": args.model, "data": str(args.data), "split": args.split, "images": len(dataset),
               "files": item_names(dataset),

@@ -47,9 +47,9 @@ def test_class_dependence_known_answers():
     following = class_dependence(bundle, RampByClass(), images, batch_size=2)
     assert following["images"] == 5 and len(following["per_image"]) == 5
     assert following["spearman_top1_top2"] == pytest.approx(-1.0)
-    assert not following["class_blind"]
+    assert not following["maps_agree"]
     blind = class_dependence(bundle, RampByClass(blind=True), images)
-    assert blind["spearman_top1_top2"] == pytest.approx(1.0) and blind["class_blind"]
+    assert blind["spearman_top1_top2"] == pytest.approx(1.0) and blind["maps_agree"]
     assert blind["ci95"] == pytest.approx([1.0, 1.0])
     assert CLASS_BLIND_RHO < 1.0
 
