@@ -1535,10 +1535,20 @@ def build_learn_tab(services, names, first_model, explain_image, heavy, light):
     return sanity_model
 
 
-def launch_kwargs() -> dict:
+def launch_kwargs(demo=None) -> dict:
+    """The arguments of `demo.launch`: theme, upload limit, and the folders whose files the app shows (the data
+    folder above all: a finished job's pictures live there, and Gradio refuses to serve a file outside the
+    working directory, its temp folder and `allowed_paths`)."""
     # uploads are images (checked from their header by load_image) and imported models' weights (Models tab)
     upload_mb = int(os.environ.get("SALIENCY_LAB_MAX_UPLOAD_MB", "400"))
-    return {"theme": THEME, "css": CSS, "ssr_mode": False, "max_file_size": f"{upload_mb}mb", "show_error": False}
+    if demo is not None and getattr(demo, "services", None) is not None:
+        allowed = demo.services.served_folders()
+    else:
+        from explainers.paths import data_dir
+
+        allowed = [str(data_dir())]
+    return {"theme": THEME, "css": CSS, "ssr_mode": False, "max_file_size": f"{upload_mb}mb", "show_error": False,
+            "allowed_paths": allowed}
 
 
 if __name__ == "__main__":
@@ -1547,4 +1557,4 @@ if __name__ == "__main__":
     demo.queue(default_concurrency_limit=4)
     # 127.0.0.1:7860 here; a Space sets GRADIO_SERVER_NAME=0.0.0.0 in the environment
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_kwargs())
+                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_kwargs(demo))

@@ -81,7 +81,7 @@ def serve(port: int, tiny: bool, state_dir: str, heavy: int | None, sam: bool = 
         kwargs = {"model_names": ["tiny-vit", "tiny-cnn"], "default_model": "tiny-vit"}
     demo = app.build_app(state_dir=state_dir, data_dir=str(CELLS), heavy_concurrency=heavy, **kwargs)
     demo.queue(default_concurrency_limit=4).launch(server_name="127.0.0.1", server_port=port, quiet=True,
-                                                   **app.launch_kwargs())
+                                                   **app.launch_kwargs(demo))
 
 
 def rss_mb(pid: int) -> tuple:

@@ -100,6 +100,19 @@ class Services:
         self._written = 0
         self._lock = threading.Lock()
 
+    def served_folders(self) -> list[str]:
+        """Every folder whose files the app shows (job results, fine-tuned and imported models' figures, mask sets,
+        data sets, exports): Gradio serves a file only from the working directory, its temp folder or a path the
+        launch allows, and the default data folder (~/.local/share/saliency-lab) is none of them."""
+        from explainers.paths import data_dir
+
+        folders = []
+        for folder in (data_dir(), self.state_dir, self.jobs_root, self.weights_dir, self.downloads):
+            folder = str(Path(folder).resolve())
+            if folder not in folders:
+                folders.append(folder)
+        return folders
+
     @property
     def decoy_roots(self) -> list:
         """Folders that may hold `decoy-bloodmnist/` and decoy models in `weights/` (read at each call, so the

@@ -60,7 +60,7 @@ def app_url(tmp_path_factory):
     demo = app.build_app(model_names=model_names, default_model="tiny-vit",
                          data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b",
                          decoy_roots=[ROOT])  # the decoy models shipped in weights/, if any; no ../shared
-    url = launch_for_test(demo, **app.launch_kwargs())
+    url = launch_for_test(demo, **app.launch_kwargs(demo))
     yield url
     demo.close()
     if saved_data_dir is None:
