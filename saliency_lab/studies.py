@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from explainers import engine
 from explainers.data import class_names_for, open_dataset, spread_indices
-from explainers.review_report import LIKERT, SLOTS, study_report, write_rows
+from explainers.review_report import LIKERT, MIN_AGREEMENT_IMAGES, SLOTS, study_report, write_rows
 
 from . import menus, pictures
 from .errors import is_skippable
@@ -315,6 +315,10 @@ def faithfulness_markdown(report: dict) -> list:
             score_table_markdown(per_image, labels, **_bootstrap_options(report))]
 
 
+def _images(count: int) -> str:
+    return f"{count} image" if count == 1 else f"{count} images"
+
+
 def _fmt(value, digits=2):
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -337,14 +341,24 @@ def summary_markdown(report: dict) -> str:
         lines.append(f"| {who} | {entry['done']} of {entry['total']} | {tail}")
     overall = counts["overall"]
     lines += ["", f"Done by every reviewer: **{overall['complete_images']} of {overall['images']}** images."]
-    lines += ["", f"**Agreement** ({agreement['measure']}; 95% bootstrap intervals over images):", "",
-              "| pair | images | kappa | 95% interval | raw agreement |", "|---|---|---|---|---|"]
+    least = agreement.get("min_images", MIN_AGREEMENT_IMAGES)
+    exact = "exact agreement" if study["protocol"] == "open" else "same rating"
+    lines += ["", f"**Agreement** ({agreement['measure']}; 95% bootstrap intervals over images; reported from "
+                  f"{least} images done by both reviewers on):", "",
+              f"| pair | images | kappa | 95% interval | {exact} |", "|---|---|---|---|---|"]
+    too_few = f"too few images (fewer than {least})"
     for pair in agreement["pairs"]:
-        lines.append(f"| {pair['a']} – {pair['b']} | {pair['images']} | {_fmt(pair['kappa'])} | {_ci(pair['ci95'])} | "
-                     f"{_fmt(pair['percent_agreement'])} |")
+        if pair.get("too_few") or pair["kappa"] is None:
+            lines.append(f"| {pair['a']} – {pair['b']} | {pair['images']} | {too_few} | | |")
+        else:
+            lines.append(f"| {pair['a']} – {pair['b']} | {pair['images']} | {_fmt(pair['kappa'])} | "
+                         f"{_ci(pair['ci95'])} | {_fmt(pair['percent_agreement'])} |")
     fleiss = agreement["fleiss"]
-    lines.append(f"| Fleiss (all {fleiss['reviewers']}) | {fleiss['images']} | {_fmt(fleiss['kappa'])} | "
-                 f"{_ci(fleiss['ci95'])} | |")
+    if fleiss.get("too_few") or fleiss["kappa"] is None:
+        lines.append(f"| Fleiss (all {fleiss['reviewers']}) | {fleiss['images']} | {too_few} | | |")
+    else:
+        lines.append(f"| Fleiss (all {fleiss['reviewers']}) | {fleiss['images']} | {_fmt(fleiss['kappa'])} | "
+                     f"{_ci(fleiss['ci95'])} | |")
     if study["protocol"] == "blinded":
         lines += ["", "**Per method** (revealed):", "",
                   "| method | mean rating | 95% interval | picked best |", "|---|---|---|---|"]
@@ -362,7 +376,7 @@ def summary_markdown(report: dict) -> str:
         by = report["faithfulness"].get("mean_insertion_auc_by_majority_verdict", {})
         if by:
             lines += ["", "Mean insertion AUC of the shown maps, by the reviewers' majority verdict: " +
-                      ", ".join(f"{v} {x['insertion_auc']:.3f} ({x['images']} images)" for v, x in by.items()) + "."]
+                      ", ".join(f"{v} {x['insertion_auc']:.3f} ({_images(x['images'])})" for v, x in by.items()) + "."]
     lines += per_class_markdown(report)
     return "\n".join(lines)
 
@@ -415,7 +429,7 @@ def kappa_figure(report: dict) -> FigureSpec | None:
     matrix = [[1.0 if i == j else None for j in range(len(reviewers))] for i in range(len(reviewers))]
     for pair in report["agreement"]["pairs"]:
         i, j = index[pair["a"]], index[pair["b"]]
-        matrix[i][j] = matrix[j][i] = pair["kappa"]
+        matrix[i][j] = matrix[j][i] = None if pair.get("too_few") else pair["kappa"]  # too few: shown as –
     text = [["–" if v is None else f"{v:.2f}" for v in row] for row in matrix]
     return FigureSpec([{"type": "heatmap", "z": matrix, "x": reviewers, "y": reviewers, "zmin": -1, "zmax": 1,
                         "colorscale": "Cividis", "text": text, "texttemplate": "%{text}",

@@ -452,3 +452,28 @@ def test_a_study_of_images_unlike_the_models_training_images_says_so(services):
     assert ", ..." in flagged and flagged.count(".jpg") == 5  # the first five named
     rows = services.store.study_items("odd")
     assert len(rows) == 6  # the study itself is created as before
+
+
+def test_agreement_on_too_few_images_says_so(tmp_path):
+    """Below MIN_AGREEMENT_IMAGES the report keeps kappa for the record but gives no interval, and the summary
+    says "too few images" instead of figures that read as a finding ("kappa 0.65 [0.57, 0.65]")."""
+    from explainers.review_report import MIN_AGREEMENT_IMAGES
+    from saliency_lab.studies import summary_markdown
+
+    few = MIN_AGREEMENT_IMAGES - 1
+    store = open_study_with(tmp_path, ["plausible", "implausible"] * 5, ["plausible", "plausible"] * 5)
+    enough = study_report(store.path, "open", n_boot=50)
+    pair = enough["agreement"]["pairs"][0]
+    assert pair["images"] == 10 >= MIN_AGREEMENT_IMAGES and not pair["too_few"] and pair["ci95"][0] is not None
+    assert "too few images" not in summary_markdown(enough)
+
+    store = open_study_with(tmp_path / "few", ["plausible", "implausible"] * 4 + ["unsure"],
+                            ["plausible", "plausible"] * 4 + ["unsure"])
+    report = study_report(store.path, "open", n_boot=50)
+    pair, fleiss = report["agreement"]["pairs"][0], report["agreement"]["fleiss"]
+    assert pair["images"] == few and pair["too_few"] and pair["ci95"] == [None, None]
+    assert pair["kappa"] is not None  # kept in the JSON for the record
+    assert fleiss["too_few"] and fleiss["ci95"] == [None, None]
+    text = summary_markdown(report)
+    assert text.count(f"too few images (fewer than {MIN_AGREEMENT_IMAGES})") == 2  # the pair and Fleiss
+    assert f"{pair['kappa']:.2f}" not in text.split("**Agreement**")[1].split("\n\n")[1]
