@@ -1193,7 +1193,7 @@ def build_study_panel(services, names, first_model, heavy, light):
 
     @friendly
     def create(name, dataset_name, model_name, methods, reviewers, protocol, count, progress=gr.Progress()):
-        _, text = studies.create_study(
+        _, _, text = studies.create_study(
             services, name, dataset_name, model_name, methods, reviewers, protocol, count,
             progress=lambda done, total: progress(done / total if total else 0, desc=f"Predicting {total} images…"))
         return text, name

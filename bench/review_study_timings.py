@@ -53,7 +53,7 @@ def main() -> int:
     services = Services(default_loader, [args.model], work / "state")
     services.bundle(args.model)  # model load not counted
     started = time.perf_counter()
-    code, _ = studies.create_study(services, f"bench-{stamp}", result.name, args.model, ["gradcam", "aha"], ["a"],
+    code, owner, _ = studies.create_study(services, f"bench-{stamp}", result.name, args.model, ["gradcam", "aha"], ["a"],
                                    "blinded", count=args.images)
     create_s = time.perf_counter() - started
     state, _ = studies.open_study(services, f"bench-{stamp}", code, "a")
@@ -70,7 +70,7 @@ def main() -> int:
         services.store.set_study_verdict(f"bench-{stamp}", i % args.images, "b", "plausible")
         verdict_ms.append(1000 * (time.perf_counter() - started))
     started = time.perf_counter()
-    studies.study_results(services, f"bench-{stamp}", code, faithfulness=False, n_boot=1000)
+    studies.study_results(services, f"bench-{stamp}", owner, faithfulness=False, n_boot=1000)
     report_s = time.perf_counter() - started
     out = {"images": result.loaded, "skipped": len(result.skipped), "model": args.model,
            "upload_validate_store_s": round(upload_s, 2), "create_study_predict_s": round(create_s, 2),

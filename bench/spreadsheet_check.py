@@ -46,7 +46,7 @@ def main() -> int:
     services = Services(load_model, ["bloodmnist-vit"], work / "state")
     tricky = 'nucleus, not "membrane"\nsecond line'
     reviewers = ("Dr. Müller", "-b")
-    code, _ = studies.create_study(services, "sheet", "bloodmnist-cells", "bloodmnist-vit", ["gradcam", "rollout"],
+    code, owner, _ = studies.create_study(services, "sheet", "bloodmnist-cells", "bloodmnist-vit", ["gradcam", "rollout"],
                                    ", ".join(reviewers), "blinded", count=3, seed=3)
     for reviewer, note in zip(reviewers, ("=SUM(A1)", tricky)):
         state, _ = studies.open_study(services, "sheet", code, reviewer)
@@ -56,7 +56,7 @@ def main() -> int:
             studies.rate(services, state, reviewer, "B", 2)
             studies.pick_best(services, state, reviewer, "A")
             studies.save_note(services, state, reviewer, note)
-    exported = Path(studies.export_study(services, "sheet", code, "csv"))
+    exported = Path(studies.export_study(services, "sheet", owner, "csv"))
     ours = list(csv.reader(io.StringIO(exported.read_bytes().decode("utf-8-sig"), newline="")))
     sheet_dir = work / "sheet"
     sheet_dir.mkdir()

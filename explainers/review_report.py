@@ -54,6 +54,8 @@ CREATE TABLE IF NOT EXISTS study_ratings (
   study TEXT NOT NULL, position INTEGER NOT NULL, reviewer TEXT NOT NULL, slot TEXT NOT NULL,
   rating INTEGER NOT NULL, updated REAL NOT NULL,
   PRIMARY KEY (study, position, reviewer, slot));
+CREATE TABLE IF NOT EXISTS study_owners (
+  study TEXT PRIMARY KEY, owner_hash TEXT NOT NULL, owner_salt TEXT NOT NULL, closed REAL);
 CREATE TABLE IF NOT EXISTS study_faithfulness (
   study TEXT NOT NULL, position INTEGER NOT NULL, method TEXT NOT NULL, deletion_auc REAL, insertion_auc REAL,
   PRIMARY KEY (study, position, method));

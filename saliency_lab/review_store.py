@@ -296,8 +296,11 @@ class ReviewStore:
         return hashlib.pbkdf2_hmac("sha256", code.encode(), bytes.fromhex(salt), 60_000).hex()
 
     def create_study(self, name: str, *, protocol: str, dataset: str, dataset_path: str, model: str, methods,
-                     reviewers, class_names, items, question: str = "", seed: int | None = None) -> str:
+                     reviewers, class_names, items, question: str = "", seed: int | None = None,
+                     owner_code: str | None = None) -> str:
         """A new study; returns its code (a random token, kept only as a salted hash: show it once).
+        `owner_code` (kept as a salted hash too): the code that alone sees the results until the owner closes
+        the study; distinct from the reviewers' code, so that no reviewer can unblind a study mid-way.
 
         items: (item name, data-set index, true label or None, predicted class, confidence). For the blinded
         protocol every image gets its own random order of the methods (stored; `seed` only for tests)."""
@@ -334,11 +337,27 @@ class ReviewStore:
                              json.dumps(methods), json.dumps(reviewers), json.dumps(list(class_names)),
                              question or "", time.time()))
                 con.executemany("INSERT INTO study_items VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                if owner_code:
+                    if owner_code == code:
+                        raise ReviewError("The owner code must differ from the reviewers' code.")
+                    owner_salt = secrets.token_hex(16)
+                    con.execute("INSERT INTO study_owners VALUES (?, ?, ?, NULL)",
+                                (name, self._hash_code(owner_code, owner_salt), owner_salt))
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
         return code
+
+    def study_settings(self, name: str) -> dict:
+        """The study's settings (no codes), for a caller that checked a code already."""
+        row = self._con().execute("SELECT * FROM studies WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise ReviewError("No study with this name and code.")
+        study = {k: row[k] for k in row.keys() if k not in ("code_hash", "salt")}
+        for key in ("methods", "reviewers", "class_names"):
+            study[key] = json.loads(study[key])
+        return study
 
     def open_study(self, name: str, code: str) -> dict:
         """The study's settings when `code` is its code; the same ReviewError for an unknown name and a wrong
@@ -350,10 +369,36 @@ class ReviewStore:
             raise refused
         if not hmac.compare_digest(self._hash_code((code or "").strip(), row["salt"]), row["code_hash"]):
             raise refused
-        study = {k: row[k] for k in row.keys() if k not in ("code_hash", "salt")}
-        for key in ("methods", "reviewers", "class_names"):
-            study[key] = json.loads(study[key])
-        return study
+        return self.study_settings(row["name"])
+
+    def study_owner(self, name: str) -> dict | None:
+        """{'closed': time or None} of a study created with an owner code; None for one created without (an
+        earlier version's study: its reviewers' code shows the results, as it always did)."""
+        row = self._con().execute("SELECT closed FROM study_owners WHERE study=?", (name,)).fetchone()
+        return None if row is None else {"closed": row["closed"]}
+
+    def is_owner(self, name: str, owner_code: str) -> bool:
+        row = self._con().execute("SELECT owner_hash, owner_salt FROM study_owners WHERE study=?",
+                                  ((name or "").strip(),)).fetchone()
+        if row is None:
+            self._hash_code(owner_code or "", "00" * 16)  # the same time as a wrong code
+            return False
+        return hmac.compare_digest(self._hash_code((owner_code or "").strip(), row["owner_salt"]), row["owner_hash"])
+
+    def close_study(self, name: str, owner_code: str) -> float:
+        """Close the study (no more responses; its results open to the reviewers' code too); the closing time.
+        Only the owner code closes it; closing twice keeps the first time."""
+        if not self.is_owner(name, owner_code):
+            raise ReviewError("Only the study's owner code closes it (the code shown to its creator as the owner "
+                              "code, not the reviewers' code).")
+        now = time.time()
+        self._write("UPDATE study_owners SET closed=COALESCE(closed, ?) WHERE study=?", (now, name))
+        return self.study_owner(name)["closed"]
+
+    def _check_open(self, name: str) -> None:
+        owner = self.study_owner(name)
+        if owner is not None and owner["closed"] is not None:
+            raise ReviewError(f"Study '{name}' is closed: its responses can no longer change.")
 
     def study_items(self, name: str) -> list:
         rows = self._con().execute("SELECT * FROM study_items WHERE study=? ORDER BY position", (name,))
@@ -361,6 +406,7 @@ class ReviewStore:
 
     def _study_upsert(self, name, position, reviewer, fields: dict) -> None:
         reviewer = _clean_name(reviewer, "reviewer name")
+        self._check_open(name)
         columns = ["study", "position", "reviewer", "updated", *fields]
         values = [name, int(position), reviewer, time.time(), *fields.values()]
         updates = ", ".join(f"{c}=excluded.{c}" for c in ["updated", *fields])
@@ -410,6 +456,7 @@ class ReviewStore:
         if rating not in LIKERT:
             raise ReviewError("A rating is a whole number from 1 to 5.")
         reviewer = _clean_name(reviewer, "reviewer name")
+        self._check_open(name)
         self._write("INSERT INTO study_ratings VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (study, position, reviewer, slot) "
                     "DO UPDATE SET rating=excluded.rating, updated=excluded.updated",
                     (name, int(position), reviewer, slot, rating, time.time()))

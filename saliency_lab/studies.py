@@ -1,12 +1,13 @@
 """Review studies in the app: create one on a named data set, open it with its code, review image by image
 (open verdicts or a blinded A/B/C comparison), and read the results.
 
-    code, text = create_study(services, "cells-1", "bloodmnist-cells", "bloodmnist-cnn", ["gradcam", "aha"],
-                              ["dr-a", "dr-b"], "blinded", count=30)
+    code, owner, text = create_study(services, "cells-1", "bloodmnist-cells", "bloodmnist-cnn", ["gradcam", "aha"],
+                                     ["dr-a", "dr-b"], "blinded", count=30)
     state, text = open_study(services, "cells-1", code, "dr-a")      # state: a session's gr.State (server side)
     shown = show_item(services, state, state["position"], "dr-a")    # maps captioned "Map A", "Map B", ...
     rate(services, state, "dr-a", "B", 4); pick_best(services, state, "dr-a", "B")
-    results = study_results(services, "cells-1", code)               # report dict + figures (names revealed)
+    results = study_results(services, "cells-1", owner)              # report + figures (names revealed): the
+    close_study(services, "cells-1", owner)                          # owner code alone, until the owner closes
 
 Blinding: in a blinded study nothing returned before the results (captions, texts, file names) carries a
 method's name; the shown order of each image is drawn at creation and stored. A study's code is checked on
@@ -15,6 +16,7 @@ opening and on every results request; the state that remembers an opened study n
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -47,7 +49,9 @@ def study_method_choices(bundle) -> list:
 
 def create_study(services, name, dataset_name, model_name, methods, reviewers, protocol, count=30,
                  question: str = QUESTION, progress=None, seed=None) -> tuple:
-    """(code, Markdown): a new study of `count` images spread over the named data set, predicted once."""
+    """(reviewers' code, owner code, Markdown): a new study of `count` images spread over the named data set,
+    predicted once. The reviewers' code opens the study for reviewing; the owner code alone shows its results
+    (method names revealed) until the owner closes it."""
     folder = resolve_dataset(dataset_name)
     dataset = open_dataset(folder)
     if isinstance(reviewers, str):
@@ -69,22 +73,24 @@ def create_study(services, name, dataset_name, model_name, methods, reviewers, p
     names = (class_names_for(folder) if folder.is_dir() else None) or list(bundle.class_names)
     if max(labels, default=-1) >= len(names):
         names = [str(i) for i in range(max(labels) + 1)]
+    owner_code = secrets.token_urlsafe(12)
     code = services.store.create_study(
-        name, protocol=protocol, dataset=dataset_name, dataset_path=str(folder), model=model_name, methods=methods,
+        name, owner_code=owner_code, protocol=protocol, dataset=dataset_name, dataset_path=str(folder), model=model_name, methods=methods,
         reviewers=reviewers, class_names=names if labels and max(labels) >= 0 else list(bundle.class_names),
         items=[(item, index, label, prediction, confidence) for item, index, label, prediction, confidence in rows],
         question=question, seed=seed)
     who = ", ".join(reviewers) if reviewers else "anyone with the code"
     text = (f"Study **{name}** created: {len(rows)} images of {dataset_name}, model {model_name}, protocol "
-            f"*{protocol}*, reviewers: {who}.\n\n**Study code: `{code}`** (shown only now: copy it and give it to "
-            "the reviewers; without it nobody can open the study).")
+            f"*{protocol}*, reviewers: {who}.\n\n**Reviewers' code: `{code}`** (give it to the reviewers; without "
+            f"it nobody can open the study).\n\n**Owner code: `{owner_code}`** (keep it to yourself: it alone shows "
+            "the results, with the method names, until you close the study).\n\nBoth are shown only now: copy them.")
     unfamiliar = [rows[i][0] for i, verdict in enumerate(verdicts) if verdict["unfamiliar"]]
     if unfamiliar:  # a study of predictions that may mean nothing: say so before anyone reviews them
         shown = ", ".join(unfamiliar[:5]) + (", ..." if len(unfamiliar) > 5 else "")
         text += (f"\n\n⚠ **{len(unfamiliar)} of {len(rows)} images do not look like the images {model_name} learned "
                  f"from** ({shown}): their predictions, and so their explanations, may mean nothing. Reviewers will "
                  "see them as any other image.")
-    return code, text
+    return code, owner_code, text
 
 
 def open_study(services, name, code, reviewer) -> tuple:
@@ -270,9 +276,31 @@ class StudyResults:
     scores: list = field(default_factory=list)
 
 
+def _results_access(services, name, code) -> dict:
+    """The study whose results `code` may see: the owner code always; the reviewers' code once the owner closed
+    the study (or for a study made before owner codes, as before). Else the same refusal for every wrong code."""
+    store = services.store
+    name = (name or "").strip()
+    if store.is_owner(name, code):
+        return store.study_settings(name)
+    study = store.open_study(name, code)  # ReviewError for a wrong name or code
+    owner = store.study_owner(study["name"])
+    if owner is not None and owner["closed"] is None:
+        raise ReviewError(f"The results of study '{study['name']}' are shown only with its owner code until the "
+                          "owner closes the study (the reviewers' code opens it for reviewing).")
+    return study
+
+
+def close_study(services, name, owner_code) -> str:
+    """Close a study with its owner code: no more responses; its results open to the reviewers' code too."""
+    closed = services.store.close_study((name or "").strip(), owner_code)
+    return (f"Study **{(name or '').strip()}** closed on {time.strftime('%Y-%m-%d %H:%M', time.localtime(closed))}:"
+            " responses are final, and the reviewers' code now shows the results too.")
+
+
 def study_results(services, name, code, *, faithfulness=True, progress=None, n_boot=1000) -> StudyResults:
-    """The study's results (method names revealed) once its code is checked."""
-    study = services.store.open_study(name, code)
+    """The study's results (method names revealed) for its owner code (or the reviewers' code once closed)."""
+    study = _results_access(services, name, code)
     if faithfulness:
         fill_faithfulness(services, study, progress)
     report = study_report(services.store.path, study["name"], n_boot=n_boot)
@@ -439,8 +467,9 @@ def kappa_figure(report: dict) -> FigureSpec | None:
 
 
 def export_study(services, name, code, fmt="csv") -> str:
-    """The study's responses (CSV, one row per verdict or rated map) or its report (JSON); the file's path."""
-    study = services.store.open_study(name, code)
+    """The study's responses (CSV, one row per verdict or rated map) or its report (JSON); the file's path. The
+    same codes as the results (the responses reveal the method names)."""
+    study = _results_access(services, name, code)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if fmt == "json":
         path = services.downloads / f"study-{study['name']}-{stamp}.json"

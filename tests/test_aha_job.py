@@ -429,7 +429,7 @@ def test_review_study_on_an_imported_model_shows_a_map(data_dir, tmp_path):
 
     name = import_vit(tmp_path)
     services = Services(models.load_model, models.list_models, tmp_path / "state")
-    code, text = studies.create_study(services, "imported-study", "bloodmnist-cells", name, ["gradcam", "rollout"],
+    code, _, text = studies.create_study(services, "imported-study", "bloodmnist-cells", name, ["gradcam", "rollout"],
                                       ["a"], "blinded", count=2, seed=0)
     state, _ = studies.open_study(services, "imported-study", code, "a")
     shown = studies.show_item(services, state, 0, "a")

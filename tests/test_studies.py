@@ -69,7 +69,7 @@ def test_study_code_opens_and_a_wrong_code_shows_nothing(tmp_path):
 
 
 def test_wrong_code_gives_no_results_or_export(services):
-    code, _ = studies.create_study(services, "s2", "bloodmnist-cells", "tiny-vit", METHODS3[:2], ["a"], "blinded",
+    code, owner, _ = studies.create_study(services, "s2", "bloodmnist-cells", "tiny-vit", METHODS3[:2], ["a"], "blinded",
                                    count=3, seed=0)
     for call in (lambda: studies.study_results(services, "s2", code + "x"),
                  lambda: studies.export_study(services, "s2", "guess", "csv"),
@@ -78,6 +78,31 @@ def test_wrong_code_gives_no_results_or_export(services):
             call()
     with pytest.raises(ReviewError, match="not a reviewer"):
         studies.open_study(services, "s2", code, "intruder")
+
+
+def test_only_the_owner_sees_results_until_the_owner_closes_the_study(services):
+    code, owner, created = studies.create_study(services, "own", "bloodmnist-cells", "tiny-vit", METHODS3[:2],
+                                                ["a"], "blinded", count=3, seed=0)
+    assert owner != code and f"`{owner}`" in created and f"`{code}`" in created
+    for call in (lambda: studies.study_results(services, "own", code, faithfulness=False, n_boot=20),
+                 lambda: studies.export_study(services, "own", code, "csv")):
+        with pytest.raises(ReviewError, match="only with its owner code"):
+            call()  # the reviewers' code cannot unblind the study mid-way
+    assert studies.study_results(services, "own", owner, faithfulness=False, n_boot=20).report["study"]["name"] == "own"
+    with pytest.raises(ReviewError, match="No study with this name and code"):
+        studies.open_study(services, "own", owner, "a")  # the owner code does not open it for reviewing
+    state, _ = studies.open_study(services, "own", code, "a")
+    assert studies.rate(services, studies.show_item(services, state, 0, "a").state, "a", "A", 4)
+    with pytest.raises(ReviewError, match="Only the study's owner code"):
+        studies.close_study(services, "own", code)
+    assert "closed" in studies.close_study(services, "own", owner)
+    with pytest.raises(ReviewError, match="is closed"):
+        studies.rate(services, state, "a", "B", 2)  # responses are final
+    # closed: the reviewers' code now shows the results, with the rating given before closing
+    report = studies.study_results(services, "own", code, faithfulness=False, n_boot=20).report
+    assert report["counts"]["per_reviewer"]["a"]["ratings"] == 1
+    raw = services.store.path.read_bytes() + Path(str(services.store.path) + "-wal").read_bytes()
+    assert owner.encode() not in raw  # the owner code is kept as a salted hash only
 
 
 # ------------------------------------------------------------------------------------------------ blinding
@@ -92,7 +117,7 @@ def names_in(text: str) -> list:
 
 
 def test_blinded_pages_carry_no_method_name_and_the_order_is_stored(services):
-    code, created = studies.create_study(services, "blind", "bloodmnist-cells", "tiny-vit", METHODS3, ["a", "b"],
+    code, owner, created = studies.create_study(services, "blind", "bloodmnist-cells", "tiny-vit", METHODS3, ["a", "b"],
                                          "blinded", count=8, seed=3)
     orders = [row["order"] for row in services.store.study_items("blind")]
     assert all(sorted(o) == sorted(METHODS3) for o in orders) and len({tuple(o) for o in orders}) > 1
@@ -107,7 +132,7 @@ def test_blinded_pages_carry_no_method_name_and_the_order_is_stored(services):
             seen += list(studies.rate(services, state, "a", slot, 3))
         seen += list(studies.pick_best(services, state, "a", "B"))
     assert names_in(" ".join(seen)) == []
-    report = studies.study_results(services, "blind", code, n_boot=50).report  # the reveal
+    report = studies.study_results(services, "blind", owner, n_boot=50).report  # the reveal
     best = {m["method"]: m["best_picks"] for m in report["methods"]}
     assert best == {m: sum(1 for o in orders if o[1] == m) for m in METHODS3}  # slot B translated per image
 
@@ -196,7 +221,7 @@ def test_cli_review_report(tmp_path):
 
 
 def test_open_protocol_end_to_end_and_exports(services):
-    code, _ = studies.create_study(services, "o", "bloodmnist-cells", "tiny-vit", ["gradcam"], "a, b", "open",
+    code, owner, _ = studies.create_study(services, "o", "bloodmnist-cells", "tiny-vit", ["gradcam"], "a, b", "open",
                                    count=4)
     for reviewer, verdicts in (("a", ["plausible", "implausible", "plausible", "unsure"]),
                                ("b", ["plausible", "plausible", "plausible", "unsure"])):
@@ -206,15 +231,15 @@ def test_open_protocol_end_to_end_and_exports(services):
             state = studies.show_item(services, state, position, reviewer).state
             saved, progress = studies.record_verdict(services, state, reviewer, verdict, note=f"n{position}")
         assert progress.startswith("**4 of 4 done**")
-    results = studies.study_results(services, "o", code, n_boot=100)
+    results = studies.study_results(services, "o", owner, n_boot=100)
     assert results.report["agreement"]["pairs"][0]["percent_agreement"] == pytest.approx(0.75)
     assert results.report["methods"][0]["faithfulness_images"] == 4
     assert "a – b" in results.summary and results.kappa_figure is not None
-    path = studies.export_study(services, "o", code, "csv")
+    path = studies.export_study(services, "o", owner, "csv")
     with open(path, newline="", encoding="utf-8-sig") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 8 and rows[0]["note"] == "n0"
-    assert json.loads(Path(studies.export_study(services, "o", code, "json")).read_text())["study"]["name"] == "o"
+    assert json.loads(Path(studies.export_study(services, "o", owner, "json")).read_text())["study"]["name"] == "o"
 
 
 def test_csv_export_opens_cleanly_in_a_spreadsheet(services):
@@ -222,7 +247,7 @@ def test_csv_export_opens_cleanly_in_a_spreadsheet(services):
     reprs; a note that is a formula is neutralised, one with a comma, quotes and a newline comes back whole."""
     import re
 
-    code, _ = studies.create_study(services, "sheet", "bloodmnist-cells", "tiny-vit", ["gradcam", "rollout"],
+    code, owner, _ = studies.create_study(services, "sheet", "bloodmnist-cells", "tiny-vit", ["gradcam", "rollout"],
                                    "Dr. Müller, -b", "blinded", count=2, seed=3)
     tricky = 'nucleus, not "membrane"\nsecond line'
     for reviewer, note in (("Dr. Müller", "=SUM(A1)"), ("-b", tricky)):
@@ -233,7 +258,7 @@ def test_csv_export_opens_cleanly_in_a_spreadsheet(services):
             studies.rate(services, state, reviewer, "B", 2)
             studies.pick_best(services, state, reviewer, "A")
             studies.save_note(services, state, reviewer, note)
-    raw = Path(studies.export_study(services, "sheet", code, "csv")).read_bytes()
+    raw = Path(studies.export_study(services, "sheet", owner, "csv")).read_bytes()
     assert raw.startswith(b"\xef\xbb\xbf") and raw.count(b"\xef\xbb\xbf") == 1
     assert raw.split(b"\r\n")[0].decode("utf-8-sig").split(",") == list(EXPORT_COLUMNS)
     text = raw.decode("utf-8-sig")
@@ -439,12 +464,12 @@ def test_a_study_of_images_unlike_the_models_training_images_says_so(services):
     from explainers import familiarity
 
     bundle = services.bundle("tiny-vit")
-    _, plain = studies.create_study(services, "plain", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
+    _, _, plain = studies.create_study(services, "plain", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
                                     count=6)
     assert "do not look like" not in plain
     try:
         familiarity.register_stats(bundle, verdict_stats(bundle, flag_all=True))
-        _, flagged = studies.create_study(services, "odd", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
+        _, _, flagged = studies.create_study(services, "odd", "bloodmnist-cells", "tiny-vit", ["gradcam"], ["a"], "open",
                                           count=6)
     finally:
         familiarity.register_stats(bundle, None)
