@@ -410,8 +410,7 @@ def _from_hub(arch, classes, model_args, folder):
         raise ImportRefused(
             f"Could not fetch {arch} from the HuggingFace Hub"
             f"{' (offline: HF_HUB_OFFLINE is set and it is not in the local cache)' if offline else ''}. "
-            f"Connect to the internet, or import a local .safetensors file instead. "
-            f"Cause: {type(error).__name__}: {str(error)[:200]}") from error
+            f"Connect to the internet, or import a local .safetensors file instead.") from error
     hub_classes = pretrained_cfg.get("label_names")
     if classes is not None:
         class_names = read_class_names(classes)

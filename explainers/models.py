@@ -16,6 +16,7 @@ Three kinds of model:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -28,6 +29,8 @@ import torch
 import torch.nn as nn
 
 import timm
+
+log = logging.getLogger(__name__)
 
 WEIGHTS_DIR = Path(os.environ.get("SALIENCY_WEIGHTS_DIR", Path(__file__).resolve().parent.parent / "weights"))
 
@@ -341,11 +344,12 @@ def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> Mode
         network = timm.create_model(name, pretrained=True, cache_dir=str(HUB_CACHE_DIR), **kwargs)
     except Exception as error:  # hub errors come in many types; all mean the same to the user
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        log.info("hub load of %s failed: %s: %s", name, type(error).__name__, error)  # the cause, for the log
         raise ModelUnavailableError(
-            f"Model '{name}' could not be downloaded from the HuggingFace hub"
-            f"{' (HF_HUB_OFFLINE is set)' if offline else ''} and is not in the local cache {HUB_CACHE_DIR}. "
-            f"Connect to the internet once to download it (it is cached afterwards), or pick a bundled "
-            f"model: {', '.join(BUNDLED_MODELS)}. Cause: {type(error).__name__}: {str(error)[:200]}"
+            f"Model '{name}' is not on this machine and could not be downloaded"
+            f"{' (this app runs offline: HF_HUB_OFFLINE is set)' if offline else ''}. Connect to the internet "
+            f"once to download it (it is kept afterwards in {HUB_CACHE_DIR}), or pick a bundled model: "
+            f"{', '.join(BUNDLED_MODELS)}."
         ) from error
     cfg = dict(timm.data.resolve_data_config({}, model=network))
     img_size = getattr(getattr(network, "patch_embed", None), "img_size", None)

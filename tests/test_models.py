@@ -33,6 +33,8 @@ def test_hub_model_offline_fails_fast_with_a_clear_message(monkeypatch, tmp_path
     message = str(error.value)
     assert "vit_small_patch16_224" in message and "bundled model" in message
     assert "HF_HUB_OFFLINE" in message or "could not be downloaded" in message
+    # in our own words, whole: no exception class names, no cause cut mid-sentence
+    assert "Error" not in message and "Cause" not in message and message.endswith(".")
 
 
 def test_unknown_model_name():
