@@ -216,8 +216,12 @@ def checkpoint_shapes(path) -> dict:
         with safe_open(str(path), framework="pt") as handle:
             return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
     except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad header
-        raise ImportRefused(f"The weights file is not a valid safetensors file ({type(error).__name__}: "
-                            f"{str(error)[:160]}). To make one: {CONVERT_HINT}.") from error
+        with open(path, "rb") as handle:  # the first bytes only: the file may be hundreds of MB
+            head = handle.read(2)
+        kind = (" It looks like a pickled PyTorch checkpoint renamed to .safetensors (a zip archive)."
+                if head == b"PK" else " Its header cannot be read (an empty, cut or foreign file).")
+        raise ImportRefused(f"The weights file is not a safetensors file.{kind} To make one: {CONVERT_HINT}.") \
+            from error
 
 
 def _classifier_keys(network) -> set:
