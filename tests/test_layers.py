@@ -92,3 +92,64 @@ def test_the_space_deploy_copies_every_package_the_app_imports():
     copied = set(copy.group(1).split())
     assert local <= copied, f"Space.md's deploy leaves out {sorted(local - copied)}"
     assert {"assets", "weights"} <= copied
+
+
+SERVICE_PROBE = r'''
+import importlib, json, pkgutil, sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "gradio":
+            raise ImportError(f"the service layer imported {name!r}, which only saliency_lab.ui may do")
+        return None
+
+sys.meta_path.insert(0, Block())
+import saliency_lab
+names = sorted(m.name for m in pkgutil.walk_packages(saliency_lab.__path__, "saliency_lab.")
+               if not m.name.startswith("saliency_lab.ui"))
+failures = {}
+for name in names:
+    try:
+        importlib.import_module(name)
+    except ImportError as error:
+        failures[name] = str(error)
+ui = {}
+try:
+    importlib.import_module("saliency_lab.ui.explain")
+except ImportError as error:
+    ui["saliency_lab.ui.explain"] = str(error)
+print(json.dumps({"modules": names, "failures": failures, "ui": ui, "gradio": "gradio" in sys.modules}))
+'''
+
+
+def test_only_the_ui_package_imports_gradio():
+    """The service layer (saliency_lab, except saliency_lab.ui) imports without Gradio; the UI package does not
+    (so the probe can fail), and no service module loads Gradio on import."""
+    result = run_probe(SERVICE_PROBE)
+    for expected in ("saliency_lab.explain", "saliency_lab.services", "saliency_lab.jobs"):
+        assert expected in result["modules"]
+    assert result["failures"] == {} and result["gradio"] is False
+    assert "only saliency_lab.ui may do" in result["ui"]["saliency_lab.ui.explain"]
+
+
+def test_every_tab_keeps_the_tab_contract():
+    """Each module in TAB_MODULES has TITLE, TAB_ID (unique) and build; the Gradio imports stay inside the ui
+    package and app.py (no other top-level module of the app imports it)."""
+    import ast
+    import importlib
+
+    from saliency_lab.ui import TAB_MODULES, tab_modules
+
+    modules = tab_modules()
+    assert [m.__name__.rsplit(".", 1)[1] for m in modules] == TAB_MODULES
+    assert len({m.TAB_ID for m in modules}) == len(modules)
+    for module in modules:
+        assert isinstance(module.TITLE, str) and module.TITLE and callable(module.build)
+    for path in (ROOT / "saliency_lab").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names}
+        roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module}
+        assert "gradio" not in roots, f"{path.name} imports gradio: only saliency_lab/ui/ may"
+    assert importlib.import_module("saliency_lab.ui").TabContext

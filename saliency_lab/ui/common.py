@@ -1,0 +1,131 @@
+"""What every tab uses: errors as messages (`friendly`), the checked image input, the data-set menu, `or_skip`."""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import time
+import traceback
+
+import gradio as gr
+import torch
+
+from explainers.images import ImageError, load_image
+from saliency_lab import browse as browse_module
+from saliency_lab.errors import is_user_error, user_message
+
+log = logging.getLogger("saliency_lab")
+
+
+class _AggAlready:
+    """Gradio wraps every event in `MatplotlibBackendMananger`, which calls `matplotlib.use("agg")` twice (~4-10 ms
+    of CPU per event, 15% of a slider redraw on 2 vCPUs). With MPLBACKEND=Agg set before matplotlib loads, the
+    switch changes nothing, so it is skipped."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if os.environ.get("MPLBACKEND", "").lower() == "agg":
+    import gradio.utils as _gradio_utils
+
+    _gradio_utils.MatplotlibBackendMananger = _AggAlready
+
+
+def friendly(fn):
+    """Turn every exception into a gr.Error with a clear message (never a stack trace in the UI)."""
+
+    def convert(error):
+        if isinstance(error, gr.Error):
+            return error
+        if is_user_error(error):
+            return gr.Error(user_message(error))
+        if isinstance(error, torch.cuda.OutOfMemoryError if hasattr(torch.cuda, "OutOfMemoryError") else MemoryError):
+            return gr.Error("Out of memory: try a smaller image, fewer methods or a smaller model.")
+        reference = f"{int(time.time()) % 1_000_000:06d}"
+        log.error("unexpected error %s in %s:\n%s", reference, fn.__name__, traceback.format_exc())
+        return gr.Error(f"Something went wrong on our side: this is a bug, not your input. The details are in "
+                        f"the server log (reference {reference}).")
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def generator_wrapper(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - every error becomes a message
+                raise convert(error) from error
+        return generator_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - every error becomes a message
+            raise convert(error) from error
+    return wrapper
+
+
+CHECKED = "checked-upload"  # the class that marks a gr.Image whose uploads load_image checks first
+
+
+_REFUSED: dict = {}  # upload path -> when it was last refused (one toast per refused upload)
+
+
+def _checked_preprocess(plain):
+    def preprocess(self, payload):
+        if CHECKED in (self.elem_classes or []) and payload is not None and getattr(payload, "path", None):
+            try:
+                load_image(payload.path)
+            except ImageError as error:
+                # the browser sends a replaced image's change twice: the second refusal fails silently
+                now, path = time.monotonic(), str(payload.path)
+                repeated = now - _REFUSED.get(path, -1e9) < 5.0
+                _REFUSED.clear() if len(_REFUSED) > 256 else None
+                _REFUSED[path] = now
+                raise gr.Error(user_message(error), visible=not repeated) from error
+        return plain(self, payload)
+
+    preprocess.checked = True
+    return preprocess
+
+
+if not getattr(gr.Image.preprocess, "checked", False):
+    # At the class, not per instance: an update of the component (gr.update, gr.skip as an output) makes Gradio
+    # rebuild it from its constructor arguments, which would drop a per-instance wrapper; the marker class
+    # survives. (A gr.Image subclass would make Gradio write a .pyi stub next to this file.)
+    gr.Image.preprocess = _checked_preprocess(gr.Image.preprocess)
+
+
+def checked_image(**kwargs) -> gr.Image:
+    """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
+    handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders), and hands
+    the handler the file as uploaded (image_mode=None: Gradio's RGB conversion would whiten 16-bit data)."""
+    kwargs.setdefault("image_mode", None)
+    kwargs["elem_classes"] = [*(kwargs.get("elem_classes") or []), CHECKED]
+    return gr.Image(**kwargs)
+
+
+def dataset_dropdown(data_dir, **kwargs) -> gr.Dropdown:
+    """A menu of named data sets (saliency_lab.browse.dataset_choices: shipped, BloodMNIST's test split when
+    present, the data folder's), no server paths; off a Space a folder path inside the data roots may be typed."""
+    choices, value = browse_module.dataset_menu(data_dir)
+    local = not browse_module.on_space()
+    return gr.Dropdown(choices, value=value, label="Data set", allow_custom_value=local,
+                       info="Shipped sets, BloodMNIST's test split when present, and those in your data folder"
+                            + (" (or type a folder inside the data roots)." if local else "."), **kwargs)
+
+
+def or_skip(value):
+    """None -> gr.skip() (leave the output as it is)."""
+    return gr.skip() if value is None else value
+
+
+def model_picker_update(services):
+    """The choices of a model menu now (fine-tuned and imported models included; the current choice is kept)."""
+    from saliency_lab import menus
+
+    return gr.update(choices=menus.model_choices(services.names()))

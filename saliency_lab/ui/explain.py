@@ -1,0 +1,442 @@
+"""The Explain tab: an image and a model in, each chosen method's map, the deletion and insertion curves and their
+scores out; sliders for the methods' options, the overlay's look, downloads, the data-set browser. Each handler
+makes one call into `saliency_lab.explain`, then draws pictures and figures for the outputs."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+
+from explainers.engine import CURVE_NOTE
+from explainers.images import COLORMAPS
+from explainers.methods import METHODS
+from saliency_lab import browse as browse_module
+from saliency_lab import explain, figures, menus, pictures
+from saliency_lab.ui.common import checked_image, dataset_dropdown, friendly, log, model_picker_update
+
+TITLE = "Explain"
+TAB_ID = "explain"
+
+SLIDERS = menus.sliders()  # [(method, Option)]: each method's user options, in slider order
+DETAILS = next((METHODS[m].details for m in menus.method_order(list(METHODS)) if METHODS[m].details), "Details")
+LIVE = [i for i, (_, option) in enumerate(SLIDERS) if option.live]  # sliders recombined without a model pass
+
+
+def slider_values(values) -> dict:
+    """{option name: value} of the sliders' values (in SLIDERS order)."""
+    return {option.name: value for (_, option), value in zip(SLIDERS, values)}
+
+
+def explain_maps_handler(services):
+    @friendly
+    def explain_maps(image_path, model_name, methods, target_choice, *rest):
+        """Step 1 of an explanation: the top-5 prediction and each chosen method's map (fast; the curves follow
+        in `explain_curves`, a separate event, so that under load everyone's maps come first). `rest`: the
+        sliders' values (SLIDERS), the opacity, the colour map and the outlined top share (%)."""
+        *values, opacity, colormap, outline = rest
+        state, image = explain.explain_maps(services, image_path, model_name, methods, target_choice,
+                                            slider_values(values), warn=gr.Warning)
+        state = explain.set_outline(state, outline)
+        message = ("Computing the deletion and insertion curves…" if state["results"]
+                   else "No method could explain this model: see the warnings.")
+        target_update = gr.update(choices=explain.target_choices(state["prediction"]), value=state["target_choice"])
+        return (explain.label_value(state["prediction"]), target_update,
+                explain.overlay_pictures(services, state, opacity, colormap, image), figures.empty_figure(message),
+                figures.auc_table(state["results"]), explain.status_text(state), state)
+
+    return explain_maps
+
+
+def explain_curves_handler(services):
+    @friendly
+    def explain_curves(state, *rest):
+        """Step 2: deletion and insertion curves of every map (2 x 21 model passes each), on one set of axes.
+        `rest`: the live sliders' values, the opacity and the colour map."""
+        *values, opacity, colormap = rest
+        if not state or not state.get("results"):
+            return (gr.skip(),) * 6
+        state, image = explain.explain_curves(services, state)
+        diagnostics = explain.head_weights(services, state,
+                                           {SLIDERS[i][1].name: v for i, v in zip(LIVE, values)}, image)
+        heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
+        return (explain.overlay_pictures(services, state, opacity, colormap, image),  # the captions carry the AUCs
+                figures.curves_figure(state["results"]), figures.auc_table(state["results"]),
+                explain.status_text(state), state, heads)
+
+    return explain_curves
+
+
+def explain_handler(services):
+    maps_fn, curves_fn = explain_maps_handler(services), explain_curves_handler(services)
+
+    @friendly
+    def explain_all(image_path, model_name, methods, target_choice, *rest):
+        """Both steps in one call (the API form): maps first, then curves."""
+        *values, opacity, colormap, _outline = rest
+        label, target_update, overlays, figure, table, status, state = maps_fn(
+            image_path, model_name, methods, target_choice, *rest)
+        yield label, target_update, overlays, figure, table, status, state, gr.skip()
+        if state["results"]:
+            overlays, figure, table, status, state, heads = curves_fn(state, *[values[i] for i in LIVE], opacity,
+                                                                      colormap)
+            yield label, gr.skip(), overlays, figure, table, status, state, heads
+
+    return explain_all
+
+
+def outputs_of(services, state, opacity, colormap, image):
+    """(overlays, curves figure, AUC table, status, state) of an updated explanation."""
+    return (explain.overlay_pictures(services, state, opacity, colormap, image),
+            figures.curves_figure(state["results"]), figures.auc_table(state["results"]),
+            explain.status_text(state), state)
+
+
+def live_change_handler(services, option):
+    @friendly
+    def on_live(value, state, opacity, colormap):
+        """A live option moved (GradSkip's alpha): recombine the cached statistics (no model pass) and redraw."""
+        if not any(explain.has_method(state, m) for m in explain.live_methods(option.name)):
+            return gr.skip(), gr.skip(), gr.skip()
+        state, image = explain.recombine_live(services, state, option.name, value)
+        diagnostics = explain.head_weights(services, state, {option.name: value}, image)
+        heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
+        return explain.overlay_pictures(services, state, opacity, colormap, image), heads, state
+
+    return on_live
+
+
+def option_release_handler(services, option):
+    """A slider released: re-run the methods with this option at its new value, with their curves, keeping the
+    other methods. A live option recombines cached statistics: only the curves run."""
+    owners = menus.methods_with_option(option.name)
+
+    @friendly
+    def on_release(value, state, opacity, colormap):
+        chosen = [m for m in owners if explain.has_method(state, m)]
+        if not chosen:
+            return (gr.skip(),) * 5
+        for method in chosen:
+            state, image = explain.rerun_method(services, state, method, {option.name: option.cast(value)})
+        return outputs_of(services, state, opacity, colormap, image)
+
+    return on_release
+
+
+def redraw_handler(services):
+    @friendly
+    def redraw(opacity, colormap, state):
+        """Opacity or colour map changed: re-blend the cached maps (no model)."""
+        if not state or not state.get("results"):
+            return gr.skip()
+        return explain.overlay_pictures(services, state, opacity, colormap)
+
+    return redraw
+
+
+def downloads_handler(services):
+    @friendly
+    def downloads(state, opacity, colormap, size="original"):
+        """Overlay PNGs (the image's original size, or enlarged), curves.csv and report.json for the current
+        explanation."""
+        paths = explain.write_downloads(services, state, opacity, colormap, size)
+        return gr.update(value=[str(p) for p in paths], visible=True)
+
+    return downloads
+
+
+def model_change_handler(services):
+    @friendly
+    def on_model(model_name, methods, progress=gr.Progress()):
+        """Load the model (hub models download once), then offer the methods that can explain it."""
+        if not model_name:
+            return (gr.skip(),) * (2 + len(SLIDERS))
+        progress(0.1, desc=f"Loading {model_name} (hub models download on first use)…")
+        choices, kept, info = explain.model_menu(services, model_name, methods)
+        return (gr.update(choices=choices, value=kept), *[gr.update(visible=m in kept) for m, _ in SLIDERS], info)
+
+    return on_model
+
+
+def shows_details(methods) -> bool:
+    """The details panel (GradSkip's head weights and main / skip shares) is shown while a method with details is
+    ticked: also for the methods ticked when the page opens, which no change event announces."""
+    return any(m in METHODS and bool(METHODS[m].details) for m in methods or [])
+
+
+def methods_change(methods):
+    """Each slider is shown while its method is ticked; the details panel while a method with details is."""
+    methods = methods or []
+    return (*[gr.update(visible=m in methods) for m, _ in SLIDERS], gr.update(visible=shows_details(methods)))
+
+
+# ---------------------------------------------------------------- data-set browsing (Explain + Review)
+@friendly
+def browse(folder, class_filter, page):
+    """Thumbnails of one page of a labelled folder, filtered by class; returns (gallery, indices, info, ...)."""
+    shown = browse_module.browse(folder, class_filter, page)
+    return shown.items, shown.indices, shown.info, gr.update(choices=shown.class_choices), \
+        gr.update(maximum=shown.pages, value=shown.page)
+
+
+@friendly
+def browse_pick(folder, index):
+    """The image at data-set position `index` (explicit coordinates: the API form of a gallery click)."""
+    return browse_module.pick(folder, index)
+
+
+
+
+# ------------------------------------------------------------------------------------------------ the tab
+def build(ctx) -> dict:
+    """Lay out the Explain tab and wire its events; offers its image to other tabs as ctx.shared["explain_image"]."""
+    ui = _layout(ctx)
+    _wire_explain(ctx, ui)
+    _wire_view(ctx, ui)
+    _wire_browser(ctx, ui)
+    ctx.shared["explain_image"] = ui.image
+    return {"model_pickers": [(ui.model, lambda: model_picker_update(ctx.services))]}
+
+
+def _first_methods(ctx) -> list:
+    """The first model's default methods (its load is shared with every session: load_model caches); the menu
+    itself narrows to the model's methods on page load, while the API accepts any registered method."""
+    try:
+        return menus.default_methods(ctx.services.bundle(ctx.first_model))
+    except Exception as error:  # noqa: BLE001 - the UI says so when the user picks it
+        log.warning("could not load %s at start-up: %s", ctx.first_model, error)
+        return ["aha", "gradcam"]
+
+
+def _layout(ctx) -> SimpleNamespace:
+    """The tab's components (returned by name for the wiring below)."""
+    names, first_model, data_dir = ctx.names, ctx.first_model, ctx.shared["data_dir"]
+    cell_examples, photo_examples = browse_module.examples_list()
+    cell_labels, photo_labels = browse_module.example_labels(cell_examples, photo_examples)
+    all_methods = [(menus.method_label(n), n) for n in menus.method_order(list(METHODS)) if not METHODS[n].baseline]
+    first_methods = _first_methods(ctx)
+    explain_state = gr.State(None)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=4, min_width=320):
+            image = checked_image(type="filepath", sources=["upload", "clipboard"],
+                                  label="Image (transparent parts are composed on white)",
+                             height=300, elem_id="input-image", buttons=["fullscreen"])
+            with gr.Accordion("Examples", open=True):
+                # galleries, not gr.Examples: a thumbnail *and* its class under it (example_labels
+                # would replace the thumbnails by the text)
+                example_galleries = []
+                for paths, labels, title, element in (
+                        (cell_examples, cell_labels, "Blood cells (BloodMNIST test split): click one",
+                         "cell-examples"),
+                        (photo_examples, photo_labels,
+                         "Photos (for the ImageNet model efficientnet-lite0): click one", "photo-examples")):
+                    example_galleries.append((paths, gr.Gallery(
+                        list(zip(paths, labels)), label=title, columns=4, height="auto",
+                        allow_preview=False, object_fit="cover", elem_id=element,
+                        elem_classes="example-gallery", buttons=[])))
+            with gr.Accordion("BloodMNIST browser", open=False):
+                browse_folder = dataset_dropdown(data_dir, elem_id="browse-folder")
+                with gr.Row():
+                    browse_class = gr.Dropdown([("All classes", "all")], value="all", label="Class",
+                                               scale=2)
+                    browse_page = gr.Number(1, minimum=1, precision=0, label="Page", scale=1)
+                    browse_button = gr.Button("Show", scale=1)
+                browse_info = gr.Markdown(elem_classes="help")
+                browse_gallery = gr.Gallery(label="Click an image to explain it", columns=8, height=260,
+                                            allow_preview=False, format="png", elem_id="browse-gallery")
+                browse_indices = gr.State([])
+                browse_index = gr.Number(visible=False, precision=0)
+                browse_open = gr.Button(visible=False)
+        with gr.Column(scale=5, min_width=360):
+            model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
+                                label="Model",
+                                info="Bundled models first; hub models download once, on first use; "
+                                     "fine-tuned models appear here when a fine-tune finishes, imported ones (Models tab) at once.",
+                                elem_id="model")
+            model_info = gr.Markdown(elem_classes="help")
+            methods = gr.CheckboxGroup(all_methods, value=first_methods,
+                                       label="Methods (pick several to compare them side by side)",
+                                       elem_id="methods")
+            with gr.Row():  # one slider per method option (explainers.methods.Option)
+                sliders = [gr.Slider(o.minimum, o.maximum, value=o.default, step=o.step, label=o.label,
+                                     info=o.info or None, elem_id=o.elem_id or None,
+                                     visible=m in first_methods) for m, o in SLIDERS]
+            explain_button = gr.Button("Explain", variant="primary", size="lg", elem_id="explain-button")
+            expected = gr.Markdown(elem_classes="help", elem_id="expected-time")
+            unfamiliar = gr.Markdown(visible=False, elem_id="unfamiliar-note", elem_classes="warning-note")
+            top5 = gr.Label(num_top_classes=5, label="Prediction (top 5)", elem_id="top5")
+            target = gr.Radio([("Predicted class (top-1)", "auto")], value="auto",
+                              label="Explain which class? (why this class and not that one)",
+                              elem_id="target")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5, min_width=340):
+            gr.Markdown("**Heatmaps** (bright = important)", elem_classes="section-title")
+            colour_bar = gr.HTML(pictures.colour_bar_html("cividis"), elem_id="colour-bar")
+            overlays = gr.Gallery(show_label=False, label="Heatmaps", columns=3, height="auto",
+                                  format="png", object_fit="contain", elem_id="overlays",
+                                  buttons=["download", "fullscreen"])
+            with gr.Row():
+                opacity = gr.Slider(0, 1, value=0.55, step=0.05, label="Overlay opacity", scale=3,
+                                    elem_id="opacity")
+                colormap = gr.Radio(list(COLORMAPS), value="cividis",
+                                    label="Colour map (colour-blind safe)", scale=2)
+            outline = gr.Slider(0, 50, value=0, step=5, label="Outline the top % of each map",
+                                info="the pixels the deletion curve removes first (0: off; no model "
+                                     "pass)", elem_id="outline")
+            status = gr.Markdown(elem_classes="help", elem_id="explain-status")
+        with gr.Column(scale=6, min_width=360):
+            gr.Markdown("**How to read the curves:** " + CURVE_NOTE, elem_classes="note")
+            curves = gr.Plot(label="Deletion and insertion curves", elem_id="curves")
+            aucs = gr.Dataframe(headers=figures.AUC_HEADERS, label="Scores", interactive=False,
+                                elem_id="aucs", wrap=True)
+    with gr.Accordion(DETAILS, open=False, visible=shows_details(first_methods),
+                      elem_id="method-details") as heads_box:
+        heads = gr.Plot(label="Head weights")
+    with gr.Row():
+        with gr.Column(scale=1, min_width=260):
+            download_size = gr.Radio(explain.download_choices(), value="original",
+                                     label="Overlay PNGs for download", elem_id="download-size")
+            download_button = gr.Button("Prepare downloads (PNG overlays, curves CSV, JSON report)",
+                                        elem_id="download-button")
+        files = gr.File(label="Downloads", file_count="multiple", elem_id="downloads", visible=False)
+    return SimpleNamespace(**locals())
+
+
+def _wire_explain(ctx, ui) -> None:
+    """Explain (maps, then curves), a new image, a new model or methods, the expected time, the option sliders."""
+    services, heavy, light, demo = ctx.services, ctx.heavy, ctx.light, ctx.demo
+    heavy_concurrency = heavy["concurrency_limit"]
+    explain_inputs = [ui.image, ui.model, ui.methods, ui.target, *ui.sliders, ui.opacity, ui.colormap, ui.outline]
+    expected_inputs = [ui.model, ui.methods, *ui.sliders]
+    show_expected = friendly(lambda m, chosen, *values: explain.expected_text(services, m, chosen,
+                                                                             slider_values(values)))
+    after_run = dict(api_visibility="private", **light)  # a run's measured time is the next expected time
+    maps_outputs = [ui.top5, ui.target, ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state]
+    curves_inputs = [ui.explain_state, *[ui.sliders[i] for i in LIVE], ui.opacity, ui.colormap]
+    curves_outputs = [ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state, ui.heads]
+    maps_fn, curves_fn = explain_maps_handler(services), explain_curves_handler(services)
+    curves_group = dict(concurrency_id="curves", concurrency_limit=heavy_concurrency)
+    # the API form: both steps in one call (a hidden trigger, same inputs as the Explain button)
+    explain_all = gr.Button(visible=False)
+    explain_all.click(explain_handler(services), explain_inputs, maps_outputs + [ui.heads], api_name="explain",
+                      **heavy)
+    # one place shows progress and errors (the heatmaps, then the curves), not a red pill on every panel
+    # elapsed time only: Gradio's ETA is the average of earlier runs of any model and method ("1.2/0.2s");
+    # the expected time of each method on this model is shown before it runs (#expected-time)
+    curves_group.update(show_progress_on=[ui.curves], show_progress="minimal")
+    on_maps = dict(heavy, show_progress_on=[ui.overlays], show_progress="minimal")
+    ui.explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **on_maps).success(
+        curves_fn, curves_inputs, curves_outputs, api_name="explain_curves", **curves_group).success(
+        show_expected, expected_inputs, ui.expected, **after_run)
+    ui.target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **on_maps).success(
+        curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group).success(
+        show_expected, expected_inputs, ui.expected, **after_run)
+
+    def cleared(message):
+        return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
+            figures.empty_figure(message), [], "", None
+
+    @friendly
+    def new_image(image_path, model_name, chosen, _target, *rest):
+        """A new image: reset the target to the top-1 class and explain at once. An upload that a browser
+        would not show as the model reads it (16-bit, CMYK, alpha, TIFF, EXIF rotation...) is first replaced
+        by the normalised picture (its change explains it): one image for preview, model and overlays."""
+        if not image_path:
+            return gr.skip(), *cleared("Pick an image to see its curves.")
+        shown, note = explain.shown_image(services, image_path)
+        if shown != str(image_path):
+            if note:
+                gr.Info(note, duration=6)
+            return shown, *cleared("Explaining the normalised picture…")
+        return gr.skip(), *maps_fn(image_path, model_name, chosen, "auto", *rest)
+
+    def example_picker(paths):
+        def pick_example(evt: gr.SelectData):
+            return paths[evt.index]
+        return pick_example
+
+    for paths, gallery in ui.example_galleries:
+        gallery.select(example_picker(paths), None, ui.image, api_visibility="private", queue=False)
+    ui.image.change(new_image, explain_inputs, [ui.image, *maps_outputs], api_name="explain_new_image",
+                 **on_maps).success(
+        curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group).success(
+        show_expected, expected_inputs, ui.expected, **after_run)
+
+    ui.model.change(model_change_handler(services), [ui.model, ui.methods], [ui.methods, *ui.sliders, ui.model_info],
+                 api_name="select_model", **heavy)
+    ui.methods.change(methods_change, ui.methods, [*ui.sliders, ui.heads_box], api_visibility="private",
+                   show_progress="hidden", queue=False)
+    # shown when the page opens; the model and a slider that costs model passes (AHA's refinement steps)
+    # change it too
+    expected_triggers = [demo.load, ui.model.change, ui.methods.change] + [
+        slider.release for slider, (_, option) in zip(ui.sliders, SLIDERS) if not option.live]
+    gr.on(expected_triggers, show_expected, expected_inputs, ui.expected, api_name="expected_time", **light)
+    for slider, (_, option) in zip(ui.sliders, SLIDERS):
+        previews = []
+        if option.live:  # recombined while it moves (no model pass); the curves when it is released
+            previews.append(slider.change(live_change_handler(services, option),
+                                          [slider, ui.explain_state, ui.opacity, ui.colormap], [ui.overlays, ui.heads, ui.explain_state],
+                                          api_name=option.preview_api_name or None, **light))
+        # a preview still waiting when the slider is released is superseded: were it to run after the release's
+        # result, it would put back a caption without curves (and a state without them)
+        released = slider.release(option_release_handler(services, option), [slider, ui.explain_state, ui.opacity,
+                                  ui.colormap], [ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state],
+                                  api_name=option.api_name or None, trigger_mode="always_last", cancels=previews,
+                                  **heavy)
+        if not option.live:  # it ran the method again: its measured time is the next expected one
+            released.success(show_expected, expected_inputs, ui.expected, **after_run)
+    demo.load(model_change_handler(services), [ui.model, ui.methods], [ui.methods, *ui.sliders, ui.model_info],
+              api_visibility="private")
+
+
+def _wire_view(ctx, ui) -> None:
+    """The overlay's look (opacity, colour map, outline), downloads, the unfamiliar-image note: no model pass."""
+    services, light = ctx.services, ctx.light
+    gr.on([ui.opacity.change, ui.colormap.change], redraw_handler(services), [ui.opacity, ui.colormap, ui.explain_state],
+          ui.overlays, api_name="redraw", **light)
+    ui.colormap.change(pictures.colour_bar_html, ui.colormap, ui.colour_bar, api_visibility="private", queue=False)
+
+    @friendly
+    def on_outline(percent, state, opacity_value, colormap_value):
+        """The outlined top share changed: redraw the cached maps with it (no model pass)."""
+        if not state or not state.get("results"):
+            return gr.skip(), gr.skip()
+        state = explain.set_outline(state, percent)
+        return explain.overlay_pictures(services, state, opacity_value, colormap_value), state
+
+    ui.outline.change(on_outline, [ui.outline, ui.explain_state, ui.opacity, ui.colormap], [ui.overlays, ui.explain_state],
+                   api_name="outline", **light)
+    ui.download_button.click(downloads_handler(services), [ui.explain_state, ui.opacity, ui.colormap, ui.download_size], ui.files,
+                          api_name="downloads", **light)
+    # the size choice names the explained image's pixels (original, enlarged)
+    ui.explain_state.change(lambda s: gr.update(choices=explain.download_choices(s)), ui.explain_state, ui.download_size,
+                         api_visibility="private", queue=False, show_progress="hidden")
+    # an image unlike the model's training images: said above the prediction for as long as it is explained
+    def show_unfamiliar(state):
+        note = explain.unfamiliar_note(state)
+        return gr.update(value=note, visible=bool(note))
+
+    ui.explain_state.change(show_unfamiliar, ui.explain_state, ui.unfamiliar, api_visibility="private", queue=False,
+                         show_progress="hidden")
+
+
+def _wire_browser(ctx, ui) -> None:
+    """The data-set browser: a page of thumbnails, a click explains that image."""
+    light, data_dir = ctx.light, ctx.shared["data_dir"]
+    ctx.demo.load(lambda: gr.update(choices=browse_module.dataset_menu(data_dir)[0]), None, ui.browse_folder,
+                  api_visibility="private", queue=False)  # new uploads, too
+    # browser
+    browse_outputs = [ui.browse_gallery, ui.browse_indices, ui.browse_info, ui.browse_class, ui.browse_page]
+    ui.browse_button.click(browse, [ui.browse_folder, ui.browse_class, ui.browse_page], browse_outputs, api_name="browse",
+                        **light)
+    ui.browse_class.input(lambda f, c: browse(f, c, 1), [ui.browse_folder, ui.browse_class], browse_outputs,
+                       api_visibility="private", **light)
+    ui.browse_page.submit(browse, [ui.browse_folder, ui.browse_class, ui.browse_page], browse_outputs, api_visibility="private",
+                        **light)
+
+    def on_browse_select(indices, evt: gr.SelectData):
+        return int(indices[evt.index])
+
+    ui.browse_gallery.select(on_browse_select, ui.browse_indices, ui.browse_index, api_visibility="private",
+                          queue=False).then(
+        browse_pick, [ui.browse_folder, ui.browse_index], ui.image, api_name="browse_select", api_visibility="private")
+    ui.browse_open.click(browse_pick, [ui.browse_folder, ui.browse_index], ui.image, api_name="browse_pick")

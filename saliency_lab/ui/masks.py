@@ -1,0 +1,265 @@
+"""The Masks & fine-tune tab: mark where the model should look (a drawing, or SAM from clicks or a box), collect
+the masks in mask sets, and fine-tune a model on them with CAMAL as a background job (its panel: saliency_lab.ui.jobs)."""
+from __future__ import annotations
+
+import gradio as gr
+
+from saliency_lab import browse as browse_module
+from saliency_lab import finetune, masks
+from saliency_lab.ui.common import friendly, or_skip
+from saliency_lab.ui.jobs import job_controls
+
+TITLE = "Masks & fine-tune"
+TAB_ID = "masks"
+
+
+def build(ctx) -> dict:
+    """Both sections; a mask added to a set refreshes the training data, the model picked for fine-tuning the
+    class labels."""
+    services, light, demo = ctx.services, ctx.light, ctx.demo
+    editor = _mask_editor(ctx, ctx.shared["explain_image"])
+    tune = _finetune(ctx)
+
+    @friendly
+    def labels_for(model_name):
+        if not model_name:
+            return gr.skip()
+        return gr.update(choices=masks.label_choices(services, model_name), value=None)
+
+    editor["added"].success(tune["data_choices"], None, tune["train_data"], api_visibility="private", queue=False)
+    tune["base_model"].change(labels_for, tune["base_model"], editor["mask_label"], api_visibility="private",
+                              **light)
+    demo.load(labels_for, tune["base_model"], editor["mask_label"], api_visibility="private", **light)
+    demo.load(tune["data_choices"], None, tune["train_data"], api_visibility="private", queue=False)
+    demo.load(tune["list_jobs"], None, tune["jobs_outputs"], api_visibility="private", **light)
+    return {"model_pickers": [(tune["base_model"], lambda: gr.update(choices=finetune.finetune_models(services))),
+                              (tune["train_data"], tune["data_choices"])]}
+
+
+def _mask_editor(ctx, explain_image) -> dict:
+    """Section 1: the editor, SAM's view and prompts, the mask preview and the mask sets."""
+    services, first_model, heavy, light = ctx.services, ctx.first_model, ctx.heavy, ctx.light
+    gr.Markdown("### 1 · Mark where the model *should* look\n"
+                "Paint over the relevant region and press *Use my drawing*, **or** let SAM find it: click object / "
+                "background points on the right, or **drag a box**: paint a rough stroke around (or over) the "
+                "object in the editor and press *Box from my stroke → SAM* (two *Box corner* clicks work too). "
+                "Then add the image, its mask and its class to a mask set.", elem_classes="help")
+    sam_points = gr.State(masks.empty_prompts())
+    current_mask = gr.State(None)
+    sam_clean = gr.State(None)  # the image SAM sees (small images enlarged so they can be clicked)
+    sam_original = gr.State(None)  # the image as loaded: masks are stored at this size
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            editor = gr.ImageMask(label="Paint a mask (or a stroke for a box)",
+                                  type="numpy", sources=["upload", "clipboard"], format="png", height=340,
+                                  elem_id="mask-editor", layers=False,
+                                  brush=gr.Brush(colors=["#0072B2"], color_mode="fixed", default_size=12))
+            with gr.Row():
+                use_explain = gr.Button("Use the image from the Explain tab", size="sm")
+                draw_preview = gr.Button("Use my drawing", variant="secondary", size="sm", elem_id="use-drawing")
+                stroke_box = gr.Button("Box from my stroke → SAM", variant="secondary", size="sm",
+                                       elem_id="stroke-box")
+        with gr.Column(scale=1):
+            sam_view = gr.Image(label="Click for SAM: points or box corners", type="numpy", interactive=False,
+                                format="png", height=340, elem_id="sam-view")
+            with gr.Row():
+                click_mode = gr.Radio([("Object point", "object"), ("Background point", "background"),
+                                       ("Box corner (two clicks)", "box")], value="object", label="A click adds",
+                                      scale=3)
+                clear_points = gr.Button("Clear clicks", size="sm", scale=1)
+            segmenter_info = gr.Markdown(elem_classes="help", elem_id="segmenter-info")
+    mask_preview = gr.Image(label="Mask preview", type="pil", interactive=False, format="png", height=260,
+                            elem_id="mask-preview")
+    with gr.Row():
+        set_name = gr.Textbox("my-masks", label="Mask set name", scale=2, elem_id="set-name")
+        mask_label = gr.Dropdown(masks.label_choices(services, first_model), label="Class label of this image",
+                                 scale=2, elem_id="mask-label", allow_custom_value=True)
+        add_button = gr.Button("Add to mask set", variant="primary", scale=1, elem_id="add-mask")
+    set_info = gr.Markdown(elem_classes="help", elem_id="set-info")
+    set_gallery = gr.Gallery(label="Mask set (image with mask)", columns=10, height=170, format="png",
+                             allow_preview=False, object_fit="contain", fit_columns=False)
+
+
+    # ---- the image: from the Explain tab or uploaded into the editor (the SAM view shows an enlarged copy)
+    def load_from_explain(path):
+        picture, view = masks.load_picture(path)
+        return picture, view, masks.empty_prompts(), None, None, view, picture
+
+    use_explain.click(friendly(load_from_explain), explain_image, [editor, sam_view, sam_points, current_mask,
+                                                                 mask_preview, sam_clean, sam_original],
+                      api_name="mask_use_explain_image", **light)
+
+    def editor_upload(value):
+        loaded = masks.editor_picture(value)
+        if loaded is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        rgb, view = loaded
+        return view, masks.empty_prompts(), None, view, rgb
+
+    editor.upload(friendly(editor_upload), editor, [sam_view, sam_points, current_mask, sam_clean, sam_original],
+                  api_name="mask_editor_upload", **light)
+
+    draw_preview.click(friendly(masks.drawn_mask), editor, [mask_preview, current_mask, segmenter_info],
+                       api_name="mask_from_drawing", **light)
+
+    # ---- SAM prompts: every form ends in masks.PromptView -> the same five outputs
+    sam_outputs = [sam_view, sam_points, mask_preview, current_mask, segmenter_info]
+
+    def shown(result):
+        return result.view, result.prompts, or_skip(result.preview), or_skip(result.mask_state), result.note
+
+    @friendly
+    def on_sam_select(clean, original, prompts, mode, request: gr.Request, evt: gr.SelectData):
+        x, y = evt.index
+        return shown(masks.click(services, clean, prompts, mode, x, y, request.session_hash, original))
+
+    sam_view.select(on_sam_select, [sam_clean, sam_original, sam_points, click_mode], sam_outputs,
+                    api_visibility="private", **heavy)
+
+    # explicit-coordinate endpoints: the same logic as a click or a drag, callable from gradio_client
+    click_x, click_y = gr.Number(visible=False), gr.Number(visible=False)
+    click_button = gr.Button(visible=False)
+
+    @friendly
+    def on_click_api(clean, original, prompts, mode, x, y, request: gr.Request):
+        """A click at (x, y) in the pixel grid of the image shown for SAM (the API form of a click)."""
+        return shown(masks.click(services, clean, prompts, mode, x, y, request.session_hash, original))
+
+    click_button.click(on_click_api, [sam_clean, sam_original, sam_points, click_mode, click_x, click_y], sam_outputs,
+                       api_name="sam_click", **heavy)
+
+    box_numbers = [gr.Number(visible=False) for _ in range(4)]
+    box_button = gr.Button(visible=False)
+
+    @friendly
+    def on_box_api(clean, original, prompts, x0, y0, x1, y1, request: gr.Request):
+        """A box [x0, y0, x1, y1] in the pixel grid of the image shown for SAM (the API form of a drag), with
+        the clicked points."""
+        return shown(masks.box_prompt(services, clean, prompts, [x0, y0, x1, y1], request.session_hash, original))
+
+    box_button.click(on_box_api, [sam_clean, sam_original, sam_points, *box_numbers], sam_outputs, api_name="sam_box",
+                     **heavy)
+
+    @friendly
+    def on_stroke_box(value, clean, original, prompts, request: gr.Request):
+        """The drag form of a box: the bounding box of the stroke painted in the editor, then SAM."""
+        return shown(masks.stroke_box_prompt(services, value, clean, prompts, request.session_hash, original))
+
+    stroke_box.click(on_stroke_box, [editor, sam_clean, sam_original, sam_points], sam_outputs,
+                     api_name="sam_box_from_stroke", **heavy)
+
+    def clear(clean):
+        return clean, masks.empty_prompts(), None, None, ""
+
+    clear_points.click(clear, sam_clean, sam_outputs, api_name="sam_clear", queue=False)
+
+    # ---- mask sets
+    def set_view(name):
+        return masks.mask_set_view(services.store, name)
+
+    @friendly
+    def add_to_set(name, label, mask_state):
+        entry = masks.add_to_mask_set(services.store, name, label, mask_state)
+        gr.Info(f"Added to '{name}' (entry {entry}).", duration=3)
+        return set_view(name)
+
+    added = add_button.click(add_to_set, [set_name, mask_label, current_mask], [set_gallery, set_info], api_name="add_mask",
+                     **light)
+    set_name.submit(friendly(set_view), set_name, [set_gallery, set_info], api_visibility="private", **light)
+    return {"added": added, "mask_label": mask_label}
+
+
+def _finetune(ctx) -> dict:
+    """Section 2: CAMAL fine-tuning as a background job, its live panel and the list of jobs on this server."""
+    services, first_model, light = ctx.services, ctx.first_model, ctx.light
+    gr.Markdown("### 2 · Fine-tune with CAMAL\nCAMAL fine-tunes the classifier so its class activation map stays "
+                "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside), both averaged "
+                "over the batch: λ is per image).",
+                elem_classes="help")
+    with gr.Row():
+        tunable = finetune.finetune_models(services)
+        base_model = gr.Dropdown(tunable, value=first_model if first_model in [n for _, n in tunable] else
+                                 (tunable[0][1] if tunable else None), allow_custom_value=True,
+                                 label="Model to fine-tune", info="Only models a fine-tune job can load.", scale=2)
+        train_data = gr.Dropdown([], label="Training masks", scale=2, elem_id="train-data",
+                                 allow_custom_value=not browse_module.on_space(),  # typed "path:..." off a Space
+                                 info="Your mask sets, the decoy BloodMNIST set, or BCCD boxes when present.")
+        refresh_data = gr.Button("↻ Refresh the list", size="sm", scale=0, min_width=120, elem_id="refresh-data")
+    with gr.Row():
+        epochs = gr.Slider(1, 30, value=3, step=1, label="Epochs")
+        lam = gr.Slider(0, 64, value=16.0, step=0.5, label="λ (weight of the mask loss, per image)",
+                        info="16: tuned on decoy BloodMNIST val; 0 = plain fine-tuning.")
+        backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs (needs HF_TOKEN)", "hf-jobs")],
+                           value="local", label="Run on")
+    launch, cancel, job_id, job_status, job_progress, job_plot = job_controls(
+        "Start fine-tune", "Loss and IoU", start_id="start-finetune", cancel_id="cancel-finetune",
+        status_id="job-status", progress_id="job-progress")
+    before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=1, format="png", height="auto",
+                              object_fit="contain", elem_id="before-after")
+    compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False)
+    timer = gr.Timer(1.0, active=False)
+    with gr.Accordion("Jobs on this server (also those from before a restart)", open=False):
+        jobs_table = gr.Dataframe(headers=finetune.JOB_HEADERS, interactive=False, elem_id="jobs-table",
+                                  wrap=True)
+        with gr.Row():
+            job_pick = gr.Dropdown([], label="Job", scale=3, elem_id="job-pick")
+            refresh_jobs = gr.Button("Refresh the list", size="sm", scale=1)
+            resume_button = gr.Button("Resume (interrupted, failed, cancelled)", size="sm", scale=1,
+                                      elem_id="resume-job")
+            open_result = gr.Button("Open (progress or result)", size="sm", scale=1, elem_id="open-job")
+
+
+    # ---- fine-tune
+    def data_choices():
+        choices = finetune.data_choices(services)
+        return gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+    refresh_data.click(data_choices, None, train_data, api_visibility="private", queue=False)
+
+    @friendly
+    def start(model_name, data_choice, n_epochs, lam_value, backend_name):
+        new_id, message = finetune.start_finetune(services, model_name, data_choice, n_epochs, lam_value, backend_name,
+                                            on_build=gr.Info)
+        return new_id, message, gr.update(active=True), 0
+
+    launch.click(start, [base_model, train_data, epochs, lam, backend], [job_id, job_status, timer, job_progress],
+                 api_name="start_finetune", **light)
+
+    @friendly
+    def poll(current):
+        if not current:
+            return gr.skip(), gr.skip(), gr.skip(), gr.update(active=False), gr.skip(), gr.skip(), gr.skip()
+        report = finetune.job_report(services, current)
+        if not report.finished:
+            return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        models = gr.update(choices=finetune.finetune_models(services)) if report.new_model else gr.skip()
+        return report.text, report.percent, report.figure, gr.update(active=False), report.gallery, report.table, \
+            models
+
+    timer.tick(poll, job_id, [job_status, job_progress, job_plot, timer, before_after, compare_table, base_model],
+               api_name="finetune_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
+    cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), job_id, job_status,
+                 api_name="cancel_finetune", queue=False)
+
+    # ---- the job list: state, progress, model, times, error; resume interrupted jobs, open finished ones
+    @friendly
+    def list_jobs():
+        return finetune.job_rows(services), gr.update(choices=finetune.job_choices(services))
+
+    refresh_jobs.click(list_jobs, None, [jobs_table, job_pick], api_name="jobs_list", **light)
+
+    @friendly
+    def follow(chosen):
+        """Follow a job in the panel above: the timer polls it (progress, then its before/after result)."""
+        return chosen, finetune.open_job(services, chosen), gr.update(active=True)
+
+    @friendly
+    def resume(chosen):
+        message = finetune.resume_job(services, chosen)
+        return chosen, message, gr.update(active=True)
+
+    open_result.click(follow, job_pick, [job_id, job_status, timer], api_name="open_job", **light)
+    resume_button.click(resume, job_pick, [job_id, job_status, timer], api_name="resume_job", **light).then(
+        list_jobs, None, [jobs_table, job_pick], api_visibility="private", **light)
+    return {"data_choices": data_choices, "train_data": train_data, "base_model": base_model,
+            "list_jobs": list_jobs, "jobs_outputs": [jobs_table, job_pick]}

@@ -1,0 +1,67 @@
+"""The look of the app: theme, style sheet and the title text."""
+from __future__ import annotations
+
+import gradio as gr
+
+THEME = gr.themes.Soft(
+    primary_hue="teal", secondary_hue="blue", neutral_hue="slate",
+    font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"],
+    font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
+).set(block_title_text_weight="600", button_large_radius="10px")
+
+CSS = """
+#app-title h1 { margin-bottom: 0; }
+#app-title p { margin-top: 4px; color: var(--body-text-color-subdued); }
+.help { color: var(--body-text-color-subdued); font-size: 0.92em; }
+.note { background: var(--background-fill-secondary); border-left: 4px solid var(--color-accent);
+        padding: 6px 12px; border-radius: 6px; }
+.verdict-row button { min-width: 120px; }
+.warning-note { background: #fff4e5; color: #5f3b00; border-left: 4px solid #e69f00; padding: 6px 12px;
+                border-radius: 6px; }
+footer { display: none !important; }
+#input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
+#input-image img { image-rendering: auto; }
+/* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
+#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap {
+  max-height: none !important; min-height: 0 !important; height: auto !important; overflow: visible !important; }
+#overlays .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#overlays .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
+#overlays .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+                           overflow: visible !important; text-overflow: clip !important; font-size: 12px;
+                           line-height: 1.3; border: none !important; opacity: 1 !important; }
+@media (max-width: 640px) { #overlays .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
+#aucs table { table-layout: auto; }
+#aucs td, #aucs th { white-space: normal !important; font-size: 13px; }
+@media (max-width: 640px) {  /* a phone: the options are in the captions; the scores keep their columns */
+  #aucs th:nth-child(2), #aucs td:nth-child(2), #aucs th:nth-child(6), #aucs td:nth-child(6) { display: none; }
+  #aucs td, #aucs th { font-size: 12px; padding: 4px !important; min-width: 0 !important; width: auto !important; }
+  #aucs table { width: 100% !important; min-width: 0 !important; }
+}
+.section-title p { margin: 0; font-size: 1.05em; }
+.example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
+.example-gallery .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
+                              overflow: visible !important; }
+/* the data-set browser and the review gallery: as many columns as fit (no clipped column), whole labels */
+#browse-gallery .grid-container, #review-gallery .grid-container {
+  grid-template-columns: repeat(auto-fill, minmax(84px, 1fr)) !important; }
+#browse-gallery .grid-wrap, #review-gallery .grid-wrap { padding-top: 36px; }  /* clear of the block's label */
+#browse-gallery .thumbnail-item, #review-gallery .thumbnail-item {
+  aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#browse-gallery .thumbnail-item > img, #review-gallery .thumbnail-item > img { height: auto !important;
+  aspect-ratio: 1 / 1; }
+#browse-gallery .caption-label, #review-gallery .caption-label { position: static !important;
+  white-space: normal !important; max-width: 100% !important; overflow: visible !important;
+  text-overflow: clip !important; font-size: 11px; line-height: 1.25; border: none !important;
+  opacity: 1 !important; }
+.colour-bar { margin: 2px 0 6px; }
+.colour-bar-strip { height: 12px; border-radius: 4px; border: 1px solid var(--border-color-primary); }
+.colour-bar-labels { display: flex; justify-content: space-between; font-size: 12px;
+                     color: var(--body-text-color-subdued); }
+"""
+
+INTRO = """# Saliency Lab
+Which pixels made the classifier decide, and can we trust that answer? Pick an image and a model, compare
+explanation methods side by side, and check them with deletion/insertion curves.
+"""
+
+
