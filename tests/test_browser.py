@@ -220,7 +220,8 @@ def test_review_study_two_reviewers_in_two_contexts(app_url, page, shots):
         name, "bloodmnist-cells", "bloodmnist-vit" if os.environ.get("SALIENCY_LAB_URL") else "tiny-vit",
         ["gradcam", "rollout"], "dr-a, dr-b", "blinded", 3,
         api_name="/review_study_create")
-    code = created.split("Study code: `")[1].split("`")[0]
+    code = created.split("Reviewers' code: `")[1].split("`")[0]
+    owner = created.split("Owner code: `")[1].split("`")[0]
     words = {w.lower() for n, cls in METHODS.items() for w in (n, getattr(cls, "label", n)) if w}
     browser = page.context.browser  # the module's browser (one sync Playwright per thread); two new contexts
     contexts = []
@@ -250,7 +251,7 @@ def test_review_study_two_reviewers_in_two_contexts(app_url, page, shots):
     finally:
         for context in contexts:
             context.close()
-    report = Client(app_url, verbose=False).predict(name, code, api_name="/review_agreement")[3]
+    report = Client(app_url, verbose=False).predict(name, owner, api_name="/review_agreement")[3]
     assert report["counts"]["per_reviewer"]["dr-a"]["done"] == 1 and report["counts"]["per_reviewer"]["dr-b"]["done"] == 1
 
 

@@ -73,8 +73,9 @@ def test_upload_create_review_two_reviewers_and_results(app_url, tmp_path):
     assert "6 images loaded" in message and "broken.jpg" in message
     created, name = creator.predict("blind-1", "uploaded-cells", "tiny-vit", ["gradcam", "rollout", "chefer"],
                                     "dr-a, dr-b", "blinded", 6, api_name="/review_study_create")
-    code = created.split("Study code: `")[1].split("`")[0]
-    assert name == "blind-1" and len(code) >= 16
+    code = created.split("Reviewers' code: `")[1].split("`")[0]
+    owner = created.split("Owner code: `")[1].split("`")[0]
+    assert name == "blind-1" and len(code) >= 16 and len(owner) >= 16 and owner != code
 
     words = method_words()
     reviewers = {"dr-a": client(app_url), "dr-b": client(app_url)}  # two sessions at once
@@ -95,7 +96,9 @@ def test_upload_create_review_two_reviewers_and_results(app_url, tmp_path):
     assert "6 of 6 done" in progress
     with pytest.raises(Exception):  # a wrong code gets an error, not the results
         creator.predict("blind-1", "not-the-code", api_name="/review_agreement")
-    summary, _, _, report = creator.predict("blind-1", code, api_name="/review_agreement")
+    with pytest.raises(Exception):  # the reviewers' code cannot unblind the study before its owner closes it
+        creator.predict("blind-1", code, api_name="/review_agreement")
+    summary, _, _, report = creator.predict("blind-1", owner, api_name="/review_agreement")
     assert report["counts"]["overall"]["complete_images"] == 6
     assert report["agreement"]["pairs"][0]["images"] == 6
     assert sum(m["best_picks"] for m in report["methods"]) == 12 and "Per method" in summary
