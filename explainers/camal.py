@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from .masks import MaskError, MaskSet, find_masks_csv, load_mask_set
 from .methods.gradcam import gradcam_maps
+from .models import load_bundle  # noqa: F401  (a name or a card: the zoo's one card loader)
 
 CAM_MODES = ("differentiable", "detach-weights")
 # lambda per image (the regulariser is a batch mean): 16, chosen on decoy BloodMNIST val (random squares) from
@@ -121,27 +122,6 @@ def camal_loss(bundle, images: torch.Tensor, labels: torch.Tensor, masks: torch.
 
 
 # ------------------------------------------------------------------------------------------ model helpers
-def load_bundle(spec: str, device="cpu"):
-    """A model-zoo name, or the path of a card (`NAME.json`, weights beside it)."""
-    from . import models
-
-    path = Path(str(spec))
-    if path.suffix == ".json" and path.exists():
-        from safetensors.torch import load_file
-
-        card = json.loads(path.read_text())
-        network = models.build_from_card(card)
-        network.load_state_dict(load_file(str(path.parent / card.get("weights_file", f"{path.stem}.safetensors"))))
-        size = tuple(card["input_size"])
-        data_config = {"mean": card["mean"], "std": card["std"], "input_size": (3, *size),
-                       "crop_pct": card.get("crop_pct", 1.0), "interpolation": card.get("interpolation", "bicubic")}
-        bundle = models._bundle_from_network(card.get("name", path.stem), network, class_names=card["class_names"],
-                                             reference_color=card["reference_color"], card=card,
-                                             data_config=data_config)
-        return bundle.to(device)
-    return models.load_model(str(spec), device=device)
-
-
 def private_copy(bundle):
     """A bundle sharing nothing trainable with the (cached, shared) original."""
     clone = copy.copy(bundle)
@@ -356,7 +336,7 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
     settings. `progress(step, total, **metrics)` and `cancelled()` are the job runner's hooks. Returns
     {"history": [...per epoch...], "cancelled": bool, "steps": n, "seconds": t}."""
     from .models import disable_fused_attention, kept_training_state, restore_fused_attention
-    from .training import atomic_save
+    from .atomic import atomic_torch_save
 
     if cam_mode not in CAM_MODES:
         raise ValueError(f"cam_mode must be one of {', '.join(CAM_MODES)}, got {cam_mode!r}")
@@ -457,7 +437,7 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
                                                                      if k != "epoch"), file=sys.stderr)
                 if checkpoint and rank == 0:
                     checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_save({"model": network.state_dict(), "optimizer": optimizer.state_dict(),
+                    atomic_torch_save({"model": network.state_dict(), "optimizer": optimizer.state_dict(),
                                  "schedule": schedule.state_dict(), "epoch": epoch + 1, "history": json.dumps(history),
                                  "settings": json.dumps(settings)}, checkpoint)
         finally:

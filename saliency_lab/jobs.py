@@ -32,7 +32,7 @@ import weakref
 from pathlib import Path
 from typing import Callable
 
-from explainers._io import atomic_torch_save, atomic_write_bytes  # noqa: F401  (the one atomic writer)
+from explainers.atomic import atomic_torch_save, atomic_write_bytes  # noqa: F401  (the one atomic writer)
 
 from . import hf_jobs
 

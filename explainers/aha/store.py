@@ -82,7 +82,7 @@ def stem_from_out(out) -> Path:
 def save_explainer(explainer: AHAExplainer, stem, card: dict) -> dict:
     from safetensors.torch import save_file
 
-    from ..training import atomic_write_text
+    from ..atomic import atomic_write_text
 
     stem = stem_from_out(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def save_explainer(explainer: AHAExplainer, stem, card: dict) -> dict:
     tmp.replace(stem.parent / weights_file)
     card = dict(card, kind="aha-explainer", weights_file=weights_file, architecture=explainer.arch,
                 parameters=explainer.num_parameters())
-    atomic_write_text(json.dumps(card, indent=2), stem.parent / (stem.name + ".json"))
+    atomic_write_text(stem.parent / (stem.name + ".json"), json.dumps(card, indent=2))
     return card
 
 
@@ -110,7 +110,7 @@ def store_class_dependence(bundle, specs: list, results: dict, *, data: str, ima
 
     from ..evaluate import parse_method_spec
     from ..statistics import bootstrap_ci
-    from ..training import atomic_write_text
+    from ..atomic import atomic_write_text
 
     parsed = [parse_method_spec(spec) for spec in specs]
     reference = next((results[label] for name, options, label in parsed if name == "gradcam" and not options), None)
@@ -147,7 +147,7 @@ def store_class_dependence(bundle, specs: list, results: dict, *, data: str, ima
         "class_blind_margin": CLASS_BLIND_MARGIN,
         "gradcam": {"spearman_top1_top2": reference["spearman_top1_top2"], "ci95": reference["ci95"]},
         "by_refine_steps": rows}
-    atomic_write_text(json.dumps(card, indent=2), card_file)
+    atomic_write_text(card_file, json.dumps(card, indent=2))
     forget_explainers(bundle.name)  # the next use reads the new card
     return card_file
 

@@ -304,9 +304,9 @@ def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 2
     card_file = Path(str(stem) + ".json")
     card = json.loads(card_file.read_text())
     card["held_out"] = figures
-    from ..training import atomic_write_text
+    from ..atomic import atomic_write_text
 
-    atomic_write_text(json.dumps(card, indent=2), card_file)  # the same card writer as save_explainer
+    atomic_write_text(card_file, json.dumps(card, indent=2))  # the same card writer as save_explainer
     return figures
 
 
@@ -508,7 +508,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
 
     def save_checkpoint():
         if rank == 0:
-            from ..training import atomic_save
+            from ..atomic import atomic_torch_save
 
             state = {"explainer": explainer.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "step": step, "total_steps": total_steps,
@@ -517,7 +517,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             if best is not None:
                 state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"],
                              best_eligible=best.get("eligible", True))
-            atomic_save(state, checkpoint_path)
+            atomic_torch_save(state, checkpoint_path)
 
     def track_validation():
         nonlocal best
