@@ -8,7 +8,7 @@ from PIL import Image
 from explainers import models
 from explainers.cli import main
 
-from conftest import DATA_DIR, tiny_cnn, tiny_vit
+from conftest import DATA_DIR, same, tiny_cnn, tiny_vit
 
 
 @pytest.fixture
@@ -196,22 +196,6 @@ def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
     same(a, b)  # everything else: the same report (floats to 1e-6: summation order within a batch)
 
 
-def same(a, b, where="report"):
-    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert a == pytest.approx(b, abs=1e-6), where
-    else:
-        assert a == b, where
-
-
 def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
     pytest.importorskip("pytorch_grad_cam")
     out = tmp_path / "road.json"
@@ -222,7 +206,7 @@ def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
 
 
 def test_method_specs_keep_several_options_of_one_method_together():
-    from explainers.evaluate import parse_method_spec, split_method_specs
+    from explainers.methods import parse_method_spec, split_method_specs
 
     specs = split_method_specs("gradskip:attention_weighting=gradient,alpha=1,rollout, aha:refine_steps=3,gradcam")
     assert specs == ["gradskip:attention_weighting=gradient,alpha=1", "rollout", "aha:refine_steps=3", "gradcam"]

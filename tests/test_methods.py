@@ -4,7 +4,8 @@ import torch
 
 from explainers.data import pil_to_tensor
 from explainers.images import load_image
-from explainers.methods import METHODS, MethodNotApplicable, available_methods, explain, get_method
+from explainers.engine import explain
+from explainers.methods import METHODS, MethodNotApplicable, available_methods, get_method
 from explainers.methods.gradcam import gradcam_maps
 
 from conftest import DATA_DIR, quadrant_bundle, tiny_cnn, tiny_vit

@@ -4,8 +4,8 @@ import torch
 
 from explainers.methods import get_method
 from explainers.metrics import (Curves, deletion_insertion, fraction_counts, pixel_ranks, pointing_game,
-                                pointing_tolerance, randomization_sanity_check, spearman, top_pixel_iou,
-                                trapezoid_auc)
+                                pointing_tolerance, spearman, top_pixel_iou, trapezoid_auc)
+from explainers.sanity import randomization_sanity_check
 
 from conftest import quadrant_bundle, tiny_cnn, tiny_vit
 

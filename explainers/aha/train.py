@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .network import AHAExplainer, DEFAULT_ARCH, _pools_class_token
+from .network import AHAExplainer, DEFAULT_ARCH, pools_class_token
 from .objective import (NUM_FRACTIONS, PEAK_WEIGHT, REFERENCE_KINDS, TAU_END, TAU_START, aha_loss,
                         default_fractions, grid_range, reference_batch, tau_at)
 from .store import explainer_stem, load_explainer, save_explainer, stem_from_out
@@ -425,14 +425,14 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     low, high = grid_range(image_hw)
     low, high = grid_min or low, grid_max or high
     mosaic_every = int(mosaic_every or 0)
-    if mosaic_every and (_pools_class_token(bundle.network) or batch_size // world < 4):
+    if mosaic_every and (pools_class_token(bundle.network) or batch_size // world < 4):
         raise ValueError("mosaic steps need a globally pooled network (a class-token ViT does not read a mosaic "
                          "at twice its input size) and at least 4 images per process and step")
 
     if val_gridpg_min is not None:
         if not (val_data and val_every):
             raise ValueError("--val-gridpg-min needs --val-data and --val-every (it scores val mosaics at each validation)")
-        if _pools_class_token(bundle.network):
+        if pools_class_token(bundle.network):
             raise ValueError("--val-gridpg-min needs a globally pooled network (a class-token ViT does not read a "
                              "mosaic at twice its input size)")
         if not 0.0 <= float(val_gridpg_min) <= 1.0 or int(val_mosaics) < 1:

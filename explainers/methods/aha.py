@@ -19,7 +19,7 @@ import torch
 from ..aha.network import check_output_blur, resolve_targets
 from ..aha.per_image import (PER_IMAGE_LR, PER_IMAGE_STEPS, expected_seconds, optimise_maps, prior_method,
                               step_passes)
-from ..aha.refine import MAX_REFINE_STEPS, check_refine_steps
+from ..aha.refine import MAX_REFINE_STEPS
 from ..aha.store import ExplainerUnavailable, get_explainer
 from . import register
 from .base import Method, MethodNotApplicable, Option
@@ -48,7 +48,7 @@ class AHA(Method):
     user_options = (Option("refine_steps", "AHA refinement steps T", 0, 0, MAX_REFINE_STEPS, 1, int,
                            "0 = one pass (fastest); each step optimises the map for this image (about one "
                            "forward and backward pass of the model over 28 perturbed images).",
-                           rank=1, elem_id="refine", api_name="refine"),)
+                           rank=1, elem_id="refine", api_name="refine", flag="refine-steps"),)
 
     @classmethod
     def default_for(cls, bundle) -> bool:
@@ -80,7 +80,7 @@ class AHA(Method):
         CLASS_BLIND_RHO, and by CLASS_BLIND_MARGIN more than Grad-CAM's, paired interval above 0): say that the map
         hardly changes with the class asked about and name the refinement steps that do follow it. The refinement
         and the per-image mode optimise against the model's own score for the class: no caveat for them."""
-        from ..sanity import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
+        from ..metrics import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
 
         options = options or {}
         if int(options.get("refine_steps", 0) or 0) > 0 or options.get("mode", "trained") not in ("trained", "auto"):
@@ -133,7 +133,6 @@ class AHA(Method):
         """`output_blur` (pixels; None = the card's) overrides a trained explainer's output blur, e.g. to measure
         a card's choice against none (`evaluate --methods aha,aha:output_blur=0`); the per-image mode has none.
         `refine_lr` (None = the card's refinement setting, else REFINE_MAP_LR) sets the refinement's step size."""
-        refine_steps = check_refine_steps(refine_steps)
         output_blur = None if output_blur is None else check_output_blur(output_blur)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -147,6 +146,8 @@ class AHA(Method):
                          **({} if refine_lr is None else {"refine_lr": float(refine_lr)}),
                          **({} if output_blur is None else {"output_blur": output_blur}))
         self.output_blur = output_blur
+        refine_steps = int(refine_steps)  # in range and whole: the declared Option, checked just above
+        self.options["refine_steps"] = refine_steps
         self.refine_steps, self.refine_lr, self.reference = refine_steps, refine_lr, reference
         self.mode, self.per_image_steps, self.per_image_lr = mode, int(per_image_steps), per_image_lr
         self.resolved_options: dict = {}
