@@ -272,9 +272,9 @@ def explain_batch(bundle, method, images: torch.Tensor, targets, *, seed: int | 
     """The one run path from a method to its maps. `method`: a registered name or a Method; `targets`: an int,
     B class indices or a function of the logits (methods with `score_targets`). Checks that the method can
     explain the model (MethodNotApplicable, in words a user can act on) and the targets, holds the bundle's
-    lock (no other caller's hooks see the passes), and reseeds the global generator with `seed` first (RISE and
-    the random map draw from it: the same maps every run); `seed=None` leaves the generator to the caller, who
-    seeded once for a whole data set."""
+    lock (no other caller's hooks see the passes), and reseeds the global generator with `seed` first (a method
+    that draws from it gives the same maps every run; RISE and the random map carry generators of their own);
+    `seed=None` leaves the generator to the caller, who seeded once for a whole data set."""
     method_obj = method if isinstance(method, Method) else get_method(method)
     method_obj.check(bundle)
     check_targets(method_obj, targets)

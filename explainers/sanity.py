@@ -8,8 +8,8 @@ Every map comes from the engine's one run path (`engine.explain_batch`: lock, se
 Cascading: the parameterised modules are re-initialised from the output layer down, on a deep copy (the caller's
 model is never touched). Re-initialisation: He-normal weights (std sqrt(2 / fan_in)), norm scales
 U(0.5, 1.5), other vectors N(0, 0.1), all drawn from a private generator seeded with `seed`, so the
-randomised model is the same for every method (the global RNG, which RISE and the random map also draw from,
-is reseeded before each map instead). A faithful method's map changes: its rank correlation with the
+randomised model is the same for every method (the global RNG, which a method may draw from, is reseeded
+before each map instead, by `engine.explain_batch`). A faithful method's map changes: its rank correlation with the
 original falls well below 1.
 """
 from __future__ import annotations
@@ -125,7 +125,7 @@ def class_dependence(bundle, method, images: torch.Tensor, *, batch_size: int = 
             if logits.shape[1] < 2:
                 raise ValueError(f"'{bundle.name}' has one class: no runner-up to compare the map with")
             top2 = logits.topk(2, dim=1).indices
-            # reseeded for each class: RISE and the random map draw the same masks for both
+            # reseeded for each class: a method drawing from the global generator draws the same for both
             maps = [explain_batch(bundle, method, batch, top2[:, column], seed=seed).maps.cpu() for column in (0, 1)]
         for first, second in zip(*maps):
             constant = float(first.max() - first.min()) == 0.0 or float(second.max() - second.min()) == 0.0
