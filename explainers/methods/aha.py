@@ -49,6 +49,8 @@ class AHA(Method):
                            "0 = one pass (fastest); each step optimises the map for this image (about one "
                            "forward and backward pass of the model over 28 perturbed images).",
                            rank=1, elem_id="refine", api_name="refine", flag="refine-steps"),)
+    flag_options = (Option("per_image_steps", "AHA per-image steps", PER_IMAGE_STEPS, 1, MAX_PER_IMAGE_STEPS, 1, int,
+                           "Optimisation steps of the per-image mode (a model without a trained explainer)."),)
 
     @classmethod
     def default_for(cls, bundle) -> bool:
@@ -136,20 +138,18 @@ class AHA(Method):
         output_blur = None if output_blur is None else check_output_blur(output_blur)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if isinstance(per_image_steps, bool) or int(per_image_steps) != per_image_steps or not (
-                1 <= int(per_image_steps) <= MAX_PER_IMAGE_STEPS):
-            raise ValueError(f"per_image_steps must be an integer in 1..{MAX_PER_IMAGE_STEPS}, got {per_image_steps!r}")
         if refine_lr is not None and not 0 < float(refine_lr) <= 10:
             raise ValueError(f"refine_lr must be in (0, 10], got {refine_lr!r}")
         super().__init__(refine_steps=refine_steps, reference=reference, mode=mode,
-                         per_image_steps=int(per_image_steps), per_image_lr=per_image_lr,
+                         per_image_steps=per_image_steps, per_image_lr=per_image_lr,
                          **({} if refine_lr is None else {"refine_lr": float(refine_lr)}),
                          **({} if output_blur is None else {"output_blur": output_blur}))
         self.output_blur = output_blur
-        refine_steps = int(refine_steps)  # in range and whole: the declared Option, checked just above
-        self.options["refine_steps"] = refine_steps
+        # in range and whole: their declared Options, checked by `Method.__init__` just above
+        refine_steps, per_image_steps = int(refine_steps), int(per_image_steps)
+        self.options.update(refine_steps=refine_steps, per_image_steps=per_image_steps)
         self.refine_steps, self.refine_lr, self.reference = refine_steps, refine_lr, reference
-        self.mode, self.per_image_steps, self.per_image_lr = mode, int(per_image_steps), per_image_lr
+        self.mode, self.per_image_steps, self.per_image_lr = mode, per_image_steps, per_image_lr
         self.resolved_options: dict = {}
 
     def resolve_mode(self, bundle) -> str:
