@@ -133,7 +133,7 @@ def choose(report: dict) -> dict | None:
 
 def write_card(model: str, chosen: dict, report: dict) -> None:
     from explainers.aha.store import explainer_stem
-    from explainers.training import atomic_write_text
+    from explainers.atomic import atomic_write_text
 
     card_file = Path(str(explainer_stem(model)) + ".json")
     card = json.loads(card_file.read_text())
@@ -148,7 +148,7 @@ def write_card(model: str, chosen: dict, report: dict) -> None:
                               "insertion over T=0, the highest mean ins-del (hard curves, K=20, mean reference)",
                       "T0": {k: round(v["mean"], 5) for k, v in report["T0"].items()}, "rows": rows,
                       "command": report.get("command") or " ".join(["python bench/aha_refine_val.py"] + sys.argv[1:])}}
-    atomic_write_text(json.dumps(card, indent=2), card_file)
+    atomic_write_text(card_file, json.dumps(card, indent=2))
     print(f"wrote the refinement settings into {card_file}", flush=True)
 
 

@@ -51,7 +51,8 @@ from explainers.statistics import compare_methods, format_comparison  # noqa: E4
 from explainers.images import prepare_image  # noqa: E402
 from explainers.methods import get_method  # noqa: E402
 from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, capture  # noqa: E402
-from explainers.metrics import deletion_insertion, randomization_sanity_check  # noqa: E402
+from explainers.metrics import deletion_insertion  # noqa: E402
+from explainers.sanity import randomization_sanity_check  # noqa: E402
 from explainers.models import bundle_from_timm, load_model  # noqa: E402
 
 METHODS = ("gradskip", "chefer", "rollout", "gradcam", "random")

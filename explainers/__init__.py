@@ -21,12 +21,13 @@ _API = {
     "load_image": "images", "prepare_for_model": "images", "map_to_original": "images", "overlay": "images",
     "ImageError": "images", "Geometry": "images",
     # methods
-    "get_method": "methods", "list_methods": "methods", "register_method": "methods", "explain": "methods",
+    "get_method": "methods", "list_methods": "methods", "register_method": "methods",
     "available_methods": "methods", "Method": "methods", "MethodNotApplicable": "methods", "Option": "methods",
-    # metrics
-    "deletion_insertion": "metrics", "Curves": "metrics",
-    # the engine (cached explanations, as the app and the CLI run them)
-    "run_method": "engine", "prepare_input": "engine", "ExplanationCache": "engine", "PreparedInput": "engine",
+    # metrics and their declarations
+    "deletion_insertion": "metrics", "Curves": "metrics", "METRICS": "metrics", "better_arrow": "metrics",
+    "better_text": "metrics",
+    # the engine: the one run path (`explain_batch`), cached explanations as the app and the CLI run them
+    "explain": "engine", "explain_batch": "engine", "run_method": "engine", "prepare_input": "engine", "ExplanationCache": "engine", "PreparedInput": "engine",
     "predict_and_check": "engine",
 }
 

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from .masks import MaskError, MaskSet, find_masks_csv, load_mask_set
 from .methods.gradcam import gradcam_maps
+from .models import load_bundle  # noqa: F401  (a name or a card: the zoo's one card loader)
 
 CAM_MODES = ("differentiable", "detach-weights")
 # lambda per image (the regulariser is a batch mean): 16, chosen on decoy BloodMNIST val (random squares) from
@@ -121,27 +122,6 @@ def camal_loss(bundle, images: torch.Tensor, labels: torch.Tensor, masks: torch.
 
 
 # ------------------------------------------------------------------------------------------ model helpers
-def load_bundle(spec: str, device="cpu"):
-    """A model-zoo name, or the path of a card (`NAME.json`, weights beside it)."""
-    from . import models
-
-    path = Path(str(spec))
-    if path.suffix == ".json" and path.exists():
-        from safetensors.torch import load_file
-
-        card = json.loads(path.read_text())
-        network = models.build_from_card(card)
-        network.load_state_dict(load_file(str(path.parent / card.get("weights_file", f"{path.stem}.safetensors"))))
-        size = tuple(card["input_size"])
-        data_config = {"mean": card["mean"], "std": card["std"], "input_size": (3, *size),
-                       "crop_pct": card.get("crop_pct", 1.0), "interpolation": card.get("interpolation", "bicubic")}
-        bundle = models._bundle_from_network(card.get("name", path.stem), network, class_names=card["class_names"],
-                                             reference_color=card["reference_color"], card=card,
-                                             data_config=data_config)
-        return bundle.to(device)
-    return models.load_model(str(spec), device=device)
-
-
 def private_copy(bundle):
     """A bundle sharing nothing trainable with the (cached, shared) original."""
     clone = copy.copy(bundle)
@@ -308,7 +288,7 @@ def evaluate(bundle, data: MaskSet, *, batch_size: int = 64, curve_limit: int = 
              reference: str = "mean", layer: str | None = None, return_maps: bool = False, cancelled=None,
              curve_batch: int = 16):
     """Accuracy, CAM-vs-mask IoU (top pixels), pointing game, mean CAM inside/outside the mask, and
-    deletion/insertion AUCs (on the first `curve_limit` images; lower deletion / higher insertion is better).
+    deletion/insertion AUCs (on the first `curve_limit` images; which way is better: `metrics.METRICS`).
     `cancelled()` is checked between batches (CAMs: `batch_size` images, curves: `curve_batch` images; each
     image's curve is independent of the others, so the means over chunks are the means over all)."""
     from .metrics import deletion_insertion, pointing_game, pointing_tolerance, top_pixel_iou
@@ -356,7 +336,7 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
     settings. `progress(step, total, **metrics)` and `cancelled()` are the job runner's hooks. Returns
     {"history": [...per epoch...], "cancelled": bool, "steps": n, "seconds": t}."""
     from .models import disable_fused_attention, kept_training_state, restore_fused_attention
-    from .training import atomic_save
+    from .atomic import atomic_torch_save
 
     if cam_mode not in CAM_MODES:
         raise ValueError(f"cam_mode must be one of {', '.join(CAM_MODES)}, got {cam_mode!r}")
@@ -457,7 +437,7 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
                                                                      if k != "epoch"), file=sys.stderr)
                 if checkpoint and rank == 0:
                     checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_save({"model": network.state_dict(), "optimizer": optimizer.state_dict(),
+                    atomic_torch_save({"model": network.state_dict(), "optimizer": optimizer.state_dict(),
                                  "schedule": schedule.state_dict(), "epoch": epoch + 1, "history": json.dumps(history),
                                  "settings": json.dumps(settings)}, checkpoint)
         finally:
@@ -576,12 +556,8 @@ def _run_camal(*, model, data, out, masks, epochs, lam, lr, weight_decay, batch_
         for set_name, path in _eval_sets(data, masks, eval_data):
             evaluations.append((set_name, path, resolve_labels(bundle, load_mask_set(
                 path, image_hw=bundle.input_size, limit=eval_limit))))
-    before, before_maps = {}, None
-    for set_name, _, eval_set in evaluations:
-        before[set_name], maps = evaluate(bundle, eval_set, curve_limit=curve_limit, layer=layer, return_maps=True,
-                                          cancelled=cancelled)
-        before_maps = maps[:8] if before_maps is None else before_maps
-        print(f"CAMAL before [{set_name}]: {json.dumps(before[set_name])}", file=sys.stderr)
+    before, before_maps = _evaluate_sets(bundle, evaluations, "before", curve_limit=curve_limit, layer=layer,
+                                         cancelled=cancelled)
     if progress is not None and rank == 0:
         progress(0, None, phase="evaluated before", **{f"before_{k}": v for k, v in
                                                        (next(iter(before.values()), {}) or {}).items()
@@ -596,12 +572,8 @@ def _run_camal(*, model, data, out, masks, epochs, lam, lr, weight_decay, batch_
             import torch.distributed as dist
             dist.barrier()
         return summary
-    after, after_maps = {}, None
-    for set_name, _, eval_set in evaluations:
-        after[set_name], maps = evaluate(bundle, eval_set, curve_limit=curve_limit, layer=layer, return_maps=True,
-                                         cancelled=cancelled)
-        after_maps = maps[:8] if after_maps is None else after_maps
-        print(f"CAMAL after  [{set_name}]: {json.dumps(after[set_name])}", file=sys.stderr)
+    after, after_maps = _evaluate_sets(bundle, evaluations, "after ", curve_limit=curve_limit, layer=layer,
+                                       cancelled=cancelled)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = {}
     if figure and evaluations:
@@ -647,6 +619,16 @@ def _run_camal(*, model, data, out, masks, epochs, lam, lr, weight_decay, batch_
     summary.update({"before": before, "after": after, "card": str(out_dir / f"{name}.json"),
                     "weights": str(out_dir / card["weights_file"]), "figures": figures, "listed_in_zoo": listed})
     return summary
+
+
+def _evaluate_sets(bundle, evaluations: list, when: str, **options) -> tuple:
+    """({set name: metrics}, the first set's first 8 CAMs) for the evaluation mask sets, each logged."""
+    results, first_maps = {}, None
+    for set_name, _, eval_set in evaluations:
+        results[set_name], maps = evaluate(bundle, eval_set, return_maps=True, **options)
+        first_maps = maps[:8] if first_maps is None else first_maps
+        print(f"CAMAL {when} [{set_name}]: {json.dumps(results[set_name])}", file=sys.stderr)
+    return results, first_maps
 
 
 def _forget_cached(name: str) -> None:

@@ -1,4 +1,10 @@
-"""Command line: `python -m explainers <command>`. The app calls the same library functions."""
+"""Command line: `python -m explainers <command>`. The app calls the same library functions.
+
+One way to add a command: a function `add_<command>_parser(commands)` that adds its sub-parser and sets its
+`handler` (here for the commands that only wire library calls together; beside the code for a feature's own
+commands, e.g. `familiarity.add_familiarity_parser`), named once in `REGISTRARS` below. The flags of the methods'
+options (`--refine-steps`, `--alpha`, `--rise-masks`, ...) are made from each method's declared options.
+"""
 from __future__ import annotations
 
 import argparse
@@ -20,14 +26,45 @@ def cmd_train_classifier(args) -> int:
     return 0
 
 
+# --- the methods' options as flags, made from their declarations ----------------------------------------------
+def _option_flags() -> list:
+    """[(method name, Option, flag without dashes, argparse dest)] for every declared option of every method."""
+    from .methods import METHODS, list_methods
+
+    flags = []
+    for name in list_methods():
+        for option in METHODS[name].declared_options():
+            flag = option.flag or f"{name}-{option.name}".replace("_", "-")
+            flags.append((name, option, flag, f"option__{name}__{option.name}"))
+    return flags
+
+
+def add_method_flags(parser) -> None:
+    """A flag per declared method option: its range and default from the Option, checked by the method itself."""
+    for name, option, flag, dest in _option_flags():
+        info = f" {option.info}" if option.info else ""
+        parser.add_argument(f"--{flag}", dest=dest, type=option.kind, default=None, metavar=option.kind.__name__.upper(),
+                            help=(f"{option.label} ({name}).{info} Range {option.minimum:g}..{option.maximum:g}, "
+                                  f"default {option.default:g}.").replace("%", "%%"))
+
+
+def _spec_help(what: str = "comma-separated") -> str:
+    """The --method(s) help, from the registry: the names, and a spec with one declared option as the example."""
+    from .methods import METHODS, list_methods
+
+    names = list_methods()
+    example = next((f"{name}:{option.name}={option.default:g}" for name in names
+                    for option in METHODS[name].declared_options()), None)
+    return (f"{what}, of {', '.join(names)}; options per method as name:key=value"
+            + (f" (e.g. {example})" if example else ""))
+
+
 def _method_options(args) -> dict:
+    """{method: {option: value}} of the method flags given on the command line."""
     options = {}
-    if getattr(args, "refine_steps", None) is not None:
-        options["aha"] = {"refine_steps": args.refine_steps}
-    if getattr(args, "alpha", None) is not None:
-        options["gradskip"] = {"alpha": args.alpha}
-    if getattr(args, "rise_masks", None) is not None:
-        options["rise"] = {"n_masks": args.rise_masks}
+    for name, option, _, dest in _option_flags():
+        if getattr(args, dest, None) is not None:
+            options.setdefault(name, {})[option.name] = getattr(args, dest)
     return options
 
 
@@ -35,13 +72,14 @@ def cmd_explain(args) -> int:
     import numpy as np
 
     from . import engine
-    from .evaluate import parse_method_spec, split_method_specs
     from .images import conversion_notes, crop_region, file_facts, load_image, map_to_original, overlay
+    from .methods import parse_method_spec, split_method_specs
+    from .metrics import better_text
     from .models import load_model
 
     specs = [parse_method_spec(spec)[:2] for spec in split_method_specs(args.method)]
     if not specs:
-        raise ValueError("--method names no method (e.g. --method gradcam or --method gradcam,aha)")
+        raise ValueError(f"--method names no method: {_spec_help('one or several, comma-separated')}")
     names = [name for name, _ in specs]
     if len(set(names)) < len(names):
         raise ValueError(f"--method names a method twice ({', '.join(names)}): one run per method; run it again "
@@ -70,8 +108,8 @@ def cmd_explain(args) -> int:
     print(f"model {bundle.name}; prediction: " + ", ".join(f"{n} {p:.3f}" for _, n, p in top[:3]))
     for record in records:
         print(f"{record['method']} for class {target} ({bundle.class_name(target)}): "
-              f"deletion AUC {record['deletion_auc']:.4f} (lower is better), insertion AUC "
-              f"{record['insertion_auc']:.4f} (higher is better), {1000 * record['seconds']:.1f} ms")
+              f"deletion AUC {record['deletion_auc']:.4f} ({better_text('deletion_auc')}), insertion AUC "
+              f"{record['insertion_auc']:.4f} ({better_text('insertion_auc')}), {1000 * record['seconds']:.1f} ms")
         if record.get("caveat"):
             print(f"note: {record['caveat']}")
     if not one_file:  # the app's download: overlay-<method>.png each, curves.csv, report.json
@@ -92,9 +130,10 @@ def cmd_explain(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .evaluate import evaluate_methods, format_table, split_method_specs
-
     import torch
+
+    from .evaluate import evaluate_methods, format_table
+    from .methods import split_method_specs
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -121,11 +160,11 @@ def cmd_evaluate(args) -> int:
 
 
 def _load_distributed(model_name: str) -> tuple:
-    """(bundle, rank): joins torchrun's process group when there is one (`evaluate.init_distributed`) and
+    """(bundle, rank): joins torchrun's process group when there is one (`distributed.init_distributed`) and
     loads the model on this process's GPU there (CPU otherwise)."""
     import torch
 
-    from .evaluate import init_distributed
+    from .distributed import init_distributed
     from .models import load_model
 
     world, rank = init_distributed()
@@ -135,14 +174,15 @@ def _load_distributed(model_name: str) -> tuple:
 
 def _write_report(report: dict, out) -> None:
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2))
+        from .atomic import atomic_write_text
+
+        atomic_write_text(out, json.dumps(report, indent=2))
         print(f"wrote {out}")
 
 
 def cmd_gridpg(args) -> int:
-    from .evaluate import split_method_specs
     from .gridpg import format_gridpg, run_gridpg
+    from .methods import split_method_specs
 
     if args.threads:
         import torch
@@ -175,14 +215,52 @@ def cmd_train_grid(args) -> int:
     return 0
 
 
-def _add_method_options(parser) -> None:
+def _add_curve_options(parser) -> None:
+    from .metrics import REFERENCES
+
     parser.add_argument("--steps", type=int, default=20, help="K: curve points at 0, 1/K, ..., 1 (default 20)")
-    parser.add_argument("--reference", choices=["mean", "black", "blur", "road"], default="mean",
+    parser.add_argument("--reference", choices=list(REFERENCES), default="mean",
                         help="what removed pixels become: the data mean colour, black, a blur, or ROAD's noisy "
                              "linear imputation (needs pip install grad-cam)")
-    parser.add_argument("--refine-steps", type=int, default=None, help="AHA test-time refinement steps T")
-    parser.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
-    parser.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
+
+
+def cmd_class_dependence(args) -> int:
+    import torch
+
+    from .data import item_names, model_batches, open_dataset
+    from .methods import build_methods, parse_method_spec, split_method_specs
+    from .metrics import CLASS_BLIND_RHO
+    from .models import load_model
+    from .sanity import class_dependence
+
+    bundle = load_model(args.model)
+    specs = split_method_specs(args.methods)
+    methods = build_methods(bundle, specs)
+    dataset = open_dataset(args.data, split=args.split, limit=args.limit, require_labels=False)
+    images = torch.cat([batch for _, batch in model_batches(dataset, bundle)])  # as the app reads each file
+    results = {}
+    print(f"class dependence on {args.model}, {len(dataset)} images of {args.data} (Spearman rho between the maps "
+          f"for the top two classes; >= {CLASS_BLIND_RHO}: the two maps agree)")
+    for label, method in methods:
+        row = class_dependence(bundle, method, images, seed=args.seed)
+        results[label] = row
+        interval = f" [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]" if row["ci95"] else ""
+        print(f"  {label:<32} {row['spearman_top1_top2']:.3f}{interval}"
+              + ("   the two maps agree" if row["maps_agree"] else ""), flush=True)
+    command = " ".join(["python -m explainers"] + sys.argv[1:])
+    report = {"model": args.model, "data": str(args.data), "split": args.split, "images": len(dataset),
+              "files": item_names(dataset),
+              "what": "per image, Spearman rho between the method's map for the predicted class and for the "
+                      "runner-up class; mean with a 95% percentile bootstrap interval over the images",
+              "class_blind_rho": CLASS_BLIND_RHO, "command": command, "methods": results}
+    _write_report(report, args.out)
+    if args.into_card:
+        from .aha.store import store_class_dependence
+
+        card_file = store_class_dependence(bundle, [parse_method_spec(spec) for spec in specs], results,
+                                           data=str(args.data), images=len(dataset), command=command)
+        print(f"stored the AHA rows in {card_file}")
+    return 0
 
 
 def cmd_import_model(args) -> int:
@@ -200,7 +278,8 @@ def cmd_import_model(args) -> int:
     from .models import card_path
 
     print(f"card: {card_path(card['name'])}")
-    print(f"explain it: python -m explainers explain --model {card['name']} --method gradcam --image IMAGE --out out.png")
+    print(f"explain it: python -m explainers explain --model {card['name']} --method METHOD --image IMAGE "
+          "--out out.png (the methods: python -m explainers explain --help)")
     return 0
 
 
@@ -233,165 +312,203 @@ def cmd_review_report(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_train_classifier_parser(commands) -> None:
+    parser = commands.add_parser("train-classifier", help="train a bundled classifier (resumable)")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--data", required=True, help="train folder with labels.csv")
+    parser.add_argument("--val-data", default=None, help="default: the sibling 'val' folder")
+    parser.add_argument("--test-data", default=None, help="measured once at the end, on the stored weights")
+    parser.add_argument("--preset", choices=["vit", "cnn"], default="cnn")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", default="weights")
+    parser.set_defaults(handler=cmd_train_classifier)
+
+
+def add_explain_parser(commands) -> None:
     from .images import COLORMAPS
 
-    parser = argparse.ArgumentParser(prog="python -m explainers", description="Saliency Lab: faithful visual explanations.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    train = commands.add_parser("train-classifier", help="train a bundled classifier (resumable)")
-    train.add_argument("--name", required=True)
-    train.add_argument("--data", required=True, help="train folder with labels.csv")
-    train.add_argument("--val-data", default=None, help="default: the sibling 'val' folder")
-    train.add_argument("--test-data", default=None, help="measured once at the end, on the stored weights")
-    train.add_argument("--preset", choices=["vit", "cnn"], default="cnn")
-    train.add_argument("--epochs", type=int, default=20)
-    train.add_argument("--batch-size", type=int, default=128)
-    train.add_argument("--lr", type=float, default=2e-3)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--out-dir", default="weights")
-    train.set_defaults(handler=cmd_train_classifier)
-
-    explain = commands.add_parser("explain", help="explain one image: overlay PNG, raw .npy map, or a folder with "
+    parser = commands.add_parser("explain", help="explain one image: overlay PNG, raw .npy map, or a folder with "
                                                   "the app's download (overlays, curves.csv, report.json)")
-    explain.add_argument("--model", required=True)
-    explain.add_argument("--method", required=True,
-                         help="e.g. gradcam, rise, chefer, gradskip, aha; several comma-separated with a folder --out; "
-                              "options as name:key=value (e.g. aha:refine_steps=3)")
-    explain.add_argument("--image", required=True)
-    explain.add_argument("--target", type=int, default=None, help="class index (default: the prediction)")
-    explain.add_argument("--out", required=True,
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--method", required=True,
+                        help=_spec_help("one, or several comma-separated with a folder --out"))
+    parser.add_argument("--image", required=True)
+    parser.add_argument("--target", type=int, default=None, help="class index (default: the prediction)")
+    parser.add_argument("--out", required=True,
                          help="FILE.png (overlay), FILE.npy (map at image size) or a FOLDER: an overlay PNG per "
                               "method at the image's size, curves.csv and report.json, as the app's download")
-    explain.add_argument("--opacity", type=float, default=0.5)
-    explain.add_argument("--colormap", choices=COLORMAPS, default="cividis", help="colour-blind safe by default")
-    _add_method_options(explain)
-    explain.set_defaults(handler=cmd_explain)
+    parser.add_argument("--opacity", type=float, default=0.5)
+    parser.add_argument("--colormap", choices=COLORMAPS, default="cividis", help="colour-blind safe by default")
+    _add_curve_options(parser)
+    add_method_flags(parser)
+    parser.set_defaults(handler=cmd_explain)
 
-    evaluate = commands.add_parser("evaluate", help="deletion/insertion of several methods over a data set")
-    evaluate.add_argument("--model", required=True)
-    evaluate.add_argument("--methods", required=True,
-                          help="comma-separated; options per method as name:key=value (e.g. aha:refine_steps=3)")
-    evaluate.add_argument("--data", required=True,
+
+def add_evaluate_parser(commands) -> None:
+    parser = commands.add_parser("evaluate", help="deletion/insertion of several methods over a data set")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--methods", required=True,
+                          help=_spec_help())
+    parser.add_argument("--data", required=True,
                           help="a folder of images (with labels.csv, file,class_index, for the accuracy; the "
                                "targets are always the predictions), or a MedMNIST-layout .npz")
-    evaluate.add_argument("--split", default="test", help="npz split (or sub-folder)")
-    evaluate.add_argument("--limit", type=int, default=None, help="first N images")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--batch-size", type=int, default=16)
-    evaluate.add_argument("--threads", type=int, default=None)
-    evaluate.add_argument("--out", default=None, help="JSON report")
-    evaluate.add_argument("--compare", action="append", default=None, metavar="A,B",
+    parser.add_argument("--split", default="test", help="npz split (or sub-folder)")
+    parser.add_argument("--limit", type=int, default=None, help="first N images")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=None, help="JSON report")
+    parser.add_argument("--compare", action="append", default=None, metavar="A,B",
                           help="print (and store) the paired bootstrap 95%% interval of A - B on the same images "
                                "for deletion, insertion and ins-del (repeatable)")
-    _add_method_options(evaluate)
-    evaluate.set_defaults(handler=cmd_evaluate)
+    _add_curve_options(parser)
+    add_method_flags(parser)
+    parser.set_defaults(handler=cmd_evaluate)
 
-    imp = commands.add_parser("import-model", help="import your own model: a timm architecture + safetensors weights")
-    imp.add_argument("--arch", required=True, help="a timm architecture name (e.g. resnet50), or hf-hub:org/name")
-    imp.add_argument("--weights", default=None, help="FILE.safetensors: the state dict (not needed for hf-hub:)")
-    imp.add_argument("--classes", default=None, help="class names: a text file (one per line) or a CSV")
-    imp.add_argument("--name", required=True, help="the model's name in the zoo (letters, digits, . - _)")
-    imp.add_argument("--input-size", type=int, nargs=2, metavar=("H", "W"), default=None,
+
+def add_import_model_parser(commands) -> None:
+    parser = commands.add_parser("import-model", help="import your own model: a timm architecture + safetensors weights")
+    parser.add_argument("--arch", required=True, help="a timm architecture name (e.g. resnet50), or hf-hub:org/name")
+    parser.add_argument("--weights", default=None, help="FILE.safetensors: the state dict (not needed for hf-hub:)")
+    parser.add_argument("--classes", default=None, help="class names: a text file (one per line) or a CSV")
+    parser.add_argument("--name", required=True, help="the model's name in the zoo (letters, digits, . - _)")
+    parser.add_argument("--input-size", type=int, nargs=2, metavar=("H", "W"), default=None,
                      help="default: timm's pretrained config for the architecture")
-    imp.add_argument("--mean", type=float, nargs=3, default=None, help="normalisation mean, R G B in [0, 1]")
-    imp.add_argument("--std", type=float, nargs=3, default=None, help="normalisation std, R G B")
-    imp.add_argument("--crop-pct", type=float, default=None, help="centre-crop fraction (1 = none; default: timm's)")
-    imp.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default=None)
-    imp.add_argument("--model-args", default=None, metavar="JSON",
+    parser.add_argument("--mean", type=float, nargs=3, default=None, help="normalisation mean, R G B in [0, 1]")
+    parser.add_argument("--std", type=float, nargs=3, default=None, help="normalisation std, R G B")
+    parser.add_argument("--crop-pct", type=float, default=None, help="centre-crop fraction (1 = none; default: timm's)")
+    parser.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default=None)
+    parser.add_argument("--model-args", default=None, metavar="JSON",
                      help='timm keyword arguments of the architecture, e.g. \'{"depth": 6, "embed_dim": 192}\'')
-    imp.add_argument("--test-image", default=None, help="an image for the check forward pass (default: a gradient)")
-    imp.add_argument("--by", default=None, help="who imports it (default: the login name)")
-    imp.add_argument("--replace", action="store_true", help="replace an imported model of the same name")
-    imp.set_defaults(handler=cmd_import_model)
+    parser.add_argument("--test-image", default=None, help="an image for the check forward pass (default: a gradient)")
+    parser.add_argument("--by", default=None, help="who imports it (default: the login name)")
+    parser.add_argument("--replace", action="store_true", help="replace an imported model of the same name")
+    parser.set_defaults(handler=cmd_import_model)
 
-    rm = commands.add_parser("remove-model", help="remove an imported model (and its AHA explainer)")
-    rm.add_argument("--name", required=True)
-    rm.set_defaults(handler=cmd_remove_model)
 
-    gridpg = commands.add_parser("gridpg", help="grid pointing game: 2x2 mosaics of four classes, "
+def add_remove_model_parser(commands) -> None:
+    parser = commands.add_parser("remove-model", help="remove an imported model (and its AHA explainer)")
+    parser.add_argument("--name", required=True)
+    parser.set_defaults(handler=cmd_remove_model)
+
+
+def add_gridpg_parser(commands) -> None:
+    parser = commands.add_parser("gridpg", help="grid pointing game: 2x2 mosaics of four classes, "
                                                 "share of each class's attribution in its quadrant")
-    gridpg.add_argument("--model", required=True)
-    gridpg.add_argument("--methods", required=True, help="comma-separated, options as name:key=value")
-    gridpg.add_argument("--data", required=True, help="labelled folder (labels.csv) of held-out cells")
-    gridpg.add_argument("--split", default="test", help="sub-folder or npz split")
-    gridpg.add_argument("--mosaics", type=int, default=200)
-    gridpg.add_argument("--seed", type=int, default=0, help="which cells, classes and quadrants")
-    gridpg.add_argument("--batch-size", type=int, default=8, help="mosaics per batch (4 maps each)")
-    gridpg.add_argument("--threads", type=int, default=None)
-    gridpg.add_argument("--out", default=None, help="JSON report")
-    gridpg.add_argument("--refine-steps", type=int, default=None, help="AHA test-time refinement steps T")
-    gridpg.add_argument("--alpha", type=float, default=None, help="GradSkip head-weight alpha")
-    gridpg.add_argument("--rise-masks", type=int, default=None, help="RISE: number of masks (default 4000)")
-    gridpg.set_defaults(handler=cmd_gridpg)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--methods", required=True, help=_spec_help())
+    parser.add_argument("--data", required=True, help="labelled folder (labels.csv) of held-out cells")
+    parser.add_argument("--split", default="test", help="sub-folder or npz split")
+    parser.add_argument("--mosaics", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0, help="which cells, classes and quadrants")
+    parser.add_argument("--batch-size", type=int, default=8, help="mosaics per batch (4 maps each)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=None, help="JSON report")
+    add_method_flags(parser)
+    parser.set_defaults(handler=cmd_gridpg)
 
-    grid = commands.add_parser("train-grid", help="fine-tune a ViT at 2x its size on 2x2 mosaics (multi-label) "
+
+def add_train_grid_parser(commands) -> None:
+    parser = commands.add_parser("train-grid", help="fine-tune a ViT at 2x its size on 2x2 mosaics (multi-label) "
                                                   "mixed with single cells; time-budgeted, resumable")
-    grid.add_argument("--base", default="bloodmnist-vit")
-    grid.add_argument("--name", default="bloodmnist-vit-grid")
-    grid.add_argument("--data", required=True, help="train folder with labels.csv")
-    grid.add_argument("--val-data", default=None)
-    grid.add_argument("--test-data", default=None)
-    grid.add_argument("--minutes", type=float, default=30.0, help="training time budget of this and earlier runs")
-    grid.add_argument("--max-steps", type=int, default=2000, help="the learning-rate schedule's length")
-    grid.add_argument("--batch-size", type=int, default=32)
-    grid.add_argument("--single-fraction", type=float, default=0.25, help="share of single cells in a batch")
-    grid.add_argument("--lr", type=float, default=3e-4)
-    grid.add_argument("--seed", type=int, default=0)
-    grid.add_argument("--threads", type=int, default=None)
-    grid.add_argument("--out-dir", default="weights")
-    grid.set_defaults(handler=cmd_train_grid)
+    parser.add_argument("--base", default="bloodmnist-vit")
+    parser.add_argument("--name", default="bloodmnist-vit-grid")
+    parser.add_argument("--data", required=True, help="train folder with labels.csv")
+    parser.add_argument("--val-data", default=None)
+    parser.add_argument("--test-data", default=None)
+    parser.add_argument("--minutes", type=float, default=30.0, help="training time budget of this and earlier runs")
+    parser.add_argument("--max-steps", type=int, default=2000, help="the learning-rate schedule's length")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--single-fraction", type=float, default=0.25, help="share of single cells in a batch")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out-dir", default="weights")
+    parser.set_defaults(handler=cmd_train_grid)
 
-    camal = commands.add_parser("camal", help="CAMAL: fine-tune a model so its CAM lies inside trusted masks")
-    camal.add_argument("--model", required=True, help="model-zoo name, or a card NAME.json")
-    camal.add_argument("--data", required=True, help="training images: a folder (a mask set's folder)")
-    camal.add_argument("--masks", default=None, help="mask set: masks.csv or its folder (default: --data)")
-    camal.add_argument("--eval-data", action="append", default=None,
+
+def add_camal_parser(commands) -> None:
+    parser = commands.add_parser("camal", help="CAMAL: fine-tune a model so its CAM lies inside trusted masks")
+    parser.add_argument("--model", required=True, help="model-zoo name, or a card NAME.json")
+    parser.add_argument("--data", required=True, help="training images: a folder (a mask set's folder)")
+    parser.add_argument("--masks", default=None, help="mask set: masks.csv or its folder (default: --data)")
+    parser.add_argument("--eval-data", action="append", default=None,
                        help="mask set evaluated before and after (repeatable; default: the sibling 'val')")
-    camal.add_argument("--out", required=True, help="weights/NAME: where the fine-tuned model is written")
-    camal.add_argument("--push-to", default=None, metavar="REPO",
+    parser.add_argument("--out", required=True, help="weights/NAME: where the fine-tuned model is written")
+    parser.add_argument("--push-to", default=None, metavar="REPO",
                        help="upload the fine-tuned model to this HF model repo when done (HF Jobs runs; needs HF_TOKEN)")
-    camal.add_argument("--epochs", type=int, default=3)
-    camal.add_argument("--lambda", dest="lam", type=float, default=16.0,
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lambda", dest="lam", type=float, default=16.0,
                        help="weight of mean_b (beta_b - alpha_b), per image (the paper's sum_b is this / batch size); "
                             "0 = plain fine-tuning")
-    camal.add_argument("--lr", type=float, default=None, help="default 3e-4 (explainers.camal.DEFAULT_LR)")
-    camal.add_argument("--weight-decay", type=float, default=0.05)
-    camal.add_argument("--batch-size", type=int, default=32, help="global batch size (all ranks together)")
-    camal.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable")
-    camal.add_argument("--freeze-early", type=float, default=0.0, help="fraction of early units frozen (0 = none)")
-    camal.add_argument("--no-augment", dest="augment", action="store_false")
-    camal.add_argument("--bn-train", action="store_true", help="update BatchNorm statistics (default: keep them)")
-    camal.add_argument("--limit", type=int, default=None, help="use the first N training images")
-    camal.add_argument("--eval-limit", type=int, default=512)
-    camal.add_argument("--curve-limit", type=int, default=128, help="images with deletion/insertion curves")
-    camal.add_argument("--device", default=None)
-    camal.add_argument("--no-bf16", dest="bf16", action="store_false")
-    camal.add_argument("--checkpoint", default=None, help="resume file (default: OUT.camal.ckpt)")
-    camal.add_argument("--seed", type=int, default=0)
-    camal.set_defaults(handler=cmd_camal)
+    parser.add_argument("--lr", type=float, default=None, help="default 3e-4 (explainers.camal.DEFAULT_LR)")
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=32, help="global batch size (all ranks together)")
+    parser.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable")
+    parser.add_argument("--freeze-early", type=float, default=0.0, help="fraction of early units frozen (0 = none)")
+    parser.add_argument("--no-augment", dest="augment", action="store_false")
+    parser.add_argument("--bn-train", action="store_true", help="update BatchNorm statistics (default: keep them)")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N training images")
+    parser.add_argument("--eval-limit", type=int, default=512)
+    parser.add_argument("--curve-limit", type=int, default=128, help="images with deletion/insertion curves")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--no-bf16", dest="bf16", action="store_false")
+    parser.add_argument("--checkpoint", default=None, help="resume file (default: OUT.camal.ckpt)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=cmd_camal)
 
-    report = commands.add_parser("review-report", help="a review study's results (agreement, ratings) as JSON")
-    report.add_argument("--db", required=True, help="the review store's SQLite file (review.sqlite)")
-    report.add_argument("--study", required=True, help="the study's name")
-    report.add_argument("--out", required=True, help="report.json")
-    report.add_argument("--csv", default=None, help="also write the responses as a spreadsheet-safe CSV (as the app)")
-    report.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
-    report.add_argument("--seed", type=int, default=0)
-    report.set_defaults(handler=cmd_review_report)
 
-    from .aha.output_blur import add_output_blur_parser  # AHA explainers (explainers/aha/)
+def add_review_report_parser(commands) -> None:
+    parser = commands.add_parser("review-report", help="a review study's results (agreement, ratings) as JSON")
+    parser.add_argument("--db", required=True, help="the review store's SQLite file (review.sqlite)")
+    parser.add_argument("--study", required=True, help="the study's name")
+    parser.add_argument("--out", required=True, help="report.json")
+    parser.add_argument("--csv", default=None, help="also write the responses as a spreadsheet-safe CSV (as the app)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=cmd_review_report)
+
+
+def add_class_dependence_parser(commands) -> None:
+    parser = commands.add_parser("class-dependence", help="how much each method's map changes with the class asked "
+                                 "about (Spearman rho of the maps for the top two classes)")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--methods", required=True,
+                        help=_spec_help())
+    parser.add_argument("--data", required=True, help="images (a folder, with or without labels.csv, or an .npz)")
+    parser.add_argument("--split", default="val", help="npz split")
+    parser.add_argument("--limit", type=int, default=64, help="images spread evenly over the file")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the results as JSON")
+    parser.add_argument("--into-card", action="store_true",
+                        help="store the results of 'aha' (one pass and refinement steps, compared with 'gradcam', "
+                             "which --methods must name) in the model's AHA explainer card, where the app reads them "
+                             "(its caveat for a class-blind one pass)")
+    parser.set_defaults(handler=cmd_class_dependence)
+
+
+def _registrars() -> tuple:
+    """Every command's `add_<command>_parser(commands)`, in the order `--help` lists them."""
+    from .aha.output_blur import add_output_blur_parser
     from .aha.train import add_aha_figures_parser, add_train_aha_parser
+    from .decoy import add_decoy_parser
+    from .familiarity import add_familiarity_parser
+    from .masks import add_bccd_masks_parser
 
-    add_train_aha_parser(commands)
-    add_aha_figures_parser(commands)
-    add_output_blur_parser(commands)
-    from .familiarity import add_familiarity_parser  # the unfamiliar-image warning's statistics
+    return (add_train_classifier_parser, add_explain_parser, add_evaluate_parser, add_import_model_parser,
+            add_remove_model_parser, add_gridpg_parser, add_train_grid_parser, add_camal_parser,
+            add_review_report_parser, add_train_aha_parser, add_aha_figures_parser, add_output_blur_parser,
+            add_familiarity_parser, add_class_dependence_parser, add_bccd_masks_parser, add_decoy_parser)
 
-    add_familiarity_parser(commands)
-    from .sanity import add_class_dependence_parser  # does a method's map change with the class asked about?
 
-    add_class_dependence_parser(commands)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m explainers", description="Saliency Lab: faithful visual explanations.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for register in _registrars():
+        register(commands)
     return parser
 
 

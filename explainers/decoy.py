@@ -1,6 +1,6 @@
 """Decoy BloodMNIST: BloodMNIST with a known shortcut, and cell masks, for testing CAMAL.
 
-    python -m explainers.decoy --src ../shared/data/bloodmnist/64 --out data/decoy-bloodmnist [--train-limit 2000]
+    python -m explainers decoy-bloodmnist --src ../shared/data/bloodmnist/64 --out data/decoy-bloodmnist [--train-limit 2000]
 
 The decoy (choice, after the "decoy MNIST" of Ross et al. 2017): a small filled square (`square` px, default 6
 at 64 px, about 0.9% of the image) `margin` px from a corner.
@@ -150,10 +150,8 @@ def build_decoy_bloodmnist(src, out, *, train_limit: int | None = None, val_limi
     return summary
 
 
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m explainers.decoy", description=__doc__.split("\n\n")[0])
+def add_decoy_parser(commands) -> None:
+    parser = commands.add_parser("decoy-bloodmnist", help=__doc__.split("\n\n")[0].replace("%", "%%"))
     parser.add_argument("--src", required=True, help="BloodMNIST folder with train/val/test (labels.csv)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--train-limit", type=int, default=None)
@@ -163,13 +161,12 @@ def main(argv=None) -> int:
     parser.add_argument("--mask", choices=["segment", "disk"], default="segment")
     parser.add_argument("--correlation", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    parser.set_defaults(handler=cmd_decoy)
+
+
+def cmd_decoy(args) -> int:
     summary = build_decoy_bloodmnist(args.src, args.out, train_limit=args.train_limit, val_limit=args.val_limit,
                                      test_limit=args.test_limit, square=args.square, mask=args.mask,
                                      seed=args.seed, correlation=args.correlation)
     print(json.dumps(summary["splits"], indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

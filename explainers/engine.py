@@ -8,6 +8,13 @@ a pool of model replicas for the curves, one method's map with its deletion/inse
     record = run_method(bundle, prepared, "gradcam", target=3, options={}, cache=cache)   # map + curves
     record["map"], record["deletion_auc"], record["insertion_auc"]
 
+    batch = explain_batch(bundle, "gradcam", images, targets)   # B maps: what evaluate, gridpg, sanity use
+    batch.maps, batch.seconds, batch.resolved, batch.caveat
+
+`explain_batch` is the one path from a method to its maps: the bundle's lock, the seed, the applicability and
+target checks, what the method resolved (AHA's mode) and its caveat. `run_method` (one image, cached, with
+curves) runs it; so do the evaluation over a data set, the grid pointing game, the sanity checks and the CLI.
+
 Methods with a `prepare` hook and live options (GradSkip's alpha) are prepared once per (image, target) and
 recombined for every value (`recombine`), without a model pass.
 """
@@ -29,11 +36,10 @@ import torch
 from PIL import Image
 
 from .images import Geometry, crop_region, image_digest, map_array, map_to_original, overlay, prepare_for_model
-from .methods import METHODS, as_targets, check_targets, get_method
-from .metrics import Curves, deletion_insertion
+from .methods import METHODS, Method, as_targets, check_targets, get_method
+from .metrics import Curves, curve_note, deletion_insertion
 
-CURVE_NOTE = "Lower deletion AUC is better (the score falls fast when the top pixels go); " \
-             "higher insertion AUC is better (the score rises fast when they come back)."
+CURVE_NOTE = curve_note()
 DISPLAY_MIN, DISPLAY_MAX = 256, 512
 SEED = 0
 
@@ -222,10 +228,22 @@ class ExplanationCache:
             self._state_sizes.clear()
 
 
+@torch.no_grad()
+def predict(bundle, images: torch.Tensor, top_k: int = 5) -> list:
+    """Top-k (class index, class name, probability) per image."""
+    return top_classes(bundle, bundle(images), top_k)
+
+
+def top_classes(bundle, logits: torch.Tensor, top_k: int = 5) -> list:
+    """Top-k (class index, class name, probability) per row of logits (from a pass already made)."""
+    probabilities = logits.softmax(dim=1)
+    values, indices = probabilities.topk(min(top_k, probabilities.shape[1]), dim=1)
+    return [[(int(i), bundle.class_name(int(i)), float(v)) for v, i in zip(vs, ix)]
+            for vs, ix in zip(values, indices)]
+
+
 def predict_top(bundle, prepared: PreparedInput, top_k: int = 5) -> list:
     """[(class index, class name, probability)] for one prepared image."""
-    from .evaluate import predict
-
     with bundle.lock, torch.no_grad():
         return predict(bundle, prepared.tensor, top_k)[0]
 
@@ -234,10 +252,50 @@ def predict_and_check(bundle, prepared: PreparedInput, top_k: int = 5) -> tuple:
     """(the top-k prediction, the familiarity verdict): whether the image looks like the model's training images
     (`familiarity.verdict`; None where the model has no statistics), read from the same forward pass."""
     from . import familiarity
-    from .evaluate import top_classes
 
     logits, verdicts = familiarity.forward_and_check(bundle, prepared.tensor)
     return top_classes(bundle, logits, top_k)[0], (verdicts[0] if verdicts else None)
+
+
+@dataclass
+class BatchMaps:
+    """One method's maps for a batch: B x H x W (detached), the seconds they took, what the method resolved for
+    this model (AHA's mode, a trained explainer's blur; {} for most methods) and its caveat on this model."""
+    maps: torch.Tensor
+    seconds: float
+    resolved: dict
+    caveat: str | None
+
+
+def explain_batch(bundle, method, images: torch.Tensor, targets, *, seed: int | None = SEED,
+                  progress=None) -> BatchMaps:
+    """The one run path from a method to its maps. `method`: a registered name or a Method; `targets`: an int,
+    B class indices or a function of the logits (methods with `score_targets`). Checks that the method can
+    explain the model (MethodNotApplicable, in words a user can act on) and the targets, holds the bundle's
+    lock (no other caller's hooks see the passes), and reseeds the global generator with `seed` first (a method
+    that draws from it gives the same maps every run; RISE and the random map carry generators of their own);
+    `seed=None` leaves the generator to the caller, who seeded once for a whole data set."""
+    method_obj = method if isinstance(method, Method) else get_method(method)
+    method_obj.check(bundle)
+    check_targets(method_obj, targets)
+    targets = as_targets(targets, images.shape[0], images.device)
+    extra = {"progress": progress} if progress is not None and _accepts_progress(method_obj) else {}
+    with bundle.lock:
+        if seed is not None:
+            torch.manual_seed(seed)
+        started = time.perf_counter()
+        maps = method_obj.attribute(bundle, images, targets, **extra).detach()
+        seconds = time.perf_counter() - started
+    resolved = dict(getattr(method_obj, "resolved_options", None) or {})
+    caveat = type(method_obj).caveat(bundle, {**method_obj.options, **resolved})
+    return BatchMaps(maps=maps, seconds=seconds, resolved=resolved, caveat=caveat)
+
+
+def explain(bundle, images: torch.Tensor, targets, method: str, *, seed: int | None = None, **options) -> torch.Tensor:
+    """B x H x W maps of one method with these options (`explain_batch`'s maps). `targets`: an int, B class
+    indices, or a function of the logits returning B scores (methods with `score_targets`, e.g. Grad-CAM).
+    `seed=None`: the global generator is left as the caller set it."""
+    return explain_batch(bundle, get_method(method, **options), images, targets, seed=seed).maps
 
 
 def as_map(maps) -> np.ndarray:
@@ -324,8 +382,8 @@ def run_method(bundle, prepared: PreparedInput, method: str, target: int, option
 
     The map and the curves are cached separately (a map shown first, its curves added later, is computed once).
     A method with a `prepare` hook and live options (GradSkip) is prepared once per (image, target) and
-    recombined for any value of them. The one path from a request to a method: the app, the CLI's `explain`
-    and the sanity check call it.
+    recombined for any value of them; any other method runs through `explain_batch`. The app and the CLI's
+    `explain` call it.
     Raises MethodNotApplicable / ValueError with user-facing messages."""
     options = dict(options or {})
     target = int(target)
@@ -336,22 +394,17 @@ def run_method(bundle, prepared: PreparedInput, method: str, target: int, option
     map_key = _result_key(bundle, prepared, method, target, options, None, reference)
     result = copy.deepcopy(cache.get(map_key)) if cache and cache.get(map_key) is not None else None
     if result is None:
-        started = time.perf_counter()
         if _live(method):
+            started = time.perf_counter()
             state = method_state(bundle, prepared, method, target, options, cache)
             maps = as_map(state.map(**_live_values(method, options)))
+            result = result_record(method, target, options, maps, time.perf_counter() - started, None, bundle)
+            result["caveat"] = METHODS[method].caveat(bundle, result["options"])
         else:
-            method_obj = get_method(method, **options)
-            method_obj.check(bundle)
-            torch.manual_seed(SEED)
-            extra = {"progress": progress} if progress is not None and _accepts_progress(method_obj) else {}
-            with bundle.lock:
-                maps = as_map(method_obj.attribute(bundle, prepared.tensor,
-                                                   as_targets(target, 1, prepared.tensor.device), **extra))
-        result = result_record(method, target, options, maps, time.perf_counter() - started, None, bundle)
-        if not _live(method):  # what the method resolved (e.g. AHA's mode) travels with the result
-            result["options"].update(getattr(method_obj, "resolved_options", None) or {})
-        result["caveat"] = METHODS[method].caveat(bundle, result["options"]) if method in METHODS else None
+            batch = explain_batch(bundle, get_method(method, **options), prepared.tensor, target, progress=progress)
+            result = result_record(method, target, options, as_map(batch.maps), batch.seconds, None, bundle)
+            result["options"].update(batch.resolved)  # what the method resolved (AHA's mode) travels with it
+            result["caveat"] = batch.caveat
         if cache:
             cache.put(map_key, copy.deepcopy(result))
     if curves:

@@ -1,11 +1,10 @@
-"""Evaluation over a data set (deletion / insertion with intervals), prediction and method specs: what the CLI
-and the app share."""
+"""Evaluation over a data set (deletion / insertion with intervals): what the CLI and the benchmarks run. The
+maps come from the engine's one run path (`engine.explain_batch`); the table's headings from the metrics'
+declarations (`metrics.METRICS`)."""
 from __future__ import annotations
 
-import json
 import platform
 import sys
-import time
 
 import numpy as np
 import torch
@@ -13,62 +12,11 @@ from tqdm import tqdm
 
 from . import familiarity
 from .data import UNLABELLED, item_names, open_dataset
-from .methods import get_method
-from .metrics import REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
+from .distributed import gather_items, world
+from .engine import explain_batch
+from .methods import build_methods, parse_method_spec, split_method_specs  # noqa: F401  (their names here, too)
+from .metrics import METRICS, REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
 from .statistics import N_RESAMPLES, format_interval, method_intervals
-
-
-@torch.no_grad()
-def predict(bundle, images: torch.Tensor, top_k: int = 5) -> list:
-    """Top-k (class index, class name, probability) per image."""
-    return top_classes(bundle, bundle(images), top_k)
-
-
-def top_classes(bundle, logits: torch.Tensor, top_k: int = 5) -> list:
-    """Top-k (class index, class name, probability) per row of logits (from a pass already made)."""
-    probabilities = logits.softmax(dim=1)
-    values, indices = probabilities.topk(min(top_k, probabilities.shape[1]), dim=1)
-    return [[(int(i), bundle.class_name(int(i)), float(v)) for v, i in zip(vs, ix)]
-            for vs, ix in zip(values, indices)]
-
-
-def parse_method_spec(spec: str) -> tuple:
-    """'aha:refine_steps=3' -> ('aha', {'refine_steps': 3}, 'aha:refine_steps=3')."""
-    name, _, rest = spec.partition(":")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return name, options, spec
-
-
-def split_method_specs(text: str) -> list:
-    """'gradskip:alpha=1,value_norm=false,rollout' -> ['gradskip:alpha=1,value_norm=false', 'rollout']: a
-    comma starts a new method unless what follows is another key=value of the method before it."""
-    specs = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        if specs and "=" in item and ":" not in item.split("=", 1)[0]:
-            specs[-1] += "," + item
-        else:
-            specs.append(item)
-    return specs
-
-
-def build_methods(bundle, specs, method_options: dict | None = None) -> list:
-    """[(label, method)] for 'name:key=value' specs, each checked against the bundle (MethodNotApplicable with
-    its message otherwise); `method_options` {name: {...}} are defaults a spec's own options override."""
-    built = []
-    for spec in specs:
-        name, options, label = parse_method_spec(spec)
-        method = get_method(name, **{**(method_options or {}).get(name, {}), **options})
-        method.check(bundle)
-        built.append((label, method))
-    return built
 
 
 def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", limit: int | None = None,
@@ -102,13 +50,14 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
     correct = 0
     tolerance = pointing_tolerance(size)  # 15 px at 224 px, scaled
     all_indices = list(range(len(dataset)))
-    world, rank = _world()
+    world_size, rank = world()
     # under torchrun each process scores every world-th batch: whole batches, so that a batch holds the same
     # images as in one process (a method whose map depends on the batch, like the random map, gives the same)
-    batches = [all_indices[start:start + batch_size] for start in range(0, len(all_indices), batch_size)][rank::world]
+    batches = [all_indices[start:start + batch_size] for start in range(0, len(all_indices), batch_size)][rank::world_size]
     indices = [i for batch in batches for i in batch]
     bar = tqdm(total=len(indices), desc=f"evaluate {bundle.name}", disable=not progress or rank > 0, file=sys.stderr)
     check = familiarity.get_stats(bundle) is not None
+    caveats = {}  # what a reader of each method's maps on this model should know (`Method.caveat`)
     verdicts = []  # familiarity verdicts of this process's images, in `indices` order
     for batch_indices in batches:
         images = torch.stack([load(i) for i in batch_indices]).to(bundle.device)
@@ -118,9 +67,10 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         targets = logits.argmax(dim=1)
         correct += int(((targets.cpu() == labels) & (labels != UNLABELLED)).sum())
         for label, method_obj in method_objects:
-            started = time.perf_counter()
-            maps = method_obj.attribute(bundle, images, targets).detach()
-            totals[label]["seconds"] += time.perf_counter() - started
+            batch = explain_batch(bundle, method_obj, images, targets, seed=None)  # seeded once, above
+            maps = batch.maps
+            totals[label]["seconds"] += batch.seconds
+            caveats[label] = batch.caveat
             curves = deletion_insertion(bundle, images, maps, targets, steps=steps, reference=reference)
             totals[label]["deletion"].extend(curves.deletion_auc.tolist())
             totals[label]["insertion"].extend(curves.insertion_auc.tolist())
@@ -130,7 +80,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         bar.update(len(batch_indices))
     bar.close()
 
-    if world > 1:
+    if world_size > 1:
         totals, correct = _gather(totals, correct, indices, len(all_indices))
         if check:
             verdicts = gather_items({"verdicts": verdicts}, {}, indices, len(all_indices))[0]["verdicts"]
@@ -146,7 +96,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
                      "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
                      "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
                      "torch": torch.__version__, "python": platform.python_version(),
-                     "threads": torch.get_num_threads(), "device": str(bundle.device), "processes": world,
+                     "threads": torch.get_num_threads(), "device": str(bundle.device), "processes": world_size,
                      "pointing_tolerance_px": tolerance if masks is not None else None,
                      "intervals": f"percentile bootstrap over images, {N_RESAMPLES} resamples, seed {seed}"},
         "familiarity": _familiarity_summary(verdicts, item_names(dataset)) if check else None,
@@ -163,6 +113,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
             "pointing_game": float(np.nanmean(stats["pointing"])) if stats["pointing"] else None,
             "ms_per_image": 1000.0 * stats["seconds"] / max(n, 1),
             "options": {**method_obj.options, **(getattr(method_obj, "resolved_options", None) or {})},
+            **({"caveat": caveats[label]} if caveats.get(label) else {}),
             "per_image": {"deletion": [float(v) for v in stats["deletion"]],
                           "insertion": [float(v) for v in stats["insertion"]]},
         }
@@ -177,33 +128,6 @@ def _familiarity_summary(verdicts: list, files: list) -> dict:
     flagged = [name for name, verdict in zip(files, verdicts) if verdict["unfamiliar"]]
     return {"threshold": verdicts[0]["threshold"] if verdicts else None, "unfamiliar": len(flagged),
             "unfamiliar_files": flagged, "scores": [verdict["score"] for verdict in verdicts]}
-
-
-def _world() -> tuple:
-    """(world size, rank) of the torchrun process group; (1, 0) in a single process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
-def gather_items(per_item: dict, sums: dict, indices: list, n: int) -> tuple:
-    """Under torchrun: every process's per-item lists put back in item order, and numbers summed over processes.
-    `per_item` {key: list aligned with `indices`, this process's items of 0..n-1}; `sums` {key: number}.
-    Returns ({key: list of n}, {key: total}); every process gets the whole."""
-    import torch.distributed as dist
-
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, {"indices": list(indices), "per_item": per_item, "sums": sums})
-    merged = {}
-    for key in per_item:
-        values = [None] * n
-        for part in parts:
-            for index, value in zip(part["indices"], part["per_item"][key]):
-                values[index] = value
-        merged[key] = values
-    return merged, {key: sum(part["sums"][key] for part in parts) for key in sums}
 
 
 def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
@@ -222,19 +146,12 @@ def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
     return merged, sums["correct"]
 
 
-def init_distributed() -> tuple:
-    """Join torchrun's process group when WORLD_SIZE > 1 (gloo on CPU, NCCL where CUDA is there);
-    returns (world size, rank)."""
-    import os
+TABLE_SCORES = ("deletion_auc", "insertion_auc", "ins_minus_del")  # with intervals; then the pointing game
 
-    import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        use_cuda = torch.cuda.is_available()
-        if use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return _world()
+def interval_key(score: str) -> str:
+    """Where a report keeps a score's interval: 'deletion_auc' -> 'deletion_ci95' (`statistics.method_intervals`)."""
+    return f"{score.removesuffix('_auc')}_ci95"
 
 
 def format_table(report: dict) -> str:
@@ -243,8 +160,8 @@ def format_table(report: dict) -> str:
     lines = [f"{report['model']}: {report['n_images']} images, {accuracy}, "
              f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps"
              + (" (95% bootstrap intervals)" if report["n_images"] > 1 else ""),
-             f"{'method':<28}{'deletion (lower better)':>27}{'insertion (higher better)':>27}{'ins-del':>27}"
-             f"{'pointing':>10}{'ms/image':>11}"]
+             f"{'method':<28}" + "".join(f"{METRICS[key].heading():>27}" for key in TABLE_SCORES)
+             + f"{METRICS['pointing_game'].heading():>26}{'ms/image':>11}"]
     checked = report.get("familiarity")
     if checked and checked["unfamiliar"]:
         lines.insert(1, f"warning: {checked['unfamiliar']} of {report['n_images']} images do not look like the images "
@@ -252,7 +169,6 @@ def format_table(report: dict) -> str:
                         ": their predictions, and so their scores, may mean nothing")
     for label, row in report["methods"].items():
         pointing = "-" if row["pointing_game"] is None else f"{row['pointing_game']:.3f}"
-        cells = [format_interval(row[key], row.get(f"{key.removesuffix('_auc')}_ci95"))
-                 for key in ("deletion_auc", "insertion_auc", "ins_minus_del")]
-        lines.append(f"{label:<28}{cells[0]:>27}{cells[1]:>27}{cells[2]:>27}{pointing:>10}{row['ms_per_image']:>11.1f}")
+        cells = "".join(f"{format_interval(row[key], row.get(interval_key(key))):>27}" for key in TABLE_SCORES)
+        lines.append(f"{label:<28}{cells}{pointing:>26}{row['ms_per_image']:>11.1f}")
     return "\n".join(lines)

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .atomic import atomic_torch_save
 from .gridpg import assemble, plan_mosaics, quadrant_sensitivity
-from .training import atomic_save, augment, export_classifier, load_into_memory
+from .training import augment, export_classifier, load_into_memory
 
 
 def _mosaic_batch(images_u8, labels, count, generator, num_classes, rng):
@@ -104,7 +105,7 @@ def train_grid(*, base: str, name: str, data: str, val_data: str | None = None, 
     n_single = int(round(batch_size * single_fraction))
 
     def save():
-        atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+        atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                      "history": json.dumps(history), "seconds": spent}, checkpoint_path)
 
     started = time.time()

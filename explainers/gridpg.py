@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import copy
 import sys
-import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from .distributed import gather_items, world
+from .engine import explain_batch
+from .methods import build_methods
+from .metrics import METRICS
 from .statistics import N_RESAMPLES, bootstrap_ci
 
-CHANCE = 0.25
+CHANCE = METRICS["gridpg"].chance
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
 
 
@@ -151,9 +154,8 @@ def explain_mosaics(mosaic_bundle, mosaics: torch.Tensor, classes: torch.Tensor,
     (one batch of 4M maps) and each map's GridPG score (the share inside its class's quadrant)."""
     m = len(mosaics)
     images = mosaics.repeat_interleave(4, dim=0)  # each mosaic once per quadrant's class
-    started = time.perf_counter()
-    maps = method.attribute(mosaic_bundle, images, classes.reshape(-1)).detach()
-    seconds = time.perf_counter() - started
+    batch = explain_batch(mosaic_bundle, method, images, classes.reshape(-1), seed=None)  # the caller seeds
+    maps, seconds = batch.maps, batch.seconds
     scores = quadrant_share(maps, torch.arange(4).repeat(m)).reshape(m, 4)
     return maps.reshape(m, 4, *maps.shape[-2:]), scores, seconds
 
@@ -170,11 +172,10 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
     """The GridPG report: per method the mean share, its interval and the per-mosaic scores; and the model's
     quadrant sensitivity on the same mosaics.
 
-    Under torchrun (`evaluate.init_distributed` joined a process group) each process takes every world-th
+    Under torchrun (`distributed.init_distributed` joined a process group) each process takes every world-th
     batch of mosaics (whole batches, so a batch holds the same mosaics as in one process) and all processes
-    gather the per-mosaic results (`evaluate.gather_items`) into the report one process would write."""
+    gather the per-mosaic results (`distributed.gather_items`) into the report one process would write."""
     from .data import item_names, open_dataset
-    from .evaluate import _world, build_methods, gather_items
 
     dataset = open_dataset(data, split=split)
     names = item_names(dataset)
@@ -183,8 +184,8 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
     method_objects = build_methods(mosaic_bundle, methods, method_options)
 
     torch.manual_seed(seed)
-    world, rank = _world()
-    starts = list(range(0, len(plan), batch_size))[rank::world]  # whole batches per process
+    world_size, rank = world()
+    starts = list(range(0, len(plan), batch_size))[rank::world_size]  # whole batches per process
     mine = [i for start in starts for i in range(start, min(start + batch_size, len(plan)))]
     per_item = {"sensitivity": [], "top4": [], **{("scores", label): [] for label, _ in method_objects},
                 **{("top_quarter", label): [] for label, _ in method_objects}}
@@ -203,7 +204,7 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
             per_item[("top_quarter", label)].extend(ranked.reshape(-1, 4).tolist())
         bar.update(len(chunk))
     bar.close()
-    if world > 1:
+    if world_size > 1:
         per_item, seconds = gather_items(per_item, seconds, mine, len(plan))
 
     sensitivity = np.asarray(per_item["sensitivity"], dtype=np.float64).reshape(-1, 4)
@@ -219,7 +220,7 @@ def run_gridpg(bundle, data: str, methods: list, *, n_mosaics: int = 200, seed: 
                      "reference_color": list(bundle.reference_color),
                      "intervals": f"percentile bootstrap over mosaics, {N_RESAMPLES} resamples, seed {seed}",
                      "vit_position_embeddings": "interpolated (timm set_input_size)" if bundle.is_vit else None,
-                     "torch": torch.__version__, "threads": torch.get_num_threads(), "processes": world},
+                     "torch": torch.__version__, "threads": torch.get_num_threads(), "processes": world_size},
         "mosaics": [{"files": [names[i] for i in cells], "classes": classes} for cells, classes in plan],
         "model_quadrant_sensitivity": {
             "mean": float(sensitivity.mean()),
@@ -257,9 +258,9 @@ def format_gridpg(report: dict) -> str:
              f"model quadrant sensitivity {format_interval(sens['mean'], sens['ci95'])} "
              f"(> 0 for {sens['share_positive']:.0%} of mosaic-classes); the four classes in the model's top 4: "
              f"{report['model_top4_recall']:.1%}",
-             f"{'method':<28}{'GridPG (higher better)':>32}{'top quarter (rank only)':>32}{'ms/map':>10}"]
+             f"{'method':<28}{METRICS['gridpg'].heading():>32}{METRICS['top_quarter'].heading():>40}{'ms/map':>10}"]
     for label, row in report["methods"].items():
         ranked = (format_interval(row["top_quarter"], row["top_quarter_ci95"]) if "top_quarter" in row else "")
-        lines.append(f"{label:<28}{format_interval(row['gridpg'], row['gridpg_ci95']):>32}{ranked:>32}"
+        lines.append(f"{label:<28}{format_interval(row['gridpg'], row['gridpg_ci95']):>32}{ranked:>40}"
                      f"{row['ms_per_map']:>10.1f}")
     return "\n".join(lines)

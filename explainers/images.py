@@ -512,15 +512,21 @@ def prepare_for_model(image: Image.Image, bundle) -> tuple[torch.Tensor, Geometr
 # ------------------------------------------------------------------------------------------------
 # Maps back to the original image
 # ------------------------------------------------------------------------------------------------
+def _squeezed_array(attribution, dtype) -> np.ndarray:
+    """A map given as a tensor or an array, as a numpy array of `dtype` with its leading 1-dims dropped."""
+    if isinstance(attribution, torch.Tensor):
+        array = attribution.detach().to("cpu", torch.float64 if dtype == np.float64 else torch.float32).numpy()
+    else:
+        array = np.asarray(attribution, dtype=dtype)
+    while array.ndim > 2 and array.shape[0] == 1:
+        array = array[0]
+    return array
+
+
 def map_array(attribution, what: str = "The map") -> np.ndarray:
     """A float32 H x W numpy copy of a map given as numpy array or tensor (leading 1-dims dropped; NaN and
     infinities become 0): the one tensor-to-array converter for maps."""
-    if isinstance(attribution, torch.Tensor):
-        array = attribution.detach().to("cpu", torch.float32).numpy()
-    else:
-        array = np.asarray(attribution, dtype=np.float32)
-    while array.ndim > 2 and array.shape[0] == 1:
-        array = array[0]
+    array = _squeezed_array(attribution, np.float32)
     if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
         raise ImageError(f"{what} must be a non-empty H x W array, got shape {tuple(array.shape)}.")
     return np.nan_to_num(array.astype(np.float32, copy=False), nan=0.0, posinf=0.0, neginf=0.0)
@@ -625,12 +631,7 @@ def colorize(attribution, colormap: str = "cividis") -> np.ndarray:
         H x W x 3 uint8 array.
     """
     lut = colormap_lut(colormap)
-    if isinstance(attribution, torch.Tensor):
-        values = attribution.detach().to("cpu", torch.float64).numpy()
-    else:
-        values = np.asarray(attribution, dtype=np.float64)
-    while values.ndim > 2 and values.shape[0] == 1:
-        values = values[0]
+    values = _squeezed_array(attribution, np.float64)
     if values.ndim != 2:
         raise ImageError(f"The map must be H x W, got shape {tuple(values.shape)}.")
     finite = np.isfinite(values)

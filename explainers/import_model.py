@@ -327,7 +327,7 @@ def import_model(*, arch: str, name: str, weights=None, classes=None, input_size
     for the user. `arch` is a timm architecture name, or `hf-hub:org/name` (weights and config from the Hub)."""
     from safetensors.torch import load_file
 
-    from ._io import atomic_write_text
+    from .atomic import atomic_write_text
 
     name = check_name(name, replace=replace)
     model_args = check_model_args(model_args)
@@ -421,9 +421,9 @@ def _from_hub(arch, classes, model_args, folder):
     elif hub_classes:
         class_names = [str(n) for n in hub_classes]
     elif int(pretrained_cfg.get("num_classes", 0) or 0) == 1000:
-        from .models import _imagenet_class_names
+        from .models import imagenet_class_names
 
-        class_names = _imagenet_class_names()
+        class_names = imagenet_class_names()
     else:
         raise ImportRefused(f"{arch} does not name its classes: give a class file.")
     hub_count = int(pretrained_cfg.get("num_classes", 0) or 0)

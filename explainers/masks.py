@@ -608,28 +608,24 @@ def segment(image, points=None, point_labels=None, box=None, *, segmenter=None, 
     return prepared.segment(points, point_labels, box)
 
 
-def main(argv=None) -> int:
-    """`python -m explainers.masks bccd --root .../bccd --out DIR [--split test]`: a BCCD box mask set."""
-    import argparse
+def add_bccd_masks_parser(commands) -> None:
+    """`python -m explainers bccd-masks --root .../bccd --out DIR [--split test]`: a BCCD box mask set."""
+    parser = commands.add_parser("bccd-masks", help="a mask set of crops around BCCD cells, their VOC boxes as masks")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--classes", default="WBC", help="comma-separated VOC classes")
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--context", type=float, default=2.0)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=cmd_bccd_masks)
+
+
+def cmd_bccd_masks(args) -> int:
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m explainers.masks")
-    commands = parser.add_subparsers(dest="command", required=True)
-    bccd = commands.add_parser("bccd", help="crops around BCCD cells with their VOC boxes as masks")
-    bccd.add_argument("--root", required=True)
-    bccd.add_argument("--out", required=True)
-    bccd.add_argument("--split", default="test")
-    bccd.add_argument("--classes", default="WBC", help="comma-separated VOC classes")
-    bccd.add_argument("--size", type=int, default=64)
-    bccd.add_argument("--context", type=float, default=2.0)
-    bccd.add_argument("--limit", type=int, default=None)
-    bccd.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
     info = build_bccd_mask_set(args.root, args.out, split=args.split, classes=tuple(args.classes.split(",")),
                                size=args.size, context=args.context, seed=args.seed, limit=args.limit)
     print(json.dumps(info))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

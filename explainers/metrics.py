@@ -3,7 +3,7 @@
 Deletion: replace the top-p pixels (by the map) with the reference and watch the target's softmax
 probability fall; insertion: start from the reference and restore the top-p pixels. All 2(K+1)
 images of all B curves go through the model in as few batched forward passes as `batch_size` allows.
-AUC by the trapezoid rule over p in [0, 1]. Lower deletion and higher insertion are better.
+AUC by the trapezoid rule over p in [0, 1]. Which way each score is better: `METRICS` (declared once, below).
 
 ROAD (`reference="road"`, Rong et al. ICML 2022): the removed pixels are not painted with a colour but
 filled by noisy linear imputation from the pixels that remain (each removed pixel = the weighted mean of
@@ -261,11 +261,98 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra * rb).sum() / (ra.norm() * rb.norm()).clamp_min(1e-12))
 
 
-def randomization_sanity_check(bundle, method, images: torch.Tensor, targets, *, seed: int = 0,
-                               max_layers: int | None = None) -> list:
-    """Adebayo et al. 2018: re-initialise parameterised layers from the top down (cascading) and measure
-    the Spearman correlation of each new map with the original. Returns [(layer name, mean rho)].
-    Runs on a copy: the caller's model is untouched. (The one implementation: `explainers.sanity`.)"""
-    from .sanity import randomization_sanity_check as check
+# ------------------------------------------------------------------------------------------------
+# What each metric is: declared once, as data (Quantus's shape), so that every table, arrow and text that
+# names a metric (the CLI, the reports, the app) is generated from the declaration
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Metric:
+    """A metric's facts. `better`: "higher" or "lower"; `low`, `high`: its range; `chance`: what a map that
+    knows nothing scores (None where there is no such level); `short`: its column title in narrow tables."""
+    name: str
+    label: str
+    better: str
+    low: float
+    high: float
+    what: str
+    short: str = ""
+    chance: float | None = None
 
-    return check(bundle, method, images, targets, seed=seed, max_layers=max_layers)
+    def __post_init__(self):
+        if self.better not in ("higher", "lower"):
+            raise ValueError(f"metric {self.name}: better must be 'higher' or 'lower', got {self.better!r}")
+
+    @property
+    def arrow(self) -> str:
+        return "\u2191" if self.better == "higher" else "\u2193"
+
+    @property
+    def better_text(self) -> str:
+        return f"{self.better} is better"
+
+    def heading(self) -> str:
+        """A table column's title: 'deletion (lower better)'."""
+        return f"{self.short or self.label} ({self.better} better)"
+
+    def is_better(self, a: float, b: float) -> bool:
+        """Whether score `a` is better than score `b`."""
+        return a > b if self.better == "higher" else a < b
+
+
+METRICS = {metric.name: metric for metric in (
+    Metric("deletion_auc", "Deletion AUC", "lower", 0.0, 1.0, short="deletion",
+           what="the target's probability as the map's top pixels are removed first, area under the curve: it falls "
+                "fast when the map found the evidence"),
+    Metric("insertion_auc", "Insertion AUC", "higher", 0.0, 1.0, short="insertion",
+           what="the target's probability as the map's top pixels come back first, area under the curve: it rises "
+                "fast when the map found the evidence"),
+    Metric("ins_minus_del", "Insertion \u2212 deletion", "higher", -1.0, 1.0, short="ins-del",
+           what="insertion AUC minus deletion AUC: both curves in one number"),
+    Metric("pointing_game", "Pointing game", "higher", 0.0, 1.0, short="pointing",
+           what="share of maps whose peak falls inside the object's mask (within a tolerance)"),
+    Metric("top_pixel_iou", "Top-pixel IoU", "higher", 0.0, 1.0, short="IoU",
+           what="overlap of the map's top pixels (as many as the mask has) with the mask"),
+    Metric("gridpg", "Grid pointing game", "higher", 0.0, 1.0, short="GridPG", chance=0.25,
+           what="share of a map's positive attribution inside its class's quadrant of a 2 x 2 mosaic"),
+    Metric("top_quarter", "Top quarter in quadrant", "higher", 0.0, 1.0, short="top quarter (rank only)",
+           chance=0.25, what="share of the map's top 25% of pixels inside its class's quadrant (ranks only)"),
+    Metric("spearman_top1_top2", "Class dependence (Spearman)", "lower", -1.0, 1.0, short="rho top1/top2",
+           what="rank correlation of the maps for the predicted and the runner-up class: 1 is the same map "
+                "whatever the class"),
+    Metric("randomisation_spearman", "Model randomisation (Spearman)", "lower", -1.0, 1.0, short="rho vs trained",
+           what="rank correlation of the map with the trained model's after its top layers are re-initialised: a "
+                "faithful map changes"),
+)}
+
+# A method whose maps for the two top classes correlate this much (mean Spearman rho) draws nearly the same map
+# whatever the class: it shows where the evidence lies, not which class it supports (ours; rollout, which never
+# reads the class, scores 1.0, Grad-CAM about -0.25 on bloodmnist-vit)
+CLASS_BLIND_RHO = 0.8
+# ... and when it is that much above Grad-CAM's rho on the same images (paired interval above 0): two classes whose
+# evidence lies in the same place (two dog breeds) give every method two similar maps, which is not class-blindness
+CLASS_BLIND_MARGIN = 0.3
+
+
+def metric(name: str) -> Metric:
+    if name not in METRICS:
+        raise KeyError(f"Unknown metric '{name}'. Known: {', '.join(METRICS)}")
+    return METRICS[name]
+
+
+def better_arrow(name: str) -> str:
+    """'\u2191' (higher is better) or '\u2193' (lower is better) for a declared metric."""
+    return metric(name).arrow
+
+
+def better_text(name: str) -> str:
+    """'higher is better' or 'lower is better' for a declared metric."""
+    return metric(name).better_text
+
+
+def curve_note() -> str:
+    """One sentence on reading deletion and insertion AUCs, from their declarations."""
+    deletion, insertion = METRICS["deletion_auc"], METRICS["insertion_auc"]
+    return (f"{deletion.better.capitalize()} {deletion.label[0].lower()}{deletion.label[1:]} is better "
+            "(the score falls fast when the top pixels go); "
+            f"{insertion.better} {insertion.label[0].lower()}{insertion.label[1:]} is better "
+            "(the score rises fast when they come back).")

@@ -214,12 +214,12 @@ _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def _imagenet_class_names() -> list:
+def imagenet_class_names() -> list:
     info = timm.data.ImageNetInfo()
     return [info.index_to_description(i) for i in range(1000)]
 
 
-def _bundle_from_network(name, network, *, class_names, reference_color, card, data_config=None) -> ModelBundle:
+def bundle_from_network(name, network, *, class_names, reference_color, card, data_config=None) -> ModelBundle:
     network.eval()
     family, cam_layer = architecture_family(network)
     cfg = data_config or timm.data.resolve_data_config({}, model=network)
@@ -281,10 +281,18 @@ def build_from_card(card: dict) -> nn.Module:
 
 
 def _load_bundled(name: str) -> ModelBundle:
+    return load_card(card_path(name), name=name)
+
+
+def load_card(card_file, *, name: str | None = None) -> ModelBundle:
+    """The one card loader: a classifier from its JSON card and the weights file the card names, beside it (a bare
+    file name: no path in a card is followed). `name`: the bundle's name (default: the card's, else the file's)."""
     from safetensors.torch import load_file
 
-    card = json.loads(card_path(name).read_text())
-    weights = weights_path(name, card)
+    card_file = Path(card_file)
+    card = json.loads(card_file.read_text())
+    name = name or card.get("name", card_file.stem)
+    weights = card_file.parent / Path(card.get("weights_file", f"{card_file.stem}.safetensors")).name
     if not weights.exists():
         raise ModelUnavailableError(
             f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository "
@@ -295,8 +303,8 @@ def _load_bundled(name: str) -> ModelBundle:
     size = tuple(card["input_size"])
     data_config = {"mean": card["mean"], "std": card["std"], "input_size": (3, *size),
                    "crop_pct": card.get("crop_pct", 1.0), "interpolation": card.get("interpolation", "bicubic")}
-    return _bundle_from_network(name, network, class_names=card["class_names"],
-                                reference_color=card["reference_color"], card=card, data_config=data_config)
+    return bundle_from_network(name, network, class_names=card["class_names"],
+                               reference_color=card["reference_color"], card=card, data_config=data_config)
 
 
 def efficientnet_lite0_state_dict(network: nn.Module) -> dict:
@@ -326,8 +334,8 @@ def _load_efficientnet_lite0() -> ModelBundle:
     card = json.loads(card_path("efficientnet-lite0").read_text()) if card_path("efficientnet-lite0").exists() else {}
     data_config = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "input_size": (3, 224, 224),
                    "crop_pct": 0.875, "interpolation": "bicubic"}
-    return _bundle_from_network("efficientnet-lite0", network, class_names=_imagenet_class_names(),
-                                reference_color=IMAGENET_MEAN, card=card, data_config=data_config)
+    return bundle_from_network("efficientnet-lite0", network, class_names=imagenet_class_names(),
+                               reference_color=IMAGENET_MEAN, card=card, data_config=data_config)
 
 
 def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> ModelBundle:
@@ -356,11 +364,11 @@ def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> Mode
     if img_size is not None:  # built for another input size than its pretrained config says
         cfg["input_size"] = (3, *img_size) if isinstance(img_size, (tuple, list)) else (3, img_size, img_size)
     num_classes = network.num_classes
-    class_names = _imagenet_class_names() if num_classes == 1000 else [str(i) for i in range(num_classes)]
+    class_names = imagenet_class_names() if num_classes == 1000 else [str(i) for i in range(num_classes)]
     mean = tuple(cfg["mean"])
-    return _bundle_from_network(name, network, class_names=class_names,
-                                reference_color=IMAGENET_MEAN if num_classes == 1000 else mean,
-                                card={"source": "hub", "timm_name": name}, data_config=cfg)
+    return bundle_from_network(name, network, class_names=class_names,
+                               reference_color=IMAGENET_MEAN if num_classes == 1000 else mean,
+                               card={"source": "hub", "timm_name": name}, data_config=cfg)
 
 
 def list_models() -> list:
@@ -394,6 +402,45 @@ def is_bundled(name: str) -> bool:
     return name in BUNDLED_MODELS
 
 
+def model_kind(name: str) -> str:
+    """'bundled', 'fine-tuned', 'imported', 'hub' or 'memory' (a registered in-memory model, e.g. in tests)."""
+    if name in BUNDLED_MODELS:
+        return "bundled"
+    if name in HUB_MODELS:
+        return "hub"
+    try:
+        card_file = card_path(name)
+        if card_file.exists():
+            if card_file.parent != WEIGHTS_DIR and _card_source(card_file) == "import":
+                return "imported"
+            return "fine-tuned"
+    except ValueError:
+        pass
+    if is_loaded(name):
+        return "memory"
+    return "hub"
+
+
+def _card_source(card_file) -> str | None:
+    try:
+        return json.loads(card_file.read_text()).get("source")
+    except (OSError, ValueError):
+        return None
+
+
+def model_available(name: str) -> bool:
+    """Whether `load_model(name)` can succeed offline without a download (hub models: cached?)."""
+    if is_loaded(name) or name == "efficientnet-lite0":
+        return True
+    if model_kind(name) in ("bundled", "fine-tuned", "imported"):
+        try:
+            card = json.loads(card_path(name).read_text())
+            return weights_path(name, card).exists()
+        except (OSError, ValueError):
+            return False
+    return HUB_CACHE_DIR.exists() and any(HUB_CACHE_DIR.glob(f"models--timm--{name}*"))
+
+
 def load_model(name: str, *, device: str | torch.device = "cpu", weights_file: str | None = None,
                **timm_kwargs) -> ModelBundle:
     """The one factory. Cached and thread-safe: two callers asking for one model share one instance."""
@@ -413,6 +460,15 @@ def load_model(name: str, *, device: str | torch.device = "cpu", weights_file: s
     bundle.to(device)
     with _CACHE_LOCK:
         return _CACHE.setdefault(key, bundle)
+
+
+def load_bundle(spec: str, device: str | torch.device = "cpu") -> ModelBundle:
+    """A model-zoo name (`load_model`, cached), or the path of a card `NAME.json` with its weights beside it (read
+    afresh: e.g. a fine-tune written outside the zoo's folders)."""
+    path = Path(str(spec))
+    if path.suffix == ".json" and path.exists():
+        return load_card(path).to(device)
+    return load_model(str(spec), device=device)
 
 
 def is_loaded(name: str) -> bool:
@@ -444,5 +500,5 @@ def bundle_from_timm(name: str, network: nn.Module, *, class_names=None, mean=IM
     data_config = {"mean": mean, "std": std, "input_size": (3, *size), "crop_pct": 1.0,
                    "interpolation": "bilinear"}
     names = class_names or [f"class {i}" for i in range(network.num_classes)]
-    return _bundle_from_network(name, network, class_names=names, reference_color=reference_color or mean,
-                                card={"source": "memory"}, data_config=data_config)
+    return bundle_from_network(name, network, class_names=names, reference_color=reference_color or mean,
+                               card={"source": "memory"}, data_config=data_config)

@@ -487,7 +487,7 @@ def write_rows(db, name: str, out) -> Path:
 
 def write_report(db, name: str, out, *, n_boot: int = 1000, seed: int = 0) -> Path:
     """`study_report` as an indented JSON file (written atomically); its path."""
-    from ._io import atomic_write_text
+    from .atomic import atomic_write_text
 
     out = Path(out)
     atomic_write_text(out, json.dumps(study_report(db, name, n_boot=n_boot, seed=seed), indent=2))

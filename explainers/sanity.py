@@ -1,5 +1,6 @@
-"""The model-randomisation sanity check (Adebayo et al. 2018), one implementation for the library, the
-benchmarks and the app's live view.
+"""The sanity checks of a method's maps, one implementation for the library, the benchmarks and the app's live
+view: the model-randomisation check (Adebayo et al. 2018) and whether a map depends on the class asked about.
+Every map comes from the engine's one run path (`engine.explain_batch`: lock, seed, checks).
 
     for name, done, maps in randomization_stages(bundle, get_method("gradcam"), images, targets, stages=4):
         ...   # stage 0: the trained model; then more and more of its top layers re-initialised
@@ -7,8 +8,8 @@ benchmarks and the app's live view.
 Cascading: the parameterised modules are re-initialised from the output layer down, on a deep copy (the caller's
 model is never touched). Re-initialisation: He-normal weights (std sqrt(2 / fan_in)), norm scales
 U(0.5, 1.5), other vectors N(0, 0.1), all drawn from a private generator seeded with `seed`, so the
-randomised model is the same for every method (the global RNG, which RISE and the random map also draw from,
-is reseeded before each map instead). A faithful method's map changes: its rank correlation with the
+randomised model is the same for every method (the global RNG, which a method may draw from, is reseeded
+before each map instead, by `engine.explain_batch`). A faithful method's map changes: its rank correlation with the
 original falls well below 1.
 """
 from __future__ import annotations
@@ -19,7 +20,9 @@ import threading
 import numpy as np
 import torch
 
-from .methods import Method, as_targets, get_method
+from .engine import explain_batch
+from .methods import Method, get_method
+from .metrics import CLASS_BLIND_RHO, spearman
 
 
 def parameter_layers(network) -> list:
@@ -68,11 +71,8 @@ def randomization_stages(bundle, method, images: torch.Tensor, targets, *, seed:
     """Yields (last layer re-initialised or None, number of layers re-initialised, B x H x W maps): first the
     trained model's maps, then one item per stage (`stage_chunks`). `method`: a Method or a registered name."""
     method = method if isinstance(method, Method) else get_method(method)
-    method.check(bundle)
-    targets = as_targets(targets, images.shape[0], images.device)
+    original = explain_batch(bundle, method, images, targets, seed=seed).maps
     with bundle.lock:
-        torch.manual_seed(seed)
-        original = method.attribute(bundle, images, targets).detach()
         randomized = copy.copy(bundle)
         randomized.network = copy.deepcopy(bundle.network)
     randomized.lock = threading.RLock()
@@ -84,16 +84,13 @@ def randomization_stages(bundle, method, images: torch.Tensor, targets, *, seed:
         for name, module in chunk:
             reinitialise(name, module, generator)
         done += len(chunk)
-        torch.manual_seed(seed)
-        yield chunk[-1][0], done, method.attribute(randomized, images, targets).detach()
+        yield chunk[-1][0], done, explain_batch(randomized, method, images, targets, seed=seed).maps
 
 
 def randomization_sanity_check(bundle, method, images: torch.Tensor, targets, *, seed: int = 0,
                                max_layers: int | None = None) -> list:
     """[(layer name, mean Spearman rho of the maps with the trained model's)] after re-initialising one more layer
     each time, from the top down."""
-    from .metrics import spearman
-
     results, original = [], None
     for name, _, maps in randomization_stages(bundle, method, images, targets, seed=seed, max_layers=max_layers):
         if name is None:
@@ -103,17 +100,7 @@ def randomization_sanity_check(bundle, method, images: torch.Tensor, targets, *,
     return results
 
 
-# --- does the map depend on the class asked about? ----------------------------------------------------------
-
-# A method whose maps for the two top classes correlate this much (mean Spearman rho) draws nearly the same map
-# whatever the class: it shows where the evidence lies, not which class it supports (ours; rollout, which never
-# reads the class, scores 1.0, Grad-CAM about -0.25 on bloodmnist-vit)
-CLASS_BLIND_RHO = 0.8
-# ... and when it is that much above Grad-CAM's rho on the same images (paired interval above 0): two classes whose
-# evidence lies in the same place (two dog breeds) give every method two similar maps, which is not class-blindness
-CLASS_BLIND_MARGIN = 0.3
-
-
+# --- does the map depend on the class asked about? (thresholds: metrics.CLASS_BLIND_RHO, CLASS_BLIND_MARGIN) ---
 def class_dependence(bundle, method, images: torch.Tensor, *, batch_size: int = 16, seed: int = 0) -> dict:
     """How much a method's map changes with the class asked about: per image, the Spearman rho between its map
     for the model's predicted class and its map for the runner-up class (1: the same map whatever the class;
@@ -123,7 +110,6 @@ def class_dependence(bundle, method, images: torch.Tensor, *, batch_size: int = 
     order: its rho is left out of the mean). Agreeing maps alone do not make a method class-blind: where the two
     classes' evidence lies in one place every method's maps agree (AHA's `caveat` also asks for a margin over
     Grad-CAM's rho on the same images)."""
-    from .metrics import spearman
     from .statistics import bootstrap_ci
 
     method = method if isinstance(method, Method) else get_method(method)
@@ -139,10 +125,8 @@ def class_dependence(bundle, method, images: torch.Tensor, *, batch_size: int = 
             if logits.shape[1] < 2:
                 raise ValueError(f"'{bundle.name}' has one class: no runner-up to compare the map with")
             top2 = logits.topk(2, dim=1).indices
-            maps = []
-            for column in (0, 1):
-                torch.manual_seed(seed)  # RISE and the random map draw from the global RNG: the same draws for both
-                maps.append(method.attribute(bundle, batch, top2[:, column]).detach().cpu())
+            # reseeded for each class: a method drawing from the global generator draws the same for both
+            maps = [explain_batch(bundle, method, batch, top2[:, column], seed=seed).maps.cpu() for column in (0, 1)]
         for first, second in zip(*maps):
             constant = float(first.max() - first.min()) == 0.0 or float(second.max() - second.min()) == 0.0
             rhos.append(float("nan") if constant else spearman(first, second))
@@ -150,62 +134,3 @@ def class_dependence(bundle, method, images: torch.Tensor, *, batch_size: int = 
     mean = float(np.mean(values)) if values else float("nan")
     return {"spearman_top1_top2": mean, "ci95": bootstrap_ci(values, seed=seed) if len(values) > 1 else None,
             "images": len(rhos), "maps_agree": bool(values) and mean >= CLASS_BLIND_RHO, "per_image": rhos}
-
-
-def add_class_dependence_parser(commands) -> None:
-    p = commands.add_parser("class-dependence", help="how much each method's map changes with the class asked about "
-                            "(Spearman rho of the maps for the top two classes)")
-    p.add_argument("--model", required=True)
-    p.add_argument("--methods", required=True, help="comma list of method specs, e.g. aha,aha:refine_steps=3,gradcam")
-    p.add_argument("--data", required=True, help="images (a folder, with or without labels.csv, or an .npz)")
-    p.add_argument("--split", default="val", help="npz split")
-    p.add_argument("--limit", type=int, default=64, help="images spread evenly over the file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write the results as JSON")
-    p.add_argument("--into-card", action="store_true",
-                   help="store the results of 'aha' (one pass and refinement steps, compared with 'gradcam', which "
-                        "--methods must name) in the model's AHA explainer card, where the app reads them (its caveat "
-                        "for a class-blind one pass)")
-    p.set_defaults(handler=cmd_class_dependence)
-
-
-def cmd_class_dependence(args) -> int:
-    import json
-    import sys
-
-    from .data import item_names, model_batches, open_dataset
-    from .evaluate import build_methods, split_method_specs
-    from .models import load_model
-
-    bundle = load_model(args.model)
-    specs = split_method_specs(args.methods)
-    methods = build_methods(bundle, specs)
-    dataset = open_dataset(args.data, split=args.split, limit=args.limit, require_labels=False)
-    images = torch.cat([batch for _, batch in model_batches(dataset, bundle)])  # as the app reads each file
-    results = {}
-    print(f"class dependence on {args.model}, {len(dataset)} images of {args.data} (Spearman rho between the maps "
-          f"for the top two classes; >= {CLASS_BLIND_RHO}: the two maps agree)")
-    for label, method in methods:
-        row = class_dependence(bundle, method, images, seed=args.seed)
-        results[label] = row
-        interval = f" [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]" if row["ci95"] else ""
-        print(f"  {label:<32} {row['spearman_top1_top2']:.3f}{interval}"
-              + ("   the two maps agree" if row["maps_agree"] else ""), flush=True)
-    command = " ".join(["python -m explainers"] + sys.argv[1:])
-    report = {"model": args.model, "data": str(args.data), "split": args.split, "images": len(dataset),
-              "files": item_names(dataset),
-              "what": "per image, Spearman rho between the method's map for the predicted class and for the "
-                      "runner-up class; mean with a 95% percentile bootstrap interval over the images",
-              "class_blind_rho": CLASS_BLIND_RHO, "command": command, "methods": results}
-    if args.out:
-        from pathlib import Path
-
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out}")
-    if args.into_card:
-        from .aha.store import store_class_dependence
-
-        card_file = store_class_dependence(bundle, specs, results, data=str(args.data), images=len(dataset),
-                                           command=command)
-        print(f"stored the AHA rows in {card_file}")
-    return 0

@@ -60,7 +60,14 @@ def excludes_zero(interval) -> bool:
     return interval is not None and (interval[0] > 0 or interval[1] < 0)
 
 
-METRICS = ("deletion", "insertion", "ins_minus_del")
+METRICS = ("deletion", "insertion", "ins_minus_del")  # per-image keys; their declarations: `declared(metric)`
+
+
+def declared(metric: str):
+    """The declaration (label, which way is better) of a per-image score key: `explainers.metrics.METRICS`."""
+    from .metrics import METRICS as DECLARED
+
+    return DECLARED[metric if metric in DECLARED else f"{metric}_auc"]
 
 
 def per_image_scores(row: dict) -> dict:
@@ -79,8 +86,8 @@ def method_intervals(deletion, insertion, **options) -> dict:
 
 
 def compare_methods(report: dict, first: str, second: str, **options) -> dict:
-    """Paired differences first - second of deletion, insertion and ins-del on the report's images.
-    Lower deletion is better, so a significant negative deletion difference favours `first`."""
+    """Paired differences first - second of deletion, insertion and ins-del on the report's images (which sign
+    favours `first`: each metric's declaration, `declared(metric).better`)."""
     methods = report["methods"]
     for name in (first, second):
         if name not in methods:
@@ -101,13 +108,13 @@ def format_interval(mean: float, interval, digits: int = 4) -> str:
 def format_comparison(comparison: dict) -> str:
     lines = [f"paired bootstrap, {comparison['a']} - {comparison['b']} "
              f"(n = {comparison['deletion']['n']}, 95% percentile interval):"]
-    for metric, better in (("deletion", "lower"), ("insertion", "higher"), ("ins_minus_del", "higher")):
+    for metric in METRICS:
         result = comparison[metric]
         verdict = "excludes 0: significant" if result["significant"] else "includes 0: not significant"
         if result["ci95"] is None:
             verdict = "too few images for an interval"
         lines.append(f"  {metric:<14}{format_interval(result['mean'], result['ci95']):>32}  {verdict} "
-                     f"({better} is better)")
+                     f"({declared(metric).better_text})")
     return "\n".join(lines)
 
 
@@ -120,7 +127,8 @@ def score_table(methods: dict, *, digits: int = 3, **options) -> list:
                      "insertion": np.asarray(v["insertion"], dtype=np.float64)} for name, v in methods.items()}
     for value in scores.values():
         value["ins_minus_del"] = value["insertion"] - value["deletion"]
-    best = {metric: (min if metric == "deletion" else max)(scores, key=lambda m: scores[m][metric].mean())
+    best = {metric: (max if declared(metric).better == "higher" else min)(scores,
+                                                                        key=lambda m: scores[m][metric].mean())
             for metric in METRICS} if scores else {}
     rows = []
     for name, value in scores.items():

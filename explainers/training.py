@@ -19,8 +19,7 @@ from tqdm import tqdm
 
 import timm
 
-from ._io import atomic_torch_save
-from ._io import atomic_write_text as _atomic_write_text
+from .atomic import atomic_torch_save, atomic_write_text
 from .data import open_dataset, pil_to_tensor
 
 # Architectures the bundled models use; any timm name + kwargs also works through --timm-name.
@@ -29,17 +28,6 @@ PRESETS = {
                                      "num_heads": 3, "drop_path_rate": 0.1}),
     "cnn": ("resnet18", {"channels": [32, 64, 128, 256], "output_stride": 8}),
 }
-
-
-def atomic_save(obj, path: Path) -> None:
-    """torch.save through `explainers._io.atomic_torch_save` (a unique temp file, fsync, rename): an interruption
-    never leaves a half-written checkpoint, and concurrent writers do not collide."""
-    atomic_torch_save(obj, path)
-
-
-def atomic_write_text(text: str, path: Path) -> None:
-    """`explainers._io.atomic_write_text` with this module's (text, path) argument order."""
-    _atomic_write_text(path, text)
 
 
 def load_into_memory(path, split=None):
@@ -146,8 +134,8 @@ def train_classifier(*, name: str, data: str, preset: str = "cnn", epochs: int =
         print(f"{name} epoch {epoch + 1}: loss {running:.4f} val acc {val_acc:.4f}", file=sys.stderr)
         if len(val_y) == 0 or val_acc > best_val:
             best_val = val_acc
-            atomic_save({k: v.clone() for k, v in model.state_dict().items()}, out_dir / f"{name}.best.pt")
-        atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            atomic_torch_save({k: v.clone() for k, v in model.state_dict().items()}, out_dir / f"{name}.best.pt")
+        atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "epoch": epoch + 1, "best_val": best_val,
                      "history": json.dumps(history), "rng": torch.get_rng_state()}, checkpoint_path)
 
@@ -187,7 +175,7 @@ def export_classifier(model, *, name, out_dir, timm_name, timm_kwargs, mean, std
     }
     if extra:
         card.update(extra)
-    atomic_write_text(json.dumps(card, indent=2), out_dir / f"{name}.json")
+    atomic_write_text(out_dir / f"{name}.json", json.dumps(card, indent=2))
     return card
 
 

@@ -1,7 +1,7 @@
 """Background jobs: long work (fine-tunes, AHA explainers) in a separate process, tracked in SQLite.
 
     runner = JobRunner("runs/jobs")                    # one per app; a background thread starts queued jobs
-    job_id = runner.submit("tiny-train", {"steps": 50}, timeout_s=600)
+    job_id = runner.submit("camal", {"model": "bloodmnist-cnn", "data": "masks/train"}, timeout_s=3600)
     runner.get(job_id)["status"], runner.history(job_id)   # live status and metric points (loss curve)
 
 A job kind is a function `fn(params: dict, context: JobContext) -> dict`, registered with
@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-import io
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -31,8 +29,6 @@ import uuid
 import weakref
 from pathlib import Path
 from typing import Callable
-
-from explainers._io import atomic_torch_save, atomic_write_bytes  # noqa: F401  (the one atomic writer)
 
 from . import hf_jobs
 
@@ -431,61 +427,7 @@ def _scheduler(runner_ref, wake: threading.Event, stop: threading.Event) -> None
         wake.clear()
 
 
-# ----------------------------------------------------------------------------------------- demo kinds
-@register_job_kind("sleep-steps")
-def sleep_steps(params: dict, context: JobContext) -> dict:
-    """N steps of sleep(dt) with a fake decreasing loss; `fail_at` raises, `ignore_cancel` never stops."""
-    steps, dt, fail_at = int(params.get("steps", 10)), float(params.get("dt", 0.05)), params.get("fail_at")
-    for step in range(1, steps + 1):
-        if context.cancelled() and not params.get("ignore_cancel"):
-            return {"stopped_at": step - 1}
-        time.sleep(dt)
-        if fail_at is not None and step == int(fail_at):
-            raise ValueError(f"failing at step {step} as asked")
-        context.progress(step, steps, loss=1.0 / step)
-    return {"steps": steps, "final_loss": 1.0 / steps}
-
-
-@register_job_kind("tiny-train")
-def tiny_train(params: dict, context: JobContext) -> dict:
-    """A 2-layer MLP on random regression data; checkpoints atomically and resumes from its checkpoint."""
-    import torch
-    torch.set_num_threads(1)
-    steps, every = int(params.get("steps", 50)), int(params.get("checkpoint_every", 10))
-    seed, step_sleep = int(params.get("seed", 0)), float(params.get("step_sleep", 0.0))
-    data_gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(256, 8, generator=data_gen)
-    y = x @ torch.randn(8, 1, generator=data_gen) + 0.1 * torch.randn(256, 1, generator=data_gen)
-    x, y = x.to(context.device), y.to(context.device)
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(context.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=float(params.get("lr", 1e-2)))
-    checkpoint, start = context.checkpoint_path("last.pt"), 0
-    if checkpoint.exists():
-        state = torch.load(checkpoint, map_location=context.device, weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
-        print(f"resuming from step {start}", flush=True)
-    loss = None
-    for step in range(start + 1, steps + 1):
-        if context.cancelled():
-            break
-        batch = torch.randint(0, len(x), (64,), generator=torch.Generator().manual_seed(seed * 100003 + step))
-        loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        context.progress(step, steps, loss=loss.item())
-        if step % every == 0 or step == steps:
-            state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
-            atomic_torch_save(state, checkpoint)
-        time.sleep(step_sleep)
-    with torch.no_grad():
-        final = torch.nn.functional.mse_loss(model(x), y).item()
-    return {"resumed_from": start, "steps": steps, "final_loss": final, "checkpoint": str(checkpoint)}
-
-
+# ----------------------------------------------------------------------------------------- the app's kinds
 @register_job_kind("camal")
 def camal(params: dict, context: JobContext) -> dict:
     """The CAMAL fine-tune (`explainers.camal.run_camal_job`: params as the CLI's flags), registered here, in the

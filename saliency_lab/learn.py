@@ -116,7 +116,7 @@ def sanity_run(services, model_name, methods, stages=4, image_path=None, *, warn
 
 CELLS = ASSETS / "bloodmnist"
 SHOWN = 192  # px: decoy images are shown enlarged (nearest), like the maps
-BUILD_HINT = ("Build it with `python -m explainers.decoy --src ../shared/data/bloodmnist/64 --out "
+BUILD_HINT = ("Build it with `python -m explainers decoy-bloodmnist --src ../shared/data/bloodmnist/64 --out "
               "data/decoy-bloodmnist`, train a model on it and fine-tune that model with CAMAL (Masks & fine-tune "
               "tab, or `bench/bench_camal.py decoy`) to see its maps before and after here.")
 

@@ -9,11 +9,10 @@ file in `explainers/methods/`).
 """
 from __future__ import annotations
 
-import json
-
 from explainers import models as models_module
 from explainers.engine import method_label
 from explainers.methods import METHODS, available_methods, get_method, ordered
+from explainers.models import model_available, model_kind  # the zoo's facts, re-exported for the menus
 
 __all__ = ["model_kind", "model_available", "model_label", "model_choices", "default_model", "method_order",
            "method_label", "method_choices", "method_ready", "default_methods", "method_descriptions", "sliders",
@@ -23,49 +22,6 @@ __all__ = ["model_kind", "model_available", "model_label", "model_choices", "def
 # ------------------------------------------------------------------------------------------------
 # Models
 # ------------------------------------------------------------------------------------------------
-def model_kind(name: str) -> str:
-    """'bundled', 'fine-tuned', 'imported', 'hub' or 'memory' (a registered in-memory model, e.g. in tests)."""
-    if name in models_module.BUNDLED_MODELS:
-        return "bundled"
-    if name in models_module.HUB_MODELS:
-        return "hub"
-    try:
-        card_file = models_module.card_path(name)
-        if card_file.exists():
-            if card_file.parent != models_module.WEIGHTS_DIR and _card_source(card_file) == "import":
-                return "imported"
-            return "fine-tuned"
-    except ValueError:
-        pass
-    if models_module.is_loaded(name):
-        return "memory"
-    return "hub"
-
-
-def _card_source(card_file) -> str | None:
-    try:
-        return json.loads(card_file.read_text()).get("source")
-    except (OSError, ValueError):
-        return None
-
-
-def model_available(name: str) -> bool:
-    """Whether `load_model(name)` can succeed offline without a download (hub models: cached?)."""
-    if models_module.is_loaded(name):
-        return True
-    if name == "efficientnet-lite0":
-        return True
-    kind = model_kind(name)
-    if kind in ("bundled", "fine-tuned", "imported"):
-        try:
-            card = json.loads(models_module.card_path(name).read_text())
-            return models_module.weights_path(name, card).exists()
-        except (OSError, ValueError):
-            return False
-    cache = models_module.HUB_CACHE_DIR
-    return cache.exists() and any(cache.glob(f"models--timm--{name}*"))
-
-
 def model_label(name: str) -> str:
     kind = model_kind(name)
     if kind == "bundled":

@@ -1,5 +1,7 @@
 """Shared fixtures: tiny models built in the test (no network, no ../shared)."""
 import os
+from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -8,11 +10,18 @@ if "SALIENCY_DATA_DIR" not in os.environ:  # user data (models, mask sets, datab
 
     os.environ["SALIENCY_DATA_DIR"] = tempfile.mkdtemp(prefix="saliency-data-")
 
+# the test-only job kinds (job_kinds.py) are imported by name in each job's own process, as any kind's module
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")]))
+
+import job_kinds  # noqa: E402,F401  (registers sleep-steps and tiny-train with the app's job runner)
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import timm  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from explainers.masks import write_mask_set  # noqa: E402
 from explainers.models import ModelBundle, bundle_from_timm  # noqa: E402
 
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
@@ -203,3 +212,97 @@ def verdict_stats(bundle, flag_all: bool):
                                         precision=torch.eye(width, dtype=torch.float64),
                                         val_scores=torch.zeros(1, dtype=torch.float64),
                                         threshold=-1.0 if flag_all else float("inf"), source={})
+
+
+# --- helpers several test files share (kept here: test files never import each other) ---------------------
+def same(a, b, where="report"):
+    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, abs=1e-6), where
+    else:
+        assert a == b, where
+
+
+class FakeHub:
+    """The huggingface_hub functions the HF Jobs backend calls, recorded; repos are folders under `root`."""
+
+    def __init__(self, monkeypatch, root):
+        import huggingface_hub
+
+        self.root, self.calls, self.stages = root, [], {}
+        for name in ("run_job", "inspect_job", "cancel_job", "whoami", "create_repo", "upload_folder",
+                     "snapshot_download"):
+            monkeypatch.setattr(huggingface_hub, name, getattr(self, name))
+
+    def run_job(self, **kwargs):
+        self.calls.append(("run", kwargs))
+        return SimpleNamespace(id=f"hf-{sum(1 for c in self.calls if c[0] == 'run')}")
+
+    def inspect_job(self, *, job_id, token=None):
+        stage, message = self.stages.get(job_id, ("RUNNING", None))
+        return SimpleNamespace(id=job_id, status=SimpleNamespace(stage=stage, message=message))
+
+    def cancel_job(self, *, job_id, token=None):
+        self.calls.append(("cancel", job_id))
+
+    def whoami(self, token=None):
+        assert token == "hf_secret"
+        return {"name": "alice"}
+
+    def create_repo(self, repo_id, *, repo_type=None, private=None, exist_ok=False, token=None):
+        self.calls.append(("create", repo_id, repo_type, private))
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+
+    def upload_folder(self, *, repo_id, folder_path, repo_type=None, path_in_repo=None, token=None, **kwargs):
+        import fnmatch
+        import shutil
+
+        self.calls.append(("upload", repo_id, repo_type, path_in_repo, str(folder_path)))
+        target = self.root / repo_id / (path_in_repo or "")
+        for file in Path(folder_path).rglob("*"):
+            relative = file.relative_to(folder_path).as_posix()
+            allowed = kwargs.get("allow_patterns") or ["*"]
+            ignored = kwargs.get("ignore_patterns") or []
+            if file.is_file() and any(fnmatch.fnmatch(relative, p) for p in allowed) and not any(
+                    fnmatch.fnmatch(relative, p) for p in ignored):
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(file, target / relative)
+
+    def snapshot_download(self, *, repo_id, repo_type=None, local_dir=None, token=None, allow_patterns=None):
+        import shutil
+
+        self.calls.append(("download", repo_id, str(local_dir)))
+        for file in (self.root / repo_id).iterdir():
+            shutil.copy(file, Path(local_dir) / file.name)
+        return str(local_dir)
+
+
+MASK_SET_COLOURS = ((220, 30, 30), (30, 180, 30), (40, 40, 220))
+
+
+def make_mask_set(path, count=24, seed=0, decoy="class", size=32):
+    """Class = colour of a disk somewhere in the image (the mask) AND of a square in a corner (the decoy)."""
+    rng = np.random.default_rng(seed)
+    items = []
+    ys, xs = np.mgrid[0:size, 0:size]
+    for i in range(count):
+        label = i % 3
+        image = rng.integers(150, 200, (size, size, 3)).astype(np.uint8)
+        cy, cx = rng.integers(11, size - 10, 2)
+        disk = (ys - cy) ** 2 + (xs - cx) ** 2 <= 36
+        image[disk] = MASK_SET_COLOURS[label]
+        square = MASK_SET_COLOURS[label] if decoy == "class" else MASK_SET_COLOURS[int(rng.integers(3))]
+        image[:4, :4] = square
+        mask = disk.copy()
+        mask[:4, :4] = False
+        items.append((f"{i}.png", image, mask, label))
+    write_mask_set(path, items)
+    return path

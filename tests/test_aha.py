@@ -509,7 +509,7 @@ def test_method_without_explainer_says_how_to_train_one():
     bundle = tiny_cnn("no-explainer-here")
     with pytest.raises(MethodNotApplicable, match="train-aha --model no-explainer-here"):
         get_method("aha", mode="trained").check(bundle)
-    with pytest.raises(ValueError, match="0..10"):
+    with pytest.raises(ValueError, match="between 0 and 10"):
         get_method("aha", refine_steps=11)
     with pytest.raises(ValueError, match="mode must be one of"):
         get_method("aha", mode="fast")

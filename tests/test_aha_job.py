@@ -339,7 +339,7 @@ def test_hf_jobs_backend_uploads_the_data_and_the_imported_model_and_brings_the_
                                                                                              monkeypatch):
     from saliency_lab import aha_train, hf_jobs
     from saliency_lab.services import Services
-    from test_jobs import FakeHub
+    from conftest import FakeHub
 
     hub = FakeHub(monkeypatch, tmp_path / "hub")
     monkeypatch.setenv("SPACE_ID", "alice/saliency-lab")
@@ -405,7 +405,7 @@ def test_camal_finetunes_imported_cnn_and_vit(data_dir, tmp_path):
     from explainers.camal import run_camal
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_camal import make_mask_set
+    from conftest import make_mask_set
 
     train = make_mask_set(tmp_path / "masks" / "train", count=8)
     for name in (import_cnn(tmp_path), import_vit(tmp_path)):

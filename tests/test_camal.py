@@ -7,42 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import timm
 import torch
 
 from explainers import camal as C
 from explainers import models
-from explainers.masks import MaskError, load_mask_set, write_mask_set
+from explainers.masks import MaskError, load_mask_set
 from explainers.methods.gradcam import gradcam_maps
 from explainers.training import export_classifier
 
+from conftest import make_mask_set
+
 ROOT = Path(__file__).resolve().parent.parent
-COLOURS = ((220, 30, 30), (30, 180, 30), (40, 40, 220))
 CNN = ("resnet18", {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16], "output_stride": 8, "num_classes": 3})
 VIT = ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 32, "num_heads": 2,
                                 "num_classes": 3})
-
-
-def make_mask_set(path, count=24, seed=0, decoy="class", size=32):
-    """Class = colour of a disk somewhere in the image (the mask) AND of a square in a corner (the decoy)."""
-    rng = np.random.default_rng(seed)
-    items = []
-    ys, xs = np.mgrid[0:size, 0:size]
-    for i in range(count):
-        label = i % 3
-        image = rng.integers(150, 200, (size, size, 3)).astype(np.uint8)
-        cy, cx = rng.integers(11, size - 10, 2)
-        disk = (ys - cy) ** 2 + (xs - cx) ** 2 <= 36
-        image[disk] = COLOURS[label]
-        square = COLOURS[label] if decoy == "class" else COLOURS[int(rng.integers(3))]
-        image[:4, :4] = square
-        mask = disk.copy()
-        mask[:4, :4] = False
-        items.append((f"{i}.png", image, mask, label))
-    write_mask_set(path, items)
-    return path
 
 
 def save_model(weights_dir, name, spec=CNN, seed=0):

@@ -10,9 +10,10 @@ from conftest import tiny_cnn
 from explainers import engine
 from explainers.aha.network import AHAExplainer
 from explainers.aha.store import explainer_stem, forget_explainers, save_explainer, store_class_dependence
-from explainers.methods import METHODS
+from explainers.methods import METHODS, parse_method_spec
 from explainers.methods.base import ALL_FAMILIES, Method
-from explainers.sanity import CLASS_BLIND_RHO, class_dependence
+from explainers.metrics import CLASS_BLIND_RHO
+from explainers.sanity import class_dependence
 
 
 class RampByClass(Method):
@@ -60,7 +61,8 @@ def store_rows(bundle, one_pass, refined, gradcam):
         return {"spearman_top1_top2": float(np.mean(values)), "ci95": [min(values), max(values)], "per_image": values}
 
     results = {"aha": row(one_pass), "aha:refine_steps=3": row(refined), "gradcam": row(gradcam)}
-    return store_class_dependence(bundle, list(results), results, data="val-cells", images=len(one_pass),
+    return store_class_dependence(bundle, [parse_method_spec(label) for label in results], results,
+                                  data="val-cells", images=len(one_pass),
                                   command="python -m explainers class-dependence ...")
 
 
@@ -119,10 +121,10 @@ def test_store_refuses_rows_without_their_reference_or_without_aha(explained_cnn
     bundle = explained_cnn
     rows = {"aha": {"spearman_top1_top2": 0.9, "ci95": None, "per_image": [0.9]}}
     with pytest.raises(ValueError, match="gradcam"):
-        store_class_dependence(bundle, ["aha"], rows, data="d", images=1, command="c")
+        store_class_dependence(bundle, [parse_method_spec("aha")], rows, data="d", images=1, command="c")
     rows = {"gradcam": {"spearman_top1_top2": 0.1, "ci95": None, "per_image": [0.1]}}
     with pytest.raises(ValueError, match="'aha'"):
-        store_class_dependence(bundle, ["gradcam"], rows, data="d", images=1, command="c")
+        store_class_dependence(bundle, [parse_method_spec("gradcam")], rows, data="d", images=1, command="c")
 
 
 def test_cli_measures_and_stores(explained_cnn, tmp_path, capsys):

@@ -7,8 +7,9 @@ from PIL import Image
 
 from explainers import models
 from explainers.cli import main
+from explainers.methods import METHODS
 
-from conftest import DATA_DIR, tiny_cnn, tiny_vit
+from conftest import DATA_DIR, same, tiny_cnn, tiny_vit
 
 
 @pytest.fixture
@@ -196,22 +197,6 @@ def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
     same(a, b)  # everything else: the same report (floats to 1e-6: summation order within a batch)
 
 
-def same(a, b, where="report"):
-    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert a == pytest.approx(b, abs=1e-6), where
-    else:
-        assert a == b, where
-
-
 def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
     pytest.importorskip("pytorch_grad_cam")
     out = tmp_path / "road.json"
@@ -222,9 +207,51 @@ def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
 
 
 def test_method_specs_keep_several_options_of_one_method_together():
-    from explainers.evaluate import parse_method_spec, split_method_specs
+    from explainers.methods import parse_method_spec, split_method_specs
 
     specs = split_method_specs("gradskip:attention_weighting=gradient,alpha=1,rollout, aha:refine_steps=3,gradcam")
     assert specs == ["gradskip:attention_weighting=gradient,alpha=1", "rollout", "aha:refine_steps=3", "gradcam"]
     assert parse_method_spec(specs[0])[1] == {"attention_weighting": "gradient", "alpha": 1}
     assert split_method_specs("random,,chefer") == ["random", "chefer"]
+
+
+def test_every_declared_method_option_is_a_flag_and_its_range_is_the_methods():
+    """The flags are made from the methods' declared options: each one parses into {method: {option: value}}, and
+    a value outside the declared range is refused by the method itself, in words, with exit code 2."""
+    from explainers.cli import _method_options, _option_flags, build_parser
+
+    flags = _option_flags()
+    declared = {(name, option.name) for name, cls in METHODS.items() for option in cls.declared_options()}
+    assert {(name, option.name) for name, option, _, _ in flags} == declared
+    assert {"refine-steps", "alpha", "rise-masks"} <= {flag for _, _, flag, _ in flags}  # the documented names
+    parser = build_parser()
+    for name, option, flag, _ in flags:
+        args = parser.parse_args(["evaluate", "--model", "m", "--methods", name, "--data", "d",
+                                  f"--{flag}", str(option.kind(option.maximum))])
+        assert _method_options(args) == {name: {option.name: option.kind(option.maximum)}}
+
+
+def test_a_flag_outside_its_declared_range_is_refused_in_words(tiny_folder, registered, capsys):
+    assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "rise", "--data", str(tiny_folder),
+                 "--limit", "1", "--rise-masks", "0"]) == 2
+    error = capsys.readouterr().err
+    assert "n_masks must be between 1 and 100000, got 0" in error and "Traceback" not in error
+
+
+def test_the_tables_take_their_headings_from_the_metric_declarations():
+    from explainers.evaluate import format_table
+    from explainers.gridpg import format_gridpg
+    from explainers.metrics import METRICS
+
+    row = {"deletion_auc": 0.2, "insertion_auc": 0.6, "ins_minus_del": 0.4, "pointing_game": None,
+           "ms_per_image": 1.0}
+    table = format_table({"model": "m", "n_images": 1, "accuracy": None, "methods": {"gradcam": row},
+                          "protocol": {"reference": "mean", "steps": 4}})
+    for key in ("deletion_auc", "insertion_auc", "ins_minus_del", "pointing_game"):
+        assert METRICS[key].heading() in table
+    assert "deletion (lower better)" in table and "insertion (higher better)" in table
+    grid = format_gridpg({"model": "m", "n_mosaics": 1, "mosaic_size": [8, 8], "model_top4_recall": 1.0,
+                          "model_quadrant_sensitivity": {"mean": 0.1, "ci95": None, "share_positive": 1.0},
+                          "methods": {"gradcam": {"gridpg": 0.5, "gridpg_ci95": None, "top_quarter": 0.5,
+                                                  "top_quarter_ci95": None, "ms_per_map": 1.0}}})
+    assert "GridPG (higher better)" in grid and METRICS["top_quarter"].heading() in grid

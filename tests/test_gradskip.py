@@ -5,7 +5,8 @@ import torch
 
 from conftest import tiny_cnn, tiny_vit
 from explainers.attention import AttentionRecorder
-from explainers.methods import MethodNotApplicable, available_methods, explain, get_method
+from explainers.engine import explain
+from explainers.methods import MethodNotApplicable, available_methods, get_method
 from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, GradSkipState, gini, prepare
 from explainers.models import bundle_from_timm
 

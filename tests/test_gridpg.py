@@ -174,7 +174,7 @@ def test_torchrun_two_processes_write_the_gridpg_report_of_one(tiny_folder, tmp_
     gathered report equals one process's, per-mosaic scores, sensitivity and intervals included (random too:
     whole batches go to a process, so a batch holds the same mosaics as in one process)."""
     from conftest import cli_in_one_and_two_processes
-    from test_cli import same
+    from conftest import same
 
     folder = tiny_folder
     a, b = cli_in_one_and_two_processes(

@@ -3,15 +3,14 @@ import gc
 import os
 import signal
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from explainers.atomic import atomic_torch_save, atomic_write_bytes
 from saliency_lab import hf_jobs, jobs
-from saliency_lab.jobs import JobRunner, atomic_torch_save, atomic_write_bytes
+from saliency_lab.jobs import JobRunner
 from saliency_lab.hf_jobs import cli_command as hf_job_command
-from conftest import wait_until
+from conftest import FakeHub, wait_until
 
 
 class Runners:
@@ -218,60 +217,6 @@ def test_hf_jobs_without_token_is_a_clear_error(runners, monkeypatch):
     with pytest.raises(RuntimeError, match="HF_TOKEN"):
         runner.submit("camal", {"model": "m", "data": "d"}, backend="hf-jobs")
     assert runner.list() == []
-
-
-class FakeHub:
-    """The huggingface_hub functions the HF Jobs backend calls, recorded; repos are folders under `root`."""
-
-    def __init__(self, monkeypatch, root):
-        import huggingface_hub
-
-        self.root, self.calls, self.stages = root, [], {}
-        for name in ("run_job", "inspect_job", "cancel_job", "whoami", "create_repo", "upload_folder",
-                     "snapshot_download"):
-            monkeypatch.setattr(huggingface_hub, name, getattr(self, name))
-
-    def run_job(self, **kwargs):
-        self.calls.append(("run", kwargs))
-        return SimpleNamespace(id=f"hf-{sum(1 for c in self.calls if c[0] == 'run')}")
-
-    def inspect_job(self, *, job_id, token=None):
-        stage, message = self.stages.get(job_id, ("RUNNING", None))
-        return SimpleNamespace(id=job_id, status=SimpleNamespace(stage=stage, message=message))
-
-    def cancel_job(self, *, job_id, token=None):
-        self.calls.append(("cancel", job_id))
-
-    def whoami(self, token=None):
-        assert token == "hf_secret"
-        return {"name": "alice"}
-
-    def create_repo(self, repo_id, *, repo_type=None, private=None, exist_ok=False, token=None):
-        self.calls.append(("create", repo_id, repo_type, private))
-        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
-
-    def upload_folder(self, *, repo_id, folder_path, repo_type=None, path_in_repo=None, token=None, **kwargs):
-        import fnmatch
-        import shutil
-
-        self.calls.append(("upload", repo_id, repo_type, path_in_repo, str(folder_path)))
-        target = self.root / repo_id / (path_in_repo or "")
-        for file in Path(folder_path).rglob("*"):
-            relative = file.relative_to(folder_path).as_posix()
-            allowed = kwargs.get("allow_patterns") or ["*"]
-            ignored = kwargs.get("ignore_patterns") or []
-            if file.is_file() and any(fnmatch.fnmatch(relative, p) for p in allowed) and not any(
-                    fnmatch.fnmatch(relative, p) for p in ignored):
-                (target / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(file, target / relative)
-
-    def snapshot_download(self, *, repo_id, repo_type=None, local_dir=None, token=None, allow_patterns=None):
-        import shutil
-
-        self.calls.append(("download", repo_id, str(local_dir)))
-        for file in (self.root / repo_id).iterdir():
-            shutil.copy(file, Path(local_dir) / file.name)
-        return str(local_dir)
 
 
 def test_hf_jobs_submit_refresh_cancel_with_fakes(runners, monkeypatch, tmp_path):

@@ -179,15 +179,33 @@ def test_sam_pipeline_embeds_once_and_reuses_it_for_every_click():
         cache.get(image, "s3").segment()
 
 
+class StubPredictor:
+    """SAM's predictor with candidates chosen by the test: (masks, scores) as `SamPredictor.predict` returns."""
+
+    def __init__(self, masks, scores):
+        self.masks, self.scores = np.asarray(masks, dtype=bool), np.asarray(scores, dtype=np.float32)
+
+    def predict(self, **_prompts):
+        return self.masks, self.scores, None
+
+
 def test_sam_result_validation_refuses_useless_masks():
-    segmenter = M.SamSegmenter(tiny_sam(), label="SAM (tiny test model)")
-    prepared = segmenter.prepare(Image.fromarray(blob_image()[0]))
-    try:
-        result = prepared.segment([[30, 24]], [1])
-    except M.MaskError as error:  # random weights may find nothing: the refusal must say what to do
-        assert "add object/background clicks or draw a box" in str(error)
-    else:
-        assert result.mask.any() and not result.mask.all()
+    """Both outcomes, each forced: only an empty and a full candidate -> refused with what to do; a usable one
+    among them -> it is returned, though an unusable candidate scored higher."""
+    from types import SimpleNamespace
+
+    segmenter = SimpleNamespace(label="SAM (stub)")
+    empty, full = np.zeros((48, 64), dtype=bool), np.ones((48, 64), dtype=bool)
+    _, blob = blob_image(48, 64)
+    useless = M.SegmenterImage(segmenter, StubPredictor([empty, full], [0.9, 0.8]), np.zeros((48, 64, 3)), "a")
+    with pytest.raises(M.MaskError, match="add object/background clicks or draw a box"):
+        useless.segment([[30, 24]], [1])
+    assert useless.segment([[30, 24]], [1], validate=False).score == pytest.approx(0.9)  # unvalidated: the best
+    mixed = M.SegmenterImage(segmenter, StubPredictor([full, blob, empty], [0.95, 0.5, 0.9]), np.zeros((48, 64, 3)),
+                             "b")
+    result = mixed.segment([[30, 24]], [1])
+    assert np.array_equal(result.mask, blob) and result.score == pytest.approx(0.5)
+    assert result.source == "SAM (stub)" and len(result.candidates) == 3
 
 
 def test_offline_loading_fails_fast_and_falls_back_to_grabcut(tmp_path, monkeypatch):

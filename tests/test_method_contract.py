@@ -10,10 +10,14 @@ import torch
 from conftest import tiny_cnn, tiny_vit
 from explainers.aha.network import AHAExplainer
 from explainers.aha.store import forget_explainers, register_explainer
-from explainers.methods import METHODS, MethodNotApplicable, explain, get_method
+from explainers.engine import explain
+from explainers.methods import METHODS, MethodNotApplicable, get_method
 
 FAST = {"rise": {"n_masks": 40, "batch_size": 20},  # few masks: the contract, not the quality
         "occlusion": {"window_fraction": 0.25}}
+FAMILIES = {"vit": "vit", "cnn": "resnet"}  # the family of each tiny model `make_bundle` builds
+APPLICABLE = [(kind, name) for kind, family in FAMILIES.items() for name in sorted(METHODS)
+              if family in METHODS[name].families]
 
 
 def make_bundle(kind: str):
@@ -71,7 +75,7 @@ def test_contract(bundle, name):
 def test_declares_what_the_ui_needs(name):
     cls = METHODS[name]
     assert cls.name == name and cls.label and cls.description and cls.colour and cls.colour.startswith("#")
-    for option in cls.user_options:
+    for option in cls.declared_options():
         assert option.minimum <= option.default <= option.maximum and option.step > 0 and option.label
         get_method(name, **{option.name: option.kind(option.default)})  # a valid keyword of the method
         if option.live:
@@ -79,13 +83,28 @@ def test_declares_what_the_ui_needs(name):
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_declared_passes_match_the_images_it_forwards(bundle, name):
+def test_the_constructor_refuses_a_declared_option_outside_its_range(name):
+    """The range is declared once, on the Option, and every caller meets it in the method's constructor."""
+    for option in METHODS[name].declared_options():
+        below, above = option.minimum - option.step, option.maximum + option.step
+        for value in (below, above):
+            with pytest.raises(ValueError, match="between"):
+                get_method(name, **{option.name: option.kind(value)})
+        get_method(name, **{option.name: option.kind(option.maximum)})  # the ends themselves are allowed
+
+
+def test_every_method_explains_one_of_the_tiny_models():
+    assert {name for _, name in APPLICABLE} == set(METHODS)
+
+
+@pytest.mark.parametrize("kind,name", APPLICABLE)
+def test_declared_passes_match_the_images_it_forwards(kind, name):
     """The app's time estimate before a run (`model_passes`) is within a factor 3 of the images one map really
     sends through the model (a backward counts as up to two), with the interactive options and with every costly
-    user option at its maximum."""
+    user option at its maximum. Run for every (model, method) pair the method can explain: none is skipped."""
     cls = METHODS[name]
-    if bundle.family not in cls.families:
-        return
+    bundle = make_bundle(kind)
+    assert bundle.family == FAMILIES[kind]
     images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     forwarded = []  # images through the first convolution (the patch embedding): forward_features counts too
     stem = next(m for m in bundle.network.modules() if isinstance(m, torch.nn.Conv2d))
@@ -102,6 +121,7 @@ def test_declared_passes_match_the_images_it_forwards(bundle, name):
             assert declared / 3 <= sum(forwarded) <= declared, (options, declared, sum(forwarded))
     finally:
         handle.remove()
+        forget_explainers()
 
 
 def test_orders_and_colours_are_distinct():
@@ -123,8 +143,8 @@ def test_a_function_of_the_output_as_target():
 
 
 def test_hook_methods_are_thread_safe_on_their_own():
-    """Two threads running rollout and Chefer on one bundle (no app lock around them): every map equals the
-    single-threaded one (the capture code takes the bundle's lock)."""
+    """Two threads running rollout and Chefer on one bundle, calling `attribute` itself (not the engine, which
+    holds the lock): every map equals the single-threaded one (the capture code takes the bundle's lock)."""
     bundle = tiny_vit(name="contract-threads")
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     expected = {name: explain(bundle, images, [0, 1], name) for name in ("rollout", "chefer", "gradcam")}
@@ -133,7 +153,7 @@ def test_hook_methods_are_thread_safe_on_their_own():
     def work(name):
         try:
             for _ in range(12):
-                maps = explain(bundle, images, [0, 1], name)
+                maps = get_method(name).attribute(bundle, images, torch.tensor([0, 1]))
                 if not torch.allclose(maps, expected[name], atol=1e-5):
                     wrong.append(name)
         except Exception as error:  # noqa: BLE001 - reported below

@@ -4,7 +4,8 @@ import torch
 
 from explainers.data import pil_to_tensor
 from explainers.images import load_image
-from explainers.methods import METHODS, MethodNotApplicable, available_methods, explain, get_method
+from explainers.engine import explain
+from explainers.methods import METHODS, MethodNotApplicable, available_methods, get_method
 from explainers.methods.gradcam import gradcam_maps
 
 from conftest import DATA_DIR, quadrant_bundle, tiny_cnn, tiny_vit
@@ -294,3 +295,58 @@ def test_chefer_leaves_parameter_gradients_alone():
     for p in parameters:
         p.requires_grad_(False)
     assert torch.allclose(get_method("chefer").attribute(bundle, images, targets), before, atol=1e-6)
+
+
+def test_explain_batch_is_the_one_run_path_seeded_locked_and_checked():
+    """The same seed gives the same random maps and a new seed other ones; the bundle's lock is held while the
+    method runs; a method that cannot explain the model is refused before any pass; what the method resolved
+    (AHA's mode) comes back with the maps."""
+    import threading
+
+    from explainers.aha.network import AHAExplainer
+    from explainers.aha.store import forget_explainers, register_explainer
+    from explainers.engine import explain_batch
+    from explainers.methods.base import Method
+
+    class GlobalNoise(Method):  # draws from the global generator, as a method without its own may
+        name, label = "global-noise", "Global noise"
+
+        def attribute(self, bundle, images, targets):
+            return torch.rand(images.shape[0], *images.shape[-2:])
+
+    bundle = tiny_cnn(name="batch-cnn")
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    first = explain_batch(bundle, GlobalNoise(), images, [0, 1], seed=3)
+    assert first.maps.shape == (2, 32, 32) and first.seconds >= 0 and first.resolved == {} and first.caveat is None
+    assert torch.equal(first.maps, explain_batch(bundle, GlobalNoise(), images, [0, 1], seed=3).maps)
+    assert not torch.equal(first.maps, explain_batch(bundle, GlobalNoise(), images, [0, 1], seed=4).maps)
+
+    def another_thread_gets_the_lock() -> bool:
+        got = []
+
+        def attempt():
+            got.append(bundle.lock.acquire(blocking=False))
+            if got[0]:
+                bundle.lock.release()
+        thread = threading.Thread(target=attempt)
+        thread.start()
+        thread.join()
+        return got[0]
+
+    class Watcher(Method):
+        name, label = "watcher", "Watcher"
+        locked_out = None
+
+        def attribute(self, bundle, images, targets):
+            Watcher.locked_out = not another_thread_gets_the_lock()
+            return torch.zeros(images.shape[0], *images.shape[-2:])
+
+    explain_batch(bundle, Watcher(), images, [0, 1])
+    assert Watcher.locked_out and another_thread_gets_the_lock()  # held while it ran, free afterwards
+    with pytest.raises(MethodNotApplicable, match="batch-cnn"):
+        explain_batch(bundle, "rollout", images, [0, 1])
+    register_explainer(bundle, AHAExplainer(bundle))
+    try:
+        assert explain_batch(bundle, "aha", images, [0, 1]).resolved["mode"] == "trained"
+    finally:
+        forget_explainers()

@@ -4,8 +4,8 @@ import torch
 
 from explainers.methods import get_method
 from explainers.metrics import (Curves, deletion_insertion, fraction_counts, pixel_ranks, pointing_game,
-                                pointing_tolerance, randomization_sanity_check, spearman, top_pixel_iou,
-                                trapezoid_auc)
+                                pointing_tolerance, spearman, top_pixel_iou, trapezoid_auc)
+from explainers.sanity import randomization_sanity_check
 
 from conftest import quadrant_bundle, tiny_cnn, tiny_vit
 
@@ -255,3 +255,32 @@ def test_road_without_pytorch_grad_cam_says_what_to_install(monkeypatch, quadran
     monkeypatch.setattr(builtins, "__import__", refuse)
     with pytest.raises(ImportError, match="pip install grad-cam"):
         deletion_insertion(quadrant, torch.rand(1, 3, 32, 32), torch.rand(1, 32, 32), [0], reference="road")
+
+
+def test_each_metric_declares_its_label_direction_and_range():
+    from explainers.metrics import METRICS, Metric, better_arrow, better_text, curve_note
+
+    assert {"deletion_auc", "insertion_auc", "ins_minus_del", "pointing_game", "gridpg"} <= set(METRICS)
+    for name, declared in METRICS.items():
+        assert declared.name == name and declared.label and declared.what and declared.low < declared.high
+        assert declared.better in ("higher", "lower")
+        if declared.chance is not None:
+            assert declared.low <= declared.chance <= declared.high
+    assert better_arrow("deletion_auc") == "\u2193" and better_arrow("insertion_auc") == "\u2191"
+    assert better_text("deletion_auc") == "lower is better" and better_text("gridpg") == "higher is better"
+    assert METRICS["deletion_auc"].is_better(0.1, 0.2) and METRICS["insertion_auc"].is_better(0.2, 0.1)
+    assert curve_note().startswith("Lower deletion AUC is better")
+    with pytest.raises(KeyError, match="Unknown metric"):
+        better_arrow("accuracy")
+    with pytest.raises(ValueError, match="higher' or 'lower"):
+        Metric("x", "X", "sideways", 0.0, 1.0, what="nothing")
+
+
+def test_the_score_table_picks_the_best_method_by_the_declared_direction():
+    from explainers.statistics import score_table
+
+    rows = {row["method"]: row for row in score_table({
+        "a": {"deletion": [0.1, 0.2, 0.15], "insertion": [0.5, 0.6, 0.55]},
+        "b": {"deletion": [0.3, 0.4, 0.35], "insertion": [0.7, 0.8, 0.75]}}, seed=0)}
+    assert rows["a"]["deletion_best"] and not rows["b"]["deletion_best"]  # lower deletion is better
+    assert rows["b"]["insertion_best"] and not rows["a"]["insertion_best"]  # higher insertion is better

@@ -121,7 +121,7 @@ def _level_indices(network: nn.Module, levels: int) -> tuple:
     return tuple(range(available - levels, available)), False
 
 
-def _pools_class_token(network: nn.Module) -> bool:
+def pools_class_token(network: nn.Module) -> bool:
     """True for networks whose head reads a class/prefix token (timm ViTs with global_pool 'token' or 'map')."""
     pool = getattr(network, "global_pool", None)
     return isinstance(pool, str) and pool in ("token", "map") and int(getattr(network, "num_prefix_tokens", 0)) > 0
@@ -225,7 +225,7 @@ class AHAExplainer(nn.Module):
         if prior == "auto":
             if not use_cam:
                 prior = "none"
-            elif _pools_class_token(network) and getattr(bundle, "is_vit", False):
+            elif pools_class_token(network) and getattr(bundle, "is_vit", False):
                 prior = "rollout"
             else:
                 prior = "cam"

@@ -135,7 +135,7 @@ def select_output_blur(model: str | None = None, *, bundle=None, sigmas=DEFAULT_
     """Measure `sigmas` on held-out images and (with `apply`) store the best in the explainer's card
     (`baseline`: the rule that asks to be ahead of that method on both curves, see the module's note)."""
     from ..models import load_model
-    from ..training import atomic_write_text
+    from ..atomic import atomic_write_text
     from .store import explainer_stem, forget_explainers, load_explainer, stem_from_out
     from .train import load_eval_images
 
@@ -167,7 +167,7 @@ def select_output_blur(model: str | None = None, *, bundle=None, sigmas=DEFAULT_
         card["output_blur_selection"] = selection
         if isinstance(card.get("held_out"), dict):  # those figures were measured on the maps before this choice
             card["held_out"].setdefault("output_blur_px", 0.0)
-        atomic_write_text(json.dumps(card, indent=2), card_file)
+        atomic_write_text(card_file, json.dumps(card, indent=2))
         forget_explainers(model)  # the next explanation loads the card again
     return selection
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..resize import resize_bilinear
-from .network import standardise
+from .network import pools_class_token, standardise
 from .objective import TAU_END, aha_loss, default_fractions, grid_range, reference_batch
 
 PER_IMAGE_STEPS = 10
@@ -32,28 +32,23 @@ def per_image_grid(image_hw) -> int:
 def prior_method(bundle) -> str:
     """The prior the optimisation starts from: rollout on class-token ViTs (a patch-token CAM points the wrong
     way there), Grad-CAM on everything else."""
-    from .network import _pools_class_token
-
-    if getattr(bundle, "is_vit", False) and _pools_class_token(bundle.network):
+    if getattr(bundle, "is_vit", False) and pools_class_token(bundle.network):
         return "rollout"
     return "gradcam"
 
 
-def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, steps: int = PER_IMAGE_STEPS,
-                  lr: float = PER_IMAGE_LR, grid: int | None = None, tau: float = TAU_END, reference: str = "mean",
-                  prior_maps: torch.Tensor | None = None, progress=None, history: list | None = None,
+def optimise_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, prior_maps: torch.Tensor,
+                  steps: int = PER_IMAGE_STEPS, lr: float = PER_IMAGE_LR, grid: int | None = None, tau: float = TAU_END,
+                  reference: str = "mean", progress=None, history: list | None = None,
                   deletion_weight: float = 1.0) -> torch.Tensor:
     """B x H x W maps (unbounded, higher = more important): the standardised prior map plus a G x G correction
     (bilinearly upsampled, so the prior's order within a cell survives) after `steps` Adam steps of the AHA
     loss (`deletion_weight` x deletion + 1 - insertion). `progress(done, total)` is called after every step (for a
-    progress bar)."""
-    from ..methods import get_method
-
+    progress bar). `prior_maps`: B x H x W, the map it starts from (the `prior_method`'s, or a trained explainer's
+    one pass): the caller computes it, so that this module never reaches back into the method registry."""
     image_hw = tuple(images.shape[-2:])
     targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
     grid = grid or per_image_grid(image_hw)
-    if prior_maps is None:
-        prior_maps = get_method(prior_method(bundle)).attribute(bundle, images, targets).detach()
     base = standardise(prior_maps.detach().float())
     if steps == 0:
         return base

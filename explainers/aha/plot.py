@@ -1,15 +1,17 @@
 """The validation curve of an AHA training run as a small PNG next to its card (Pillow only: the library has
-no plotting dependency). Deletion (lower is better), insertion (higher is better) and their difference,
-measured by the evaluation engine on fixed held-out images during training; the exported step is marked."""
+no plotting dependency). Deletion, insertion and their difference (each named with the way it is better, from its
+declaration in `explainers.metrics.METRICS`), measured by the evaluation engine on fixed held-out images during
+training; the exported step is marked."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-SERIES = (("deletion_auc", "deletion (lower better)", (213, 94, 0)),
-          ("insertion_auc", "insertion (higher better)", (0, 114, 178)),
-          ("ins_minus_del", "insertion - deletion", (0, 158, 115)))
+from ..metrics import METRICS
+
+SERIES = tuple((key, METRICS[key].heading(), colour) for key, colour in (
+    ("deletion_auc", (213, 94, 0)), ("insertion_auc", (0, 114, 178)), ("ins_minus_del", (0, 158, 115))))
 
 
 def validation_plot(validation: list, path, *, exported_step: int | None = None, title: str = "",

@@ -82,7 +82,7 @@ def stem_from_out(out) -> Path:
 def save_explainer(explainer: AHAExplainer, stem, card: dict) -> dict:
     from safetensors.torch import save_file
 
-    from ..training import atomic_write_text
+    from ..atomic import atomic_write_text
 
     stem = stem_from_out(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def save_explainer(explainer: AHAExplainer, stem, card: dict) -> dict:
     tmp.replace(stem.parent / weights_file)
     card = dict(card, kind="aha-explainer", weights_file=weights_file, architecture=explainer.arch,
                 parameters=explainer.num_parameters())
-    atomic_write_text(json.dumps(card, indent=2), stem.parent / (stem.name + ".json"))
+    atomic_write_text(stem.parent / (stem.name + ".json"), json.dumps(card, indent=2))
     return card
 
 
@@ -103,16 +103,17 @@ def store_class_dependence(bundle, specs: list, results: dict, *, data: str, ima
     'aha' spec, the one pass and refinement steps T) into its card as "class_dependence", where AHA's `caveat` reads
     it, with each row's paired difference to Grad-CAM's on the same images (the class-sensitive reference: where
     the two top classes' evidence lies in the same place, as for two dog breeds, every method's two maps agree, and
-    only a rho well above Grad-CAM's says the map ignores the class). Only plain trained-mode specs count ('aha',
-    'aha:refine_steps=3'); ValueError when there is none, without 'gradcam', or without a trained explainer.
-    Returns the card's path."""
+    only a rho well above Grad-CAM's says the map ignores the class). `specs`: the measured methods as parsed
+    (name, options, label) (`methods.parse_method_spec`), `results` by label. Only plain trained-mode specs count
+    ('aha', 'aha:refine_steps=3'); ValueError when there is none, without 'gradcam', or without a trained
+    explainer. Returns the card's path."""
     import numpy as np
 
-    from ..evaluate import parse_method_spec
+    from ..atomic import atomic_write_text
+    from ..metrics import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
     from ..statistics import bootstrap_ci
-    from ..training import atomic_write_text
 
-    parsed = [parse_method_spec(spec) for spec in specs]
+    parsed = list(specs)
     reference = next((results[label] for name, options, label in parsed if name == "gradcam" and not options), None)
     if reference is None:
         raise ValueError("--into-card needs plain 'gradcam' among --methods: the class-sensitive reference the "
@@ -137,8 +138,6 @@ def store_class_dependence(bundle, specs: list, results: dict, *, data: str, ima
     card_file = Path(str(stem) + ".json")
     if not card_file.exists():
         raise ValueError(f"'{bundle.name}' has no trained AHA explainer card to store the results in")
-    from ..sanity import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
-
     card = json.loads(card_file.read_text())
     card["class_dependence"] = {
         "what": "per image, Spearman rho between the map for the predicted class and for the runner-up class "
@@ -147,7 +146,7 @@ def store_class_dependence(bundle, specs: list, results: dict, *, data: str, ima
         "class_blind_margin": CLASS_BLIND_MARGIN,
         "gradcam": {"spearman_top1_top2": reference["spearman_top1_top2"], "ci95": reference["ci95"]},
         "by_refine_steps": rows}
-    atomic_write_text(json.dumps(card, indent=2), card_file)
+    atomic_write_text(card_file, json.dumps(card, indent=2))
     forget_explainers(bundle.name)  # the next use reads the new card
     return card_file
 

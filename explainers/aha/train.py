@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .network import AHAExplainer, DEFAULT_ARCH, _pools_class_token
+from .network import AHAExplainer, DEFAULT_ARCH, pools_class_token
 from .objective import (NUM_FRACTIONS, PEAK_WEIGHT, REFERENCE_KINDS, TAU_END, TAU_START, aha_loss,
                         default_fractions, grid_range, reference_batch, tau_at)
 from .store import explainer_stem, load_explainer, save_explainer, stem_from_out
@@ -304,9 +304,9 @@ def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 2
     card_file = Path(str(stem) + ".json")
     card = json.loads(card_file.read_text())
     card["held_out"] = figures
-    from ..training import atomic_write_text
+    from ..atomic import atomic_write_text
 
-    atomic_write_text(json.dumps(card, indent=2), card_file)  # the same card writer as save_explainer
+    atomic_write_text(card_file, json.dumps(card, indent=2))  # the same card writer as save_explainer
     return figures
 
 
@@ -425,14 +425,14 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     low, high = grid_range(image_hw)
     low, high = grid_min or low, grid_max or high
     mosaic_every = int(mosaic_every or 0)
-    if mosaic_every and (_pools_class_token(bundle.network) or batch_size // world < 4):
+    if mosaic_every and (pools_class_token(bundle.network) or batch_size // world < 4):
         raise ValueError("mosaic steps need a globally pooled network (a class-token ViT does not read a mosaic "
                          "at twice its input size) and at least 4 images per process and step")
 
     if val_gridpg_min is not None:
         if not (val_data and val_every):
             raise ValueError("--val-gridpg-min needs --val-data and --val-every (it scores val mosaics at each validation)")
-        if _pools_class_token(bundle.network):
+        if pools_class_token(bundle.network):
             raise ValueError("--val-gridpg-min needs a globally pooled network (a class-token ViT does not read a "
                              "mosaic at twice its input size)")
         if not 0.0 <= float(val_gridpg_min) <= 1.0 or int(val_mosaics) < 1:
@@ -508,7 +508,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
 
     def save_checkpoint():
         if rank == 0:
-            from ..training import atomic_save
+            from ..atomic import atomic_torch_save
 
             state = {"explainer": explainer.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "step": step, "total_steps": total_steps,
@@ -517,7 +517,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             if best is not None:
                 state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"],
                              best_eligible=best.get("eligible", True))
-            atomic_save(state, checkpoint_path)
+            atomic_torch_save(state, checkpoint_path)
 
     def track_validation():
         nonlocal best

@@ -19,7 +19,7 @@ import torch
 from ..aha.network import check_output_blur, resolve_targets
 from ..aha.per_image import (PER_IMAGE_LR, PER_IMAGE_STEPS, expected_seconds, optimise_maps, prior_method,
                               step_passes)
-from ..aha.refine import MAX_REFINE_STEPS, check_refine_steps
+from ..aha.refine import MAX_REFINE_STEPS
 from ..aha.store import ExplainerUnavailable, get_explainer
 from . import register
 from .base import Method, MethodNotApplicable, Option
@@ -48,7 +48,9 @@ class AHA(Method):
     user_options = (Option("refine_steps", "AHA refinement steps T", 0, 0, MAX_REFINE_STEPS, 1, int,
                            "0 = one pass (fastest); each step optimises the map for this image (about one "
                            "forward and backward pass of the model over 28 perturbed images).",
-                           rank=1, elem_id="refine", api_name="refine"),)
+                           rank=1, elem_id="refine", api_name="refine", flag="refine-steps"),)
+    flag_options = (Option("per_image_steps", "AHA per-image steps", PER_IMAGE_STEPS, 1, MAX_PER_IMAGE_STEPS, 1, int,
+                           "Optimisation steps of the per-image mode (a model without a trained explainer)."),)
 
     @classmethod
     def default_for(cls, bundle) -> bool:
@@ -80,7 +82,7 @@ class AHA(Method):
         CLASS_BLIND_RHO, and by CLASS_BLIND_MARGIN more than Grad-CAM's, paired interval above 0): say that the map
         hardly changes with the class asked about and name the refinement steps that do follow it. The refinement
         and the per-image mode optimise against the model's own score for the class: no caveat for them."""
-        from ..sanity import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
+        from ..metrics import CLASS_BLIND_MARGIN, CLASS_BLIND_RHO
 
         options = options or {}
         if int(options.get("refine_steps", 0) or 0) > 0 or options.get("mode", "trained") not in ("trained", "auto"):
@@ -133,22 +135,21 @@ class AHA(Method):
         """`output_blur` (pixels; None = the card's) overrides a trained explainer's output blur, e.g. to measure
         a card's choice against none (`evaluate --methods aha,aha:output_blur=0`); the per-image mode has none.
         `refine_lr` (None = the card's refinement setting, else REFINE_MAP_LR) sets the refinement's step size."""
-        refine_steps = check_refine_steps(refine_steps)
         output_blur = None if output_blur is None else check_output_blur(output_blur)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if isinstance(per_image_steps, bool) or int(per_image_steps) != per_image_steps or not (
-                1 <= int(per_image_steps) <= MAX_PER_IMAGE_STEPS):
-            raise ValueError(f"per_image_steps must be an integer in 1..{MAX_PER_IMAGE_STEPS}, got {per_image_steps!r}")
         if refine_lr is not None and not 0 < float(refine_lr) <= 10:
             raise ValueError(f"refine_lr must be in (0, 10], got {refine_lr!r}")
         super().__init__(refine_steps=refine_steps, reference=reference, mode=mode,
-                         per_image_steps=int(per_image_steps), per_image_lr=per_image_lr,
+                         per_image_steps=per_image_steps, per_image_lr=per_image_lr,
                          **({} if refine_lr is None else {"refine_lr": float(refine_lr)}),
                          **({} if output_blur is None else {"output_blur": output_blur}))
         self.output_blur = output_blur
+        # in range and whole: their declared Options, checked by `Method.__init__` just above
+        refine_steps, per_image_steps = int(refine_steps), int(per_image_steps)
+        self.options.update(refine_steps=refine_steps, per_image_steps=per_image_steps)
         self.refine_steps, self.refine_lr, self.reference = refine_steps, refine_lr, reference
-        self.mode, self.per_image_steps, self.per_image_lr = mode, int(per_image_steps), per_image_lr
+        self.mode, self.per_image_steps, self.per_image_lr = mode, per_image_steps, per_image_lr
         self.resolved_options: dict = {}
 
     def resolve_mode(self, bundle) -> str:

@@ -8,7 +8,9 @@ A method that cannot explain a model (e.g. attention rollout on a CNN) raises `M
 a message a user can act on, from `check(bundle)`.
 
 A method class also declares what a user interface needs, so that adding a method is one file: its `label`,
-`colour` and `order` in menus, its `user_options` (sliders: range, step, default), whether it is a default
+`colour` and `order` in menus, its `user_options` (sliders: range, step, default) and `flag_options` (set by a
+caller, not a slider: RISE's mask count), whose ranges the constructor enforces and from which the CLI makes
+its flags (`--<method>-<option>`, or the option's `flag`), whether it is a default
 choice for a model (`default_for`), a note for its menu entry (`menu_note`), a caveat shown beside its result
 where its map can mislead on that model (`caveat`), the options an interactive caller
 should use (`interactive_options`, e.g. fewer RISE masks on a CPU), and, where a slider must not rerun the
@@ -38,7 +40,10 @@ class Option:
     `live`: the method's prepared state recombines it without a model pass (`state.map(name=value)`), so the
     app redraws while the slider moves; otherwise the method reruns when the slider is released. `rank` orders
     the sliders of all methods; `elem_id`, `api_name` (release) and `preview_api_name` (live moves) name the
-    slider and its endpoints in the app; `short` names it in a map's caption (default: its keyword)."""
+    slider and its endpoints in the app; `short` names it in a map's caption (default: its keyword); `flag` is its
+    command-line flag without the dashes (default: '<method>-<name>', underscores as dashes).
+    `minimum`..`maximum` is the range the method accepts, not only the slider's: `Method.__init__` refuses a
+    value outside it."""
     name: str
     label: str
     default: float
@@ -53,9 +58,20 @@ class Option:
     api_name: str = ""
     preview_api_name: str = ""
     short: str = ""
+    flag: str = ""
 
     def cast(self, value):
         return self.kind(self.default if value is None else value)
+
+    def check(self, value, owner: str = "") -> None:
+        """ValueError in plain words when `value` is not a number in minimum..maximum (a whole one for an int)."""
+        what = f"{owner}: {self.name}" if owner else self.name
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{what} must be a number, got {value!r}.")
+        if self.kind is int and int(value) != value:
+            raise ValueError(f"{what} must be a whole number, got {value!r}.")
+        if not self.minimum <= value <= self.maximum:
+            raise ValueError(f"{what} must be between {self.minimum:g} and {self.maximum:g}, got {value!r}.")
 
 
 class Method(ABC):
@@ -69,6 +85,7 @@ class Method(ABC):
     slow: ClassVar[bool] = False  # many model passes per map (RISE): left out of repeated runs (the sanity check)
     quick_pixels: ClassVar[int | None] = None  # a slow method is quick on inputs up to this many pixels (None: any)
     user_options: ClassVar[tuple] = ()  # Option(...) for each slider
+    flag_options: ClassVar[tuple] = ()  # Option(...) a caller sets (a CLI flag, a spec) that is no slider
     details: ClassVar[str] = ""  # title of the diagnostics panel (a prepared state with `diagnostics(**options)`)
     score_targets: ClassVar[bool] = False  # accepts a target given as a function of the output (logits -> B scores)
 
@@ -116,10 +133,20 @@ class Method(ABC):
         return {o.name: o for o in cls.user_options}
 
     @classmethod
+    def declared_options(cls) -> tuple:
+        """Every option with a declared range: the sliders, then the others."""
+        return tuple(cls.user_options) + tuple(cls.flag_options)
+
+    @classmethod
     def has_prepare(cls) -> bool:
         return callable(getattr(cls, "prepare", None))
 
     def __init__(self, **options):
+        """Keeps the options; a declared option (`declared_options`) outside its range is refused here, once for
+        every caller (the app's sliders, the CLI's flags, a spec, a notebook)."""
+        for option in self.declared_options():
+            if options.get(option.name) is not None:
+                option.check(options[option.name], self.label or self.name)
         self.options = options
 
     def check(self, bundle) -> None:

@@ -128,12 +128,12 @@ def _validate_options(*, alpha=None, head_threshold=None, beta_reduction=None, h
         raise ValueError(f"gate_reference must be one of {', '.join(GATE_REFERENCES)}, got {gate_reference!r}")
     if gate_sigma is not None and not 0.0 <= float(gate_sigma) <= 64.0:
         raise ValueError(f"gate_sigma must be in [0, 64] patches, got {gate_sigma}")
-    if gate_power is not None and not 0.0 <= float(gate_power) <= 8.0:
-        raise ValueError(f"gate_power must be in [0, 8], got {gate_power}")
+    declared = GradSkip.user_options_by_name()  # alpha's and gate_power's ranges: declared once, on their Options
+    for name, value in (("alpha", alpha), ("gate_power", gate_power)):
+        if value is not None:
+            declared[name].check(value, GradSkip.label)
     if gate_knee is not None and not 0.0 < float(gate_knee) <= 1.0:
         raise ValueError(f"gate_knee must be in (0, 1], got {gate_knee}")
-    if alpha is not None and not 0.0 <= float(alpha) <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if head_threshold is not None and not 0.0 <= float(head_threshold) <= 1.0:
         raise ValueError(f"head_threshold must be in [0, 1] (a fraction of the layer's largest), got {head_threshold}")
     if beta_reduction is not None and beta_reduction not in BETA_REDUCTIONS:
@@ -734,7 +734,7 @@ class GradSkip(Method):
     user_options = (Option("alpha", "GradSkip alpha", 0.5, 0.0, 1.0, 0.05, float,
                            "Head weights: alpha × gradient flow + (1 − alpha) × sparsity. Instant: no model pass.",
                            live=True, rank=0, elem_id="alpha", api_name="alpha_curves",
-                           preview_api_name="alpha_preview"),
+                           preview_api_name="alpha_preview", flag="alpha"),
                     Option("gate_power", "GradSkip class focus", DEFAULT_GATE_POWER, 0.0, 4.0, 0.25, float,
                            "0: where the object is (attention only); higher: follow the evidence for the asked "
                            "class (the class gate's power). Instant: no model pass.", live=True, rank=0,

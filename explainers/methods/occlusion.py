@@ -63,8 +63,6 @@ class Occlusion(Method):
         return 1 + len(occlusion_windows(height, width, window)[2])
 
     def __init__(self, window_fraction: float = 0.125, score: str = "logit", batch_size: int = 128):
-        if not 0 < float(window_fraction) <= 1:
-            raise ValueError(f"occlusion: window_fraction must be in (0, 1], got {window_fraction}")
         if score not in SCORES:
             raise ValueError(f"occlusion: score must be one of {', '.join(SCORES)}, got {score!r}")
         super().__init__(window_fraction=float(window_fraction), score=score, batch_size=int(batch_size))

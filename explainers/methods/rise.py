@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import register
-from .base import Method, repeated_runs
+from .base import Method, Option, repeated_runs
 
 
 def rise_mask_plan(count: int, cells: int, cell_hw: tuple, keep_probability: float, seed: int) -> tuple:
@@ -53,6 +53,10 @@ class RISE(Method):
     @classmethod
     def model_passes(cls, bundle, options: dict | None = None) -> int:
         return int((options or {}).get("n_masks", cls.interactive_options(bundle)["n_masks"]))
+
+    flag_options = (Option("n_masks", "RISE masks", 4000, 1, 100_000, 1, int,
+                           "Random masks averaged: more give smoother maps; each costs one forward pass.",
+                           flag="rise-masks"),)
 
     def __init__(self, n_masks: int = 4000, cells: int = 8, keep_probability: float = 0.5, batch_size: int = 200,
                  seed: int = 0):

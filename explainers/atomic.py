@@ -1,8 +1,10 @@
 """Writing files atomically: the one helper every writer uses (checkpoints, cards, job records).
 
-    atomic_write_bytes(path, data)        # unique temp file beside it, fsync, os.replace
-    atomic_write_text(path_or_text, ...)  # the same for text
-    atomic_torch_save(obj, path)          # torch.save through the same path
+    atomic_write_bytes(path, data)   # unique temp file beside it, fsync, os.replace
+    atomic_write_text(path, text)    # the same for text
+    atomic_torch_save(obj, path)     # torch.save through the same path
+
+Every writer takes the destination first (as `Path.write_text` takes its text after the path's own object).
 """
 from __future__ import annotations
 
