@@ -74,7 +74,8 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
         ctx = TabContext(services, names, default_model or menus.default_model(names), heavy, light,
                          shared={"data_dir": data_dir or browse_module.default_data_dir()}, demo=demo)
         built = []
-        with gr.Tabs():
+        # "wrap": on a phone every tab stays one tap away (the default "menu" hides all but the first behind "...")
+        with gr.Tabs(overflow_behavior="wrap", elem_id="main-tabs"):
             for module in tab_modules():
                 with gr.Tab(module.TITLE, id=module.TAB_ID) as tab:
                     built.append((tab, module.build(ctx) or {}))
