@@ -102,3 +102,11 @@ def test_upload_create_review_two_reviewers_and_results(app_url, tmp_path):
     assert report["counts"]["overall"]["complete_images"] == 6
     assert report["agreement"]["pairs"][0]["images"] == 6
     assert sum(m["best_picks"] for m in report["methods"]) == 12 and "Per method" in summary
+    # the owner closes the study from the page: the reviewers' code cannot close it, then shows the results too
+    with pytest.raises(Exception):
+        creator.predict("blind-1", code, api_name="/review_study_close")
+    closed = creator.predict("blind-1", owner, api_name="/review_study_close")
+    assert "closed" in closed and owner not in closed
+    assert creator.predict("blind-1", code, api_name="/review_agreement")[3]["counts"]["overall"]["complete_images"] == 6
+    with pytest.raises(Exception):  # no more responses once closed
+        reviewers["dr-a"].predict("dr-a", "A", 1, api_name="/review_study_rate")

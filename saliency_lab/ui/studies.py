@@ -31,7 +31,8 @@ def _layout(ctx) -> SimpleNamespace:
     names, first_model = ctx.names, ctx.first_model
     gr.Markdown("## Review studies\nSeveral reviewers, open verdicts or a **blinded comparison** (maps shown as A, B, "
                 "C… in a random order, rated 1-5), agreement statistics. A study is opened with its name and the "
-                "**study code** shown once to its creator.", elem_classes="help")
+                "**reviewers' code** shown once to its creator, who also gets an **owner code**: the only key to the "
+                "results until the study is closed.", elem_classes="help")
     study_state = gr.State(None)
     study_reviewer_saved = gr.BrowserState("", storage_key="saliency-lab-study-reviewer", render=False)  # build_app
     with gr.Accordion("1 · Data set: pick one or upload", open=False):
@@ -69,7 +70,7 @@ def _layout(ctx) -> SimpleNamespace:
     with gr.Accordion("3 · Review", open=True):
         with gr.Row():
             study_name = gr.Textbox(label="Study name", elem_id="study-name")
-            study_code = gr.Textbox(label="Study code", type="password", elem_id="study-code")
+            study_code = gr.Textbox(label="Reviewers' code", type="password", elem_id="study-code")
             study_reviewer = gr.Textbox(label="Your name (reviewer)", elem_id="study-reviewer")
             study_open = gr.Button("Open study", variant="primary", elem_id="study-open")
         study_progress = gr.Markdown(elem_id="study-progress")
@@ -92,10 +93,16 @@ def _layout(ctx) -> SimpleNamespace:
                     study_next = gr.Button("Next →", elem_id="study-next")
                     study_next_open = gr.Button("Next to do", elem_id="study-next-open")
     with gr.Accordion("4 · Results (reveals the method names)", open=False):
+        gr.Markdown("The results and exports name the methods, so they need the study's **owner code** (shown once "
+                    "to its creator) until the owner closes the study; from then on the reviewers' code shows them "
+                    "too, and no more responses are taken.", elem_classes="help")
         with gr.Row():
+            owner_code = gr.Textbox(label="Owner code (results and exports)", type="password",
+                                    elem_id="study-owner-code", scale=2)
             results_button = gr.Button("Show results", elem_id="study-results-button")
             export_csv = gr.Button("Export responses (CSV)", elem_id="study-export-csv")
             export_json = gr.Button("Export report (JSON)", elem_id="study-export-json")
+            close_button = gr.Button("Close the study", variant="stop", elem_id="study-close")
         results_md = gr.Markdown(elem_id="study-results")
         with gr.Row():
             ratings_plot = gr.Plot(label="Ratings per method", elem_id="study-ratings-plot")
@@ -233,9 +240,12 @@ def _wire_results(ctx, ui) -> None:
             progress=lambda done, total: progress(done / total if total else 0, desc="Deletion/insertion AUCs…"))
         return shown.summary, shown.ratings_figure, shown.kappa_figure, shown.report
 
-    ui.results_button.click(results, [ui.study_name, ui.study_code], [ui.results_md, ui.ratings_plot, ui.kappa_plot, ui.report_json],
+    # the owner code (not the reviewers' code of section 3) unlocks the results until the owner closes the study
+    ui.results_button.click(results, [ui.study_name, ui.owner_code], [ui.results_md, ui.ratings_plot, ui.kappa_plot, ui.report_json],
                          api_name="review_agreement", **heavy)
-    ui.export_csv.click(friendly(lambda n, c: studies.export_study(services, n, c, "csv")), [ui.study_name, ui.study_code],
+    ui.export_csv.click(friendly(lambda n, c: studies.export_study(services, n, c, "csv")), [ui.study_name, ui.owner_code],
                      ui.export_file, api_name="review_study_export_csv", **light)
-    ui.export_json.click(friendly(lambda n, c: studies.export_study(services, n, c, "json")), [ui.study_name, ui.study_code],
+    ui.export_json.click(friendly(lambda n, c: studies.export_study(services, n, c, "json")), [ui.study_name, ui.owner_code],
                       ui.export_file, api_name="review_study_export_json", **light)
+    ui.close_button.click(friendly(lambda n, c: studies.close_study(services, n, c)), [ui.study_name, ui.owner_code],
+                          ui.results_md, api_name="review_study_close", **light)
