@@ -69,6 +69,23 @@ def friendly(fn):
     return wrapper
 
 
+def refusal_in_status(fn, untouched: int):
+    """For a form whose outputs are (status line, *other parts): a refused input (a user error) becomes one
+    sentence in the status line and leaves the other `untouched` outputs as they were (gr.skip()). Raising would
+    show the message as a toast and put a red "Error" badge on every output; any other error stays a `friendly`
+    one (a bug, logged)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - user errors become the status line, bugs a message
+            if not is_user_error(error):
+                raise
+            return ("⚠ " + user_message(error), *([gr.skip()] * untouched))
+    return friendly(wrapper)
+
+
 CHECKED = "checked-upload"  # the class that marks a gr.Image whose uploads load_image checks first
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gradio as gr
 
+from explainers.import_model import PICKLE_SUFFIXES
 from saliency_lab import aha_train, finetune, models_tab
-from saliency_lab.ui.common import friendly
+from saliency_lab.ui.common import friendly, refusal_in_status
 from saliency_lab.ui.jobs import job_controls
 
 TITLE = "Models"
@@ -29,7 +30,10 @@ def _build(services, heavy, light) -> dict:
     with gr.Row(equal_height=False):
         with gr.Column(scale=5, min_width=320):
             with gr.Row():
-                weights = gr.File(label="Weights (.safetensors)", file_types=[".safetensors"], type="filepath",
+                # the picker takes pickled checkpoints too, so that our refusal (with the line that converts one)
+                # is what a person reads, not the browser's "Invalid file type"
+                weights = gr.File(label="Weights (.safetensors)", file_types=[".safetensors", *PICKLE_SUFFIXES],
+                                  type="filepath",
                                   elem_id="import-weights", height=120)
                 classes = gr.File(label="Class names (.txt or .csv)", file_types=[".txt", ".csv"], type="filepath",
                                   elem_id="import-classes", height=120)
@@ -62,15 +66,17 @@ def _build(services, heavy, light) -> dict:
     def listing():
         return models_tab.imported_rows(), gr.update(choices=models_tab.removable_choices(), value=None)
 
-    @friendly
-    def do_import(*args):
+    def import_files(*args):
         message = models_tab.import_upload(services, *args)
         return (message, *listing())
 
-    @friendly
-    def do_remove(model_name):
+    do_import = refusal_in_status(import_files, untouched=2)  # a refused import: the table and menu stay
+
+    def remove_model(model_name):
         message = models_tab.remove(services, model_name)
         return (message, *listing())
+
+    do_remove = refusal_in_status(remove_model, untouched=2)
 
     imported = import_button.click(do_import, [weights, classes, arch, name, input_size, mean, std, model_args,
                                                imported_by, crop_pct], [status, table, to_remove], api_name="import_model",
