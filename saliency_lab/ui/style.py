@@ -19,26 +19,35 @@ CSS = """
 .warning-note { background: #fff4e5; color: #5f3b00; border-left: 4px solid #e69f00; padding: 6px 12px;
                 border-radius: 6px; }
 footer { display: none !important; }
+/* a slider's track may shrink with its column (Gradio's 112 px floor pushed the maximum past the page's edge when
+   four option sliders share a row, e.g. occlusion's window at 1280 px) */
+input[type=range] { min-width: 0 !important; }
+.slider_input_container { min-width: 0; }
+@media (max-width: 640px) {  /* a phone: the plot's toolbar below the block's label, not over it */
+  .block:has(> .block-label) [data-testid=plotly], .block:has([data-testid=block-label]) [data-testid=plotly] {
+    padding-top: 36px; }
+}
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
 /* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
 #overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap {
   max-height: none !important; min-height: 0 !important; height: auto !important; overflow: visible !important; }
-#overlays .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
-#overlays .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
-#overlays .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+/* ...and the sanity check's maps, whose captions (method · stage) differ only at their end */
+#overlays .thumbnail-item, #sanity-gallery .thumbnail-item {
+  aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#overlays .thumbnail-lg > img, #sanity-gallery .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
+#overlays .caption-label, #sanity-gallery .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
                            overflow: visible !important; text-overflow: clip !important; font-size: 12px;
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
 @media (max-width: 640px) { #overlays .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
 #aucs table { table-layout: auto; }
 #aucs td, #aucs th { white-space: normal !important; font-size: 13px; }
-@media (max-width: 640px) {  /* a phone: the options are in the captions; the scores keep their columns */
-  #aucs th:nth-child(2), #aucs td:nth-child(2), #aucs th:nth-child(6), #aucs td:nth-child(6) { display: none; }
-  #aucs td, #aucs th { font-size: 12px; padding: 4px !important; min-width: 0 !important; width: auto !important; }
-  #aucs table { width: 100% !important; min-width: 0 !important; }
-}
+/* (no column hidden on a phone: Gradio's virtual table then draws an empty body, one tall blank row) */
+@media (max-width: 640px) { #aucs td, #aucs th { font-size: 12px; } }
 .section-title p { margin: 0; font-size: 1.05em; }
 .example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
+/* as many example columns as fit (a fixed 4 ran past the right edge of a phone) */
+.example-gallery .grid-container { grid-template-columns: repeat(auto-fill, minmax(84px, 1fr)) !important; }
 .example-gallery .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
                               overflow: visible !important; }
 /* the data-set browser and the review gallery: as many columns as fit (no clipped column), whole labels */
