@@ -17,7 +17,9 @@ user are ValueError.
 """
 from __future__ import annotations
 
+import re
 import tempfile
+import time
 from pathlib import Path
 
 from explainers import engine, familiarity
@@ -95,11 +97,13 @@ def status_text(state) -> str:
     skipped = ("\n\n**Skipped:** " + "; ".join(state["skipped"])) if state.get("skipped") else ""
     unfamiliar = unfamiliar_note(state) + "\n\n" if unfamiliar_note(state) else ""  # also for API clients
     if not state.get("results"):
-        return (unfamiliar + skipped.strip()).strip()
+        return (unfamiliar + skipped.strip() + "\n\n" + still_running_text(state)).strip()
     parts = [f"**{r['label']}** {1000 * r['seconds']:.0f} ms" for r in state["results"]]
     crop = f" {state['crop_note']}" if state.get("crop_note") else ""
+    running = still_running_text(state)
     return unfamiliar + (f"Model **{state['model']}**, target **{state['target_name']}** (class {state['target']}). "
-                         f"Map times: {', '.join(parts)}.{crop}") + caveats_text(state) + skipped
+                         f"Map times: {', '.join(parts)}.{crop}") + caveats_text(state) + skipped + (
+        f"\n\n{running}" if running else "")
 
 
 def caveats_text(state) -> str:
@@ -128,8 +132,17 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
     """Step 1 of an explanation: the top-5 prediction and each chosen method's map, without curves (fast).
     `target`: "auto" (top-1) or a class index among the top 5; `values`: the sliders' values by option name.
     Returns (state, image); the state's "target_choice" is what the target menu should show."""
-    methods = list(methods or [])
-    if not methods:
+    bundle, image, state = start_state(services, image_path, model_name, methods, target, values, warn=warn)
+    for method in menus.method_order(list(methods)):
+        record = map_or_skip(services, bundle, image, state, method, warn)
+        if record is not None:
+            state["results"].append(record)
+    return state, image
+
+
+def start_state(services, image_path, model_name, methods, target=AUTO, values=None, *, warn=None) -> tuple:
+    """(bundle, image, state) of a new explanation: the prediction and the target, no result yet."""
+    if not list(methods or []):
         raise ValueError("Pick at least one explanation method.")
     bundle, image = prepared(services, model_name, image_path)
     prediction, verdict = engine.predict_and_check(bundle, image, 5)
@@ -137,26 +150,78 @@ def explain_maps(services, image_path, model_name, methods, target=AUTO, values=
     if verdict and verdict["unfamiliar"] and warn is not None and choice == AUTO:
         warn(verdict["message"])  # once per image (a new class of the same image keeps the note, not the toast)
     target_index = prediction[0][0] if choice == AUTO else int(choice)
-    values = slider_values(values)
     state = {"model": model_name, "image": image_path, "image_name": Path(str(image_path)).name,
              "image_size": list(image.original.size), "crop_note": pictures.crop_note(image, bundle),
              "target": target_index, "target_name": bundle.class_name(target_index), "prediction": prediction,
-             "target_choice": choice, "familiarity": verdict, **values, "results": [], "skipped": []}
-    for method in menus.method_order(methods):
-        options = engine.method_options(method, values, bundle)
-        try:
-            record = run_method(bundle, image, method, target_index, options, services.cache, curves=False)
-        except (ValueError, RuntimeError) as error:
-            if not is_skippable(error):
-                raise
-            note = f"{engine.method_label(method)}: {user_message(error)}"
-            state["skipped"].append(note)
-            if warn is not None:
-                warn(f"{engine.method_label(method)} skipped: {user_message(error)}")
+             "target_choice": choice, "familiarity": verdict, **slider_values(values), "results": [], "skipped": []}
+    return bundle, image, state
+
+
+def map_or_skip(services, bundle, image, state, method: str, warn=None) -> dict | None:
+    """One method's map for the state's image and target (its time remembered), or None when the method cannot
+    explain this model or image (noted in state["skipped"], and `warn` told)."""
+    options = engine.method_options(method, {k: state[k] for k in slider_values() if k in state}, bundle)
+    try:
+        record = run_method(bundle, image, method, state["target"], options, services.cache, curves=False)
+    except (ValueError, RuntimeError) as error:
+        if not is_skippable(error):
+            raise
+        state["skipped"].append(f"{engine.method_label(method)}: {user_message(error)}")
+        if warn is not None:
+            warn(f"{engine.method_label(method)} skipped: {user_message(error)}")
+        return None
+    remember_seconds(services, bundle, record)
+    return record
+
+
+def stream_order(services, bundle, methods, values=None) -> list:
+    """The methods in the order a streamed explanation runs them: the quickest expected first (menu order among
+    equals), so that a slow method (RISE, occlusion) never holds back maps that take milliseconds."""
+    ordered = menus.method_order([m for m in methods if m in METHODS])
+    return sorted(ordered, key=lambda m: expected_seconds(services, bundle, m, values))
+
+
+def explain_stream(services, image_path, model_name, methods, target=AUTO, values=None, *, warn=None):
+    """An explanation as it is made: yields (state, image) once the prediction is known, then after each map and
+    after each map's curves, the quickest methods first (`stream_order`; the results kept in menu order). While it runs, state["pending"] lists
+    [(label, expected seconds)] of the methods whose map is still to come, state["curving"] the label whose
+    curves are being computed (None when none)."""
+    bundle, image, state = start_state(services, image_path, model_name, methods, target, values, warn=warn)
+    order = stream_order(services, bundle, methods, values)
+    expected = {m: expected_seconds(services, bundle, m, values) for m in order}
+    state["pending"] = [(engine.method_label(m), expected[m]) for m in order]
+    state["curving"] = None
+    yield state, image
+    for method in order:
+        record = map_or_skip(services, bundle, image, state, method, warn)
+        state = {**state, "pending": state["pending"][1:]}
+        if record is None:
+            yield state, image
             continue
-        state["results"].append(record)
-        remember_seconds(services, bundle, record)
-    return state, image
+        place = {m: i for i, m in enumerate(menus.method_order(list(methods)))}  # shown in menu order, as ever
+        results = sorted(state["results"] + [record], key=lambda r: place.get(r["method"], len(place)))
+        state = {**state, "results": results, "curving": record["label"]}
+        yield state, image
+        computed = engine.cached_result(services.cache, bundle, image, method, record["target"],
+                                        record["options"]) is None  # a cached one says nothing of the time
+        started = time.perf_counter()
+        with_curves = add_curves(bundle, image, record, services.cache)
+        if computed:
+            remember_curve_seconds(services, bundle, time.perf_counter() - started)
+        results = [with_curves if r is record else r for r in state["results"]]
+        state = {**state, "results": results, "curving": None}
+        yield state, image
+    state = {k: v for k, v in state.items() if k not in ("pending", "curving")}
+    yield state, image
+
+
+def still_running_text(state) -> str:
+    """What a streamed explanation is still computing, for the status line ("" when it is done)."""
+    parts = []
+    if (state or {}).get("curving"):
+        parts.append(f"the curves of {state['curving']}")
+    parts += [f"{label} ({_seconds(seconds)} expected)" for label, seconds in (state or {}).get("pending", [])]
+    return ("Still computing: " + ", ".join(parts) + "…") if parts else ""
 
 
 def slider_values(values=None) -> dict:
@@ -170,6 +235,34 @@ def explain_curves(services, state) -> tuple:
     bundle, image = prepared(services, state["model"], state["image"])
     results = [add_curves(bundle, image, record, services.cache) for record in state["results"]]
     return {**state, "results": results}, image
+
+
+def curve_methods(state) -> list:
+    """[(label, method)] of the results whose curves are computed (what the step viewer can show)."""
+    return [(r["label"], r["method"]) for r in (state or {}).get("results", []) if r.get("fractions") is not None]
+
+
+def curve_step(services, state, method: str, step: int, image=None) -> list:
+    """[(picture, caption)] of the image as the deletion and the insertion curve of `method` feed it to the model
+    at step `step` (the top step/K of the map's pixels replaced by the reference colour, or the reference with
+    them restored: the curve engine's ranks, ties broken alike), each with the target's probability at that
+    step, read from the curves already computed: no model pass. Shown at the model's input, enlarged."""
+    record = next((r for r in (state or {}).get("results", []) if r["method"] == method
+                   and r.get("fractions") is not None), None)
+    if record is None:
+        raise ValueError("Its curves are not computed yet: explain an image with this method first.")
+    steps = len(record["fractions"]) - 1
+    step = min(max(int(step), 0), steps)
+    bundle = services.bundle(state["model"])
+    if image is None:
+        _, image = prepared(services, state["model"], state["image"])
+    deleted, inserted = pictures.curve_step_images(image.tensor, record["map"], step, steps, bundle.reference_color)
+    share = record["fractions"][step]
+    name = record["target_name"]
+    return [(deleted, f"Deletion, step {step}/{steps}: {share:.0%} of the pixels removed (most important first). "
+                      f"p({name}) = {record['deletion'][step]:.3f}"),
+            (inserted, f"Insertion, step {step}/{steps}: {share:.0%} of the pixels restored on the reference. "
+                       f"p({name}) = {record['insertion'][step]:.3f}")]
 
 
 def has_details(state) -> bool:
@@ -239,8 +332,9 @@ def overlay_pictures(services, state, opacity, colormap, image=None) -> list:
     "outline" (the top fraction of each map, outlined: `set_outline`)."""
     if image is None:
         _, image = prepared(services, state["model"], state["image"])
-    return services.pictures(pictures.render_overlays(image, state["results"], opacity, colormap,
-                                                      outline=state.get("outline", 0.0)))
+    items = pictures.render_overlays(image, state["results"], opacity, colormap, outline=state.get("outline", 0.0))
+    prefix = download_prefix(state)  # the gallery's download button saves the file under this name
+    return services.pictures(items, names=[f"{prefix}-{r['method']}" for r in state["results"]])
 
 
 def set_outline(state, percent) -> dict:
@@ -268,9 +362,28 @@ def write_downloads(services, state, opacity, colormap, size="original") -> list
         raise ValueError("Explain an image first: there is nothing to download yet.")
     _, image = prepared(services, state["model"], state["image"])
     folder = Path(tempfile.mkdtemp(prefix="explain-", dir=services.downloads))
-    return engine.write_downloads(folder, state["model"], image, state["results"], opacity=opacity, colormap=colormap,
-                                  prediction=state["prediction"], image_name=state["image_name"],
-                                  size=size or "original", familiarity=state.get("familiarity"))
+    written = engine.write_downloads(folder, state["model"], image, state["results"], opacity=opacity,
+                                     colormap=colormap, prediction=state["prediction"], image_name=state["image_name"],
+                                     size=size or "original", familiarity=state.get("familiarity"))
+    prefix = download_prefix(state)
+    named = []
+    for path in written:  # a second download (another image or model) must not overwrite the first
+        target = path.with_name(f"{prefix}-{path.name}")
+        path.replace(target)
+        named.append(target)
+    return named
+
+
+def safe_part(text: str, fallback: str) -> str:
+    """A file-name part of `text`: letters, digits, '.', '_' and '-' kept, other runs made '-', at most 60
+    characters (no separator, no leading dot: never a path)."""
+    part = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text or "")).strip("-.")[:60].strip("-.")
+    return part or fallback
+
+
+def download_prefix(state) -> str:
+    """"<image>-<model>" of a state, for the names of its downloads (cell-bloodmnist-vit-overlay-aha.png)."""
+    return f"{safe_part(Path(str(state.get('image_name') or '')).stem, 'image')}-{safe_part(state.get('model'), 'model')}"
 
 
 SLOW_SECONDS = 5.0  # a map expected to take longer than this is "slow": unticked when the model changes
@@ -308,7 +421,32 @@ def expected_seconds(services, bundle, method: str, values: dict | None = None) 
     measured = services.measured_seconds(bundle.name, method, cost_options(method, options))
     if measured is not None:
         return measured
-    return method_passes(bundle, method, options) * services.image_seconds(bundle)
+    return passes_seconds(services, bundle, method_passes(bundle, method, options))
+
+
+BATCHED = 32  # work of this many passes or more runs in batches (RISE 100 masks, occlusion 128 windows, curves 42)
+
+
+def passes_seconds(services, bundle, passes: int) -> float:
+    """Expected seconds of `passes` forward passes of one image each: priced one image at a time for a few passes
+    (a gradient map), in batches of BATCHED for many (perturbation methods, the curves), as they run."""
+    batch = BATCHED if passes >= BATCHED else 1
+    return passes * services.image_seconds(bundle, batch)
+
+
+def expected_curves_seconds(services, bundle) -> float:
+    """Expected seconds of one map's deletion and insertion curves: the last measured curves on this model, else
+    their 42 images priced as the one batch they go through the model in."""
+    measured = services.measured_seconds(bundle.name, CURVES_KEY)
+    return measured if measured is not None else passes_seconds(services, bundle, CURVE_PASSES)
+
+
+CURVES_KEY = "(curves)"  # the curves' measured time is remembered beside the methods' (never a method's name)
+
+
+def remember_curve_seconds(services, bundle, seconds: float) -> None:
+    if hasattr(services, "record_seconds"):
+        services.record_seconds(bundle.name, CURVES_KEY, seconds)
 
 
 def _seconds(value: float) -> str:
@@ -332,7 +470,7 @@ def expected_text(services, model_name, methods, values: dict | None = None) -> 
         total += seconds
         text = f"{engine.method_label(method)} {_seconds(seconds)}"
         parts.append(f"**{text}**" if seconds > SLOW_SECONDS else text)
-    curves = CURVE_PASSES * len(methods) * services.image_seconds(bundle)
+    curves = len(methods) * expected_curves_seconds(services, bundle)
     return (f"Expected on this machine: {', '.join(parts)}; then the curves {_seconds(curves)}"
             + (" (slow methods in bold)." if total > SLOW_SECONDS else "."))
 

@@ -71,38 +71,85 @@ def _layout(title: str, height: int, **kwargs) -> dict:
 CURVES_PLOT_PX = 300  # the plot area's height, whatever the number of methods (the legend gets its own room)
 
 
+PANEL_PX, PANEL_GAP_PX = 170, 78  # one method's panel, and the room above it for its title
+
+
+def panel_columns(count: int) -> int:
+    """Panels side by side: 1 method alone, 2 and 4 in pairs, else rows of 3 (7 methods: 3 rows)."""
+    return 1 if count <= 1 else 2 if count in (2, 4) else 3
+
+
 def curves_figure(results: list, title: str | None = None) -> FigureSpec:
-    """Deletion (solid) and insertion (dashed) curves of every method on the same axes. One legend entry per
-    method (both its curves toggle together) carrying both AUCs; the figure grows with the legend, so the plot
-    keeps its height and the legend never covers the axis title (6 methods fit on a phone)."""
-    data = []
-    for index, record in enumerate(results):
-        if record.get("fractions") is None:
-            continue
+    """Small multiples: one panel per method, its deletion (solid) and insertion (dashed) curves on the same
+    axes in its colour, titled with its name and both AUCs. Seven methods are 14 lines: on one set of axes they lie
+    on top of each other, told apart only by the legend; a panel each keeps every pair readable and comparable
+    (same axes everywhere)."""
+    drawn = [(index, r) for index, r in enumerate(results) if r.get("fractions") is not None]
+    columns = panel_columns(len(drawn))
+    rows = max(1, -(-len(drawn) // columns))
+    height = 50 + rows * (PANEL_PX + PANEL_GAP_PX)
+    data, axes, notes = [], {}, []
+    for panel, (index, record) in enumerate(drawn):
+        row, column = divmod(panel, columns)
+        suffix = "" if panel == 0 else str(panel + 1)
         colour = color_for(record["method"], index)
         x = [100 * f for f in record["fractions"]]
         data.append({"type": "scatter", "x": x, "y": record["deletion"], "mode": "lines+markers",
-                     "line": {"color": colour, "width": 2.5}, "marker": {"size": 5},
+                     "xaxis": f"x{suffix}", "yaxis": f"y{suffix}", "showlegend": False,
+                     "line": {"color": colour, "width": 2.5}, "marker": {"size": 4},
                      "name": f"{record['label']}: deletion AUC {record['deletion_auc']:.3f} ↓ · insertion "
                              f"{record['insertion_auc']:.3f} ↑",
-                     "legendgroup": record["method"], "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"})
+                     "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"})
         data.append({"type": "scatter", "x": x, "y": record["insertion"], "mode": "lines+markers",
-                     "line": {"color": colour, "width": 2.5, "dash": "dash"}, "marker": {"size": 5, "symbol": "diamond"},
+                     "xaxis": f"x{suffix}", "yaxis": f"y{suffix}", "showlegend": False,
+                     "line": {"color": colour, "width": 2.5, "dash": "dash"}, "marker": {"size": 4, "symbol": "diamond"},
                      "name": f"{record['label']} insertion · AUC {record['insertion_auc']:.3f} (higher is better)",
-                     "legendgroup": record["method"], "showlegend": False,
                      "hovertemplate": "%{x:.0f}% inserted: p=%{y:.3f}<extra></extra>"})
+        gap = 0.06
+        left = column / columns + (gap / 2 if column else 0)
+        right = (column + 1) / columns - (gap / 2 if column < columns - 1 else 0)
+        top_px = row * (PANEL_PX + PANEL_GAP_PX) + 40  # the title's two lines above, the axis' title below
+        top = 1 - top_px / (height - 50)
+        bottom = 1 - (top_px + PANEL_PX) / (height - 50)
+        axes[f"xaxis{suffix}"] = _axis(domain=[left, right], range=[0, 100], anchor=f"y{suffix}",
+                                       title={"text": "% of pixels", "standoff": 2, "font": {"size": 11}},
+                                       tickfont={"size": 10})
+        axes[f"yaxis{suffix}"] = _axis(domain=[max(bottom, 0), top], range=[0, 1.02], anchor=f"x{suffix}",
+                                       tickfont={"size": 10},
+                                       title={"text": "p(target)" if column == 0 else "", "font": {"size": 11}})
+        notes.append({"text": f"<b>{record['label']}</b><br>del {record['deletion_auc']:.3f} ↓ · "
+                              f"ins {record['insertion_auc']:.3f} ↑",
+                      "showarrow": False, "xref": "paper", "yref": "paper", "x": (left + right) / 2, "y": top,
+                      "xanchor": "center", "yanchor": "bottom", "font": {"size": 12, "color": colour}})
     target = results[0]["target_name"] if results else ""
-    entries = max(1, len(data) // 2)
-    bottom = 110 + 24 * entries  # one legend row per method (entrywidth: the full width), never cut off
-    legend_y = -60 / CURVES_PLOT_PX  # below the x-axis title
-    layout = _layout(title or (f"Deletion and insertion for '{target}'" if target else "Deletion and insertion"),
-                     50 + CURVES_PLOT_PX + bottom,
-                     xaxis=_axis(title={"text": "% of pixels deleted (solid) or inserted (dashed), most important "
-                                                "first", "standoff": 8}, range=[0, 100]),
-                     yaxis=_axis(title={"text": "probability of the target"}, range=[0, 1.02]),
-                     legend={"orientation": "h", "yanchor": "top", "y": legend_y, "xanchor": "left", "x": 0,
-                             "font": {"size": 11}, "entrywidth": 1, "entrywidthmode": "fraction"},
-                     hovermode="x unified", margin={"l": 60, "r": 20, "t": 50, "b": bottom})
+    heading = title or (f"Deletion (solid) and insertion (dashed) for '{target}'" if target
+                        else "Deletion (solid) and insertion (dashed)")
+    layout = _layout(heading, height, annotations=notes, hovermode="x unified", showlegend=False,
+                     margin={"l": 50, "r": 12, "t": 50, "b": 0}, **axes)
+    return FigureSpec(data, layout)
+
+
+def step_figure(record: dict, step: int) -> FigureSpec:
+    """One method's deletion (solid) and insertion (dashed) curves with step `step` marked on both: the points the
+    step viewer's pictures stand for."""
+    colour = color_for(record["method"])
+    x = [100 * f for f in record["fractions"]]
+    step = min(max(int(step), 0), len(x) - 1)
+    data = [{"type": "scatter", "x": x, "y": record["deletion"], "mode": "lines", "name": "deletion",
+             "line": {"color": colour, "width": 2}, "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"},
+            {"type": "scatter", "x": x, "y": record["insertion"], "mode": "lines", "name": "insertion",
+             "line": {"color": colour, "width": 2, "dash": "dash"},
+             "hovertemplate": "%{x:.0f}% inserted: p=%{y:.3f}<extra></extra>"},
+            {"type": "scatter", "x": [x[step], x[step]], "y": [record["deletion"][step], record["insertion"][step]],
+             "mode": "markers+text", "name": f"step {step}", "marker": {"size": 11, "color": "#000000",
+                                                                       "symbol": ["circle", "diamond"]},
+             "text": [f"del p={record['deletion'][step]:.2f}", f"ins p={record['insertion'][step]:.2f}"],
+             "textposition": ["bottom right", "top left"], "hoverinfo": "skip"}]
+    layout = _layout(f"{record['label']}: step {step} = {x[step]:.0f}% of the pixels", 260,
+                     xaxis=_axis(title={"text": "% of pixels (most important first)", "standoff": 4}, range=[0, 100]),
+                     yaxis=_axis(title={"text": "p(target)"}, range=[0, 1.05]), showlegend=True,
+                     legend={"orientation": "h", "y": 1.0, "x": 1, "xanchor": "right", "yanchor": "bottom",
+                             "font": {"size": 10}}, margin={"l": 50, "r": 12, "t": 56, "b": 44})
     return FigureSpec(data, layout)
 
 

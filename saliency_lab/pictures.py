@@ -159,3 +159,27 @@ def as_rgb(array) -> np.ndarray:
         array = (rgb * alpha + 255.0 * (1 - alpha)).round().astype(np.uint8)
     return np.ascontiguousarray(array[..., :3].astype(np.uint8))
 
+
+
+STEP_PX = 256  # the step viewer's pictures: the model's input enlarged to at least this size
+
+
+def curve_step_images(tensor, attribution, step: int, steps: int, reference_color) -> tuple:
+    """(deleted, inserted) PIL pictures of a 1 x 3 x H x W [0, 1] model input at curve step `step` of `steps`: the
+    deletion image has the map's top step/steps pixels replaced by `reference_color`, the insertion image is that
+    colour with them restored (explainers.metrics' ranks and counts, so the pixels are the curve's)."""
+    import torch
+
+    from explainers.metrics import fraction_counts, pixel_ranks, reference_images
+
+    image = tensor[:1].detach().float().cpu()
+    _, _, h, w = image.shape
+    grid = torch.as_tensor(np.asarray(attribution, dtype=np.float32)).reshape(1, h, w)
+    _, counts = fraction_counts(steps, h * w)
+    top = (pixel_ranks(grid)[0] < counts[step]).view(1, 1, h, w).float()
+    reference = reference_images(image, "mean", reference_color)
+    deleted = image * (1 - top) + reference * top
+    inserted = reference * (1 - top) + image * top
+    scale = max(1, -(-STEP_PX // max(h, w)))
+    return tuple(Image.fromarray((t[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8))
+                 .resize((w * scale, h * scale), Image.Resampling.NEAREST) for t in (deleted, inserted))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -123,21 +124,26 @@ class Services:
 
         return decoy_locations()
 
-    def pictures(self, items, fmt: str = "jpeg") -> list:
+    def pictures(self, items, fmt: str = "jpeg", names=None) -> list:
         """[(PIL, caption)] -> [(file path, caption)], named by content, so Gradio only copies files instead of
         encoding every overlay as a default-level PNG on each slider move (the largest CPU cost of a redraw on
-        2 vCPUs). JPEG quality 92 without chroma subsampling for overlays; downloads are PNG."""
+        2 vCPUs). JPEG quality 92 without chroma subsampling for overlays; downloads are PNG. `names`: one safe file
+        stem per item (what a browser saves it as), in a folder named by content; default the content hash."""
         folder = self.downloads / "pictures"
         folder.mkdir(exist_ok=True)
         out = []
-        for picture, text in items:
+        for index, (picture, text) in enumerate(items):
             if fmt == "png":
                 data = png_bytes(picture, compress_level=1)
             else:
                 buffer = io.BytesIO()
                 picture.convert("RGB").save(buffer, format="JPEG", quality=92, subsampling=0)
                 data = buffer.getvalue()
-            path = folder / f"{hashlib.sha1(data).hexdigest()[:24]}.{'png' if fmt == 'png' else 'jpg'}"
+            digest, extension = hashlib.sha1(data).hexdigest()[:24], "png" if fmt == "png" else "jpg"
+            path = folder / f"{digest}.{extension}"
+            if names is not None:
+                path = folder / digest / f"{names[index]}.{extension}"
+                path.parent.mkdir(exist_ok=True)
             if not path.exists():
                 path.write_bytes(data)
             out.append((str(path), text))
@@ -148,7 +154,7 @@ class Services:
             for old in folder.iterdir():
                 try:
                     if old.stat().st_mtime < cutoff:
-                        old.unlink()
+                        shutil.rmtree(old) if old.is_dir() else old.unlink()
                 except OSError:
                     pass
         return out
@@ -160,20 +166,23 @@ class Services:
                 self._objects[key] = build()
             return self._objects[key]
 
-    def image_seconds(self, bundle) -> float:
-        """Seconds one forward pass of one image takes on this model, here (measured once per model: two batches
-        of 8 at the model's input size, the faster one), for expected times."""
-        key = ("image_seconds", bundle.name, str(bundle.device))
+    def image_seconds(self, bundle, batch: int = 1) -> float:
+        """Seconds one image's forward pass takes on this model, here, when it goes through the model in batches of
+        `batch` (measured once per model and batch size: two passes, the faster one), for expected times. Batched
+        work (RISE's masks, occlusion's windows, the curves' 42 images) costs far less per image than one image
+        alone: priced at batch 1 it is over-counted several times."""
+        batch = max(1, int(batch))
+        key = ("image_seconds", bundle.name, str(bundle.device), batch)
         with self._lock:
             if key in self._objects:
                 return self._objects[key]
-        batch = torch.rand(8, 3, *bundle.input_size, device=bundle.device)
+        images = torch.rand(batch, 3, *bundle.input_size, device=bundle.device)
         times = []
         with bundle.lock, torch.no_grad():
             for _ in range(2):
                 started = time.perf_counter()
-                bundle(batch)
-                times.append((time.perf_counter() - started) / 8)
+                bundle(images)
+                times.append((time.perf_counter() - started) / batch)
         with self._lock:
             self._objects[key] = min(times)
         return self._objects[key]

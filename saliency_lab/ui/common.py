@@ -87,6 +87,13 @@ def refusal_in_status(fn, untouched: int):
 
 
 CHECKED = "checked-upload"  # the class that marks a gr.Image whose uploads load_image checks first
+TO_HANDLER = "refusal-to-handler"  # ... and hands a refusal to its handler (RefusedUpload) instead of a toast
+
+
+class RefusedUpload(str):
+    """What a handler receives for an upload `load_image` refused, from a gr.Image made with
+    `checked_image(refusal_to_handler=True)`: the message for the person (a str), so that the handler can clear
+    the picture and say why where it stays in view, with no error event (no red badge on every output)."""
 
 
 _REFUSED: dict = {}  # upload path -> when it was last refused (one toast per refused upload)
@@ -98,6 +105,8 @@ def _checked_preprocess(plain):
             try:
                 load_image(payload.path)
             except ImageError as error:
+                if TO_HANDLER in (self.elem_classes or []):
+                    return RefusedUpload(user_message(error))
                 # the browser sends a replaced image's change twice: the second refusal fails silently
                 now, path = time.monotonic(), str(payload.path)
                 repeated = now - _REFUSED.get(path, -1e9) < 5.0
@@ -117,12 +126,14 @@ if not getattr(gr.Image.preprocess, "checked", False):
     gr.Image.preprocess = _checked_preprocess(gr.Image.preprocess)
 
 
-def checked_image(**kwargs) -> gr.Image:
+def checked_image(refusal_to_handler: bool = False, **kwargs) -> gr.Image:
     """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
     handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders), and hands
-    the handler the file as uploaded (image_mode=None: Gradio's RGB conversion would whiten 16-bit data)."""
+    the handler the file as uploaded (image_mode=None: Gradio's RGB conversion would whiten 16-bit data).
+    `refusal_to_handler`: the handler gets a RefusedUpload (the message) instead of a toast."""
     kwargs.setdefault("image_mode", None)
-    kwargs["elem_classes"] = [*(kwargs.get("elem_classes") or []), CHECKED]
+    kwargs["elem_classes"] = [*(kwargs.get("elem_classes") or []), CHECKED] + ([TO_HANDLER] if refusal_to_handler
+                                                                               else [])
     return gr.Image(**kwargs)
 
 

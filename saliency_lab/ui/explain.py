@@ -12,7 +12,9 @@ from explainers.images import COLORMAPS
 from explainers.methods import METHODS
 from saliency_lab import browse as browse_module
 from saliency_lab import explain, figures, menus, pictures
-from saliency_lab.ui.common import checked_image, dataset_dropdown, friendly, log, model_picker_update
+from saliency_lab.errors import is_user_error, user_message
+from saliency_lab.ui.common import (RefusedUpload, checked_image, dataset_dropdown, friendly, log,
+                                   model_picker_update)
 
 TITLE = "Explain"
 TAB_ID = "explain"
@@ -33,6 +35,8 @@ def explain_maps_handler(services):
         """Step 1 of an explanation: the top-5 prediction and each chosen method's map (fast; the curves follow
         in `explain_curves`, a separate event, so that under load everyone's maps come first). `rest`: the
         sliders' values (SLIDERS), the opacity, the colour map and the outlined top share (%)."""
+        if isinstance(image_path, RefusedUpload):
+            raise ValueError(str(image_path))
         *values, opacity, colormap, outline = rest
         state, image = explain.explain_maps(services, image_path, model_name, methods, target_choice,
                                             slider_values(values), warn=gr.Warning)
@@ -66,22 +70,55 @@ def explain_curves_handler(services):
     return explain_curves
 
 
-def explain_handler(services):
-    maps_fn, curves_fn = explain_maps_handler(services), explain_curves_handler(services)
+def stream_outputs(services, state, image, opacity, colormap, previous=None) -> tuple:
+    """(overlays, curves figure, AUC table, status, state) of a streamed explanation's step; the pictures and the
+    figure are gr.skip() when this step did not change them (`previous`: the state of the step before)."""
+    results = state["results"]
+    curves_changed = previous is None or explain.curve_methods(state) != explain.curve_methods(previous)
+    # a stream only adds maps and curves (the captions carry the AUCs)
+    changed = curves_changed or len(results) != len(previous["results"])
+    overlays = explain.overlay_pictures(services, state, opacity, colormap, image) if changed else gr.skip()
+    if not curves_changed:
+        figure = gr.skip()
+    elif explain.curve_methods(state):
+        figure = figures.curves_figure(results)
+    else:
+        figure = figures.empty_figure("The curves appear here, each method's as soon as its map is in."
+                                      if results or state.get("pending") else
+                                      "No method could explain this model: see the notes above.")
+    table = figures.auc_table(results) if changed else gr.skip()
+    return overlays, figure, table, explain.status_text(state), state
 
+
+def explain_stream_handler(services):
     @friendly
-    def explain_all(image_path, model_name, methods, target_choice, *rest):
-        """Both steps in one call (the API form): maps first, then curves."""
-        *values, opacity, colormap, _outline = rest
-        label, target_update, overlays, figure, table, status, state = maps_fn(
-            image_path, model_name, methods, target_choice, *rest)
-        yield label, target_update, overlays, figure, table, status, state, gr.skip()
-        if state["results"]:
-            overlays, figure, table, status, state, heads = curves_fn(state, *[values[i] for i in LIVE], opacity,
-                                                                      colormap)
-            yield label, gr.skip(), overlays, figure, table, status, state, heads
+    def explain_stream(image_path, model_name, methods, target_choice, *rest):
+        """An explanation as it is made (the Explain button, a new image, a new class, the API's /explain): the
+        prediction, then each method's map and at once its curves, the quickest methods first, each as soon as it
+        is computed; a slow method (RISE) never holds back the others. `rest`: the sliders' values (SLIDERS), the
+        opacity, the colour map and the outlined top share (%). Yields the top 5, the target menu, overlays,
+        curves, score table, status, state and the details (GradSkip's head weights, at the end)."""
+        if isinstance(image_path, RefusedUpload):
+            raise ValueError(str(image_path))
+        *values, opacity, colormap, outline = rest
+        previous = None
+        for state, image in explain.explain_stream(services, image_path, model_name, methods, target_choice,
+                                                   slider_values(values), warn=gr.Warning):
+            state = explain.set_outline(state, outline)
+            outputs = stream_outputs(services, state, image, opacity, colormap, previous)
+            if previous is None:
+                target_update = gr.update(choices=explain.target_choices(state["prediction"]),
+                                          value=state["target_choice"])
+                yield explain.label_value(state["prediction"]), target_update, *outputs, gr.skip()
+            elif "pending" in state:
+                yield gr.skip(), gr.skip(), *outputs, gr.skip()
+            else:  # done: the details panel (GradSkip's head weights) of the final state
+                diagnostics = explain.head_weights(services, state, None, image)
+                heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
+                yield gr.skip(), gr.skip(), *outputs, heads
+            previous = state
 
-    return explain_all
+    return explain_stream
 
 
 def outputs_of(services, state, opacity, colormap, image):
@@ -151,10 +188,84 @@ def model_change_handler(services):
         if not model_name:
             return (gr.skip(),) * (2 + len(SLIDERS))
         progress(0.1, desc=f"Loading {model_name} (hub models download on first use)…")
-        choices, kept, info = explain.model_menu(services, model_name, methods)
+        try:
+            choices, kept, info = explain.model_menu(services, model_name, methods)
+        except Exception as error:  # noqa: BLE001 - said once, on the info line; the rest of the page stays
+            return (gr.skip(), *[gr.skip() for _ in SLIDERS], model_failure_text(model_name, error))
         return (gr.update(choices=choices, value=kept), *[gr.update(visible=m in kept) for m, _ in SLIDERS], info)
 
     return on_model
+
+
+def model_failure_text(model_name, error) -> str:
+    """The info line when a model cannot be loaded: our words, once (not a toast per event listening to the
+    model menu), saying that the methods and options shown are still the previous model's."""
+    if is_user_error(error):
+        reason = user_message(error)
+    else:
+        log.error("could not load %s", model_name, exc_info=error)
+        reason = "It failed on our side (the details are in the server log)."
+    return (f"⚠ **{model_name} could not be loaded.** {reason.rstrip('.')}. The methods and options below are still "
+            "the previous model's: pick another model, or try this one again later.")
+
+
+def expected_handler(services):
+    def show_expected(model_name, chosen, *values):
+        """The expected-time line; "" when the model cannot be loaded (its info line says why, once)."""
+        try:
+            return explain.expected_text(services, model_name, chosen, slider_values(values))
+        except Exception as error:  # noqa: BLE001 - the model menu's info line reports it
+            log.info("no expected time for %s: %s", model_name, error)
+            return ""
+
+    return show_expected
+
+
+def step_view_handler(services):
+    def step_view(state, method, step):
+        """The curve step viewer: its method menu (the methods whose curves are in), the two pictures the model
+        sees at step `step` with the target's probability, and that method's curves with the step marked. No
+        model pass: the probabilities are the curves' own."""
+        choices = explain.curve_methods(state)
+        values = [value for _, value in choices]
+        if not values:
+            return (gr.update(choices=[], value=None), None,
+                    figures.empty_figure("Explain an image: its curves can then be watched step by step."))
+        method = method if method in values else values[0]
+        items = explain.curve_step(services, state, method, step)
+        names = [f"{explain.download_prefix(state)}-{method}-{kind}-step{int(step)}" for kind in ("deletion",
+                                                                                                   "insertion")]
+        record = next(r for r in state["results"] if r["method"] == method)
+        return (gr.update(choices=choices, value=method), services.pictures(items, fmt="png", names=names),
+                figures.step_figure(record, int(step)))
+
+    return step_view
+
+
+def step_viewer(services, state, light, prefix: str) -> None:
+    """"Watch the curve being made": a method menu, a step slider, the images the deletion and insertion curves
+    feed the model at that step (on the reference) with the target's probability, and the method's curves with
+    the step marked. Follows `state` (an explanation state component); ids start with `prefix`."""
+    gr.Markdown("**Watch the curve being made.** Move the step: on the left the image as the deletion curve "
+                "shows it to the model (the most important pixels replaced by the grey reference), on the right as "
+                "the insertion curve does (only those pixels restored on the reference), each with the target's "
+                "probability at that step.", elem_classes="help")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=240):
+            method = gr.Radio([], label="Method", elem_id=f"{prefix}-method")
+            step = gr.Slider(0, 20, value=5, step=1, label="Step (each step: 5% of the pixels)",
+                             elem_id=f"{prefix}-step")
+            plot = gr.Plot(show_label=False, elem_id=f"{prefix}-plot")
+        with gr.Column(scale=3, min_width=300):
+            shown = gr.Gallery(show_label=False, label="What the model sees at this step", columns=2, height="auto",
+                               format="png", object_fit="contain", allow_preview=False, elem_id=f"{prefix}-pictures",
+                               buttons=["download"])
+    handler = friendly(step_view_handler(services))
+    outputs = [method, shown, plot]
+    state.change(handler, [state, method, step], outputs, api_visibility="private", show_progress="hidden", **light)
+    method.input(handler, [state, method, step], outputs, api_visibility="private", show_progress="hidden", **light)
+    step.change(handler, [state, method, step], outputs, api_visibility="private", show_progress="hidden",
+                trigger_mode="always_last", **light)
 
 
 def shows_details(methods) -> bool:
@@ -188,12 +299,14 @@ def browse_pick(folder, index):
 
 # ------------------------------------------------------------------------------------------------ the tab
 def build(ctx) -> dict:
-    """Lay out the Explain tab and wire its events; offers its image to other tabs as ctx.shared["explain_image"]."""
+    """Lay out the Explain tab and wire its events; offers its image and its explanation to other tabs as
+    ctx.shared["explain_image"] and ctx.shared["explain_state"]."""
     ui = _layout(ctx)
     _wire_explain(ctx, ui)
     _wire_view(ctx, ui)
     _wire_browser(ctx, ui)
     ctx.shared["explain_image"] = ui.image
+    ctx.shared["explain_state"] = ui.explain_state  # the Learn tab watches its curves being made
     return {"model_pickers": [(ui.model, lambda: model_picker_update(ctx.services))]}
 
 
@@ -217,9 +330,11 @@ def _layout(ctx) -> SimpleNamespace:
     explain_state = gr.State(None)
     with gr.Row(equal_height=False):
         with gr.Column(scale=4, min_width=320):
-            image = checked_image(type="filepath", sources=["upload", "clipboard"],
+            image = checked_image(refusal_to_handler=True, type="filepath", sources=["upload", "clipboard"],
                                   label="Image (transparent parts are composed on white)",
-                             height=300, elem_id="input-image", buttons=["fullscreen"])
+                                  height=300, elem_id="input-image", buttons=["fullscreen"])
+            # why an upload was refused: stays in view (a toast goes) until another image is explained
+            image_note = gr.Markdown(visible=False, elem_id="image-note", elem_classes="warning-note")
             with gr.Accordion("Examples", open=True):
                 # galleries, not gr.Examples: a thumbnail *and* its class under it (example_labels
                 # would replace the thumbnails by the text)
@@ -288,6 +403,8 @@ def _layout(ctx) -> SimpleNamespace:
             curves = gr.Plot(label="Deletion and insertion curves", elem_id="curves")
             aucs = gr.Dataframe(headers=figures.AUC_HEADERS, label="Scores", interactive=False,
                                 elem_id="aucs", wrap=True)
+    with gr.Accordion("Watch the curve being made", open=True, elem_id="curve-steps"):
+        step_viewer(ctx.services, explain_state, ctx.light, "curve-step")
     with gr.Accordion(DETAILS, open=False, visible=shows_details(first_methods),
                       elem_id="method-details") as heads_box:
         heads = gr.Plot(label="Head weights")
@@ -302,52 +419,63 @@ def _layout(ctx) -> SimpleNamespace:
 
 
 def _wire_explain(ctx, ui) -> None:
-    """Explain (maps, then curves), a new image, a new model or methods, the expected time, the option sliders."""
+    """Explain (streamed: each map and its curves as soon as computed), a new image, a new model or methods, the
+    expected time, the option sliders."""
     services, heavy, light, demo = ctx.services, ctx.heavy, ctx.light, ctx.demo
     heavy_concurrency = heavy["concurrency_limit"]
     explain_inputs = [ui.image, ui.model, ui.methods, ui.target, *ui.sliders, ui.opacity, ui.colormap, ui.outline]
     expected_inputs = [ui.model, ui.methods, *ui.sliders]
-    show_expected = friendly(lambda m, chosen, *values: explain.expected_text(services, m, chosen,
-                                                                             slider_values(values)))
+    show_expected = expected_handler(services)
     after_run = dict(api_visibility="private", **light)  # a run's measured time is the next expected time
     maps_outputs = [ui.top5, ui.target, ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state]
+    stream_outputs_list = maps_outputs + [ui.heads]
     curves_inputs = [ui.explain_state, *[ui.sliders[i] for i in LIVE], ui.opacity, ui.colormap]
     curves_outputs = [ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state, ui.heads]
-    maps_fn, curves_fn = explain_maps_handler(services), explain_curves_handler(services)
+    stream_fn = explain_stream_handler(services)
     curves_group = dict(concurrency_id="curves", concurrency_limit=heavy_concurrency)
-    # the API form: both steps in one call (a hidden trigger, same inputs as the Explain button)
-    explain_all = gr.Button(visible=False)
-    explain_all.click(explain_handler(services), explain_inputs, maps_outputs + [ui.heads], api_name="explain",
-                      **heavy)
-    # one place shows progress and errors (the heatmaps, then the curves), not a red pill on every panel
-    # elapsed time only: Gradio's ETA is the average of earlier runs of any model and method ("1.2/0.2s");
-    # the expected time of each method on this model is shown before it runs (#expected-time)
-    curves_group.update(show_progress_on=[ui.curves], show_progress="minimal")
-    on_maps = dict(heavy, show_progress_on=[ui.overlays], show_progress="minimal")
-    ui.explain_button.click(maps_fn, explain_inputs, maps_outputs, api_name="explain_maps", **on_maps).success(
-        curves_fn, curves_inputs, curves_outputs, api_name="explain_curves", **curves_group).success(
-        show_expected, expected_inputs, ui.expected, **after_run)
-    ui.target.input(maps_fn, explain_inputs, maps_outputs, api_name="explain_target", **on_maps).success(
-        curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group).success(
-        show_expected, expected_inputs, ui.expected, **after_run)
+    # the API: /explain streams (each yield one more map or curve pair); /explain_maps and /explain_curves are
+    # its two steps apart (hidden triggers)
+    for name, fn, inputs, outputs in (("explain", stream_fn, explain_inputs, stream_outputs_list),
+                                      ("explain_maps", explain_maps_handler(services), explain_inputs, maps_outputs),
+                                      ("explain_curves", explain_curves_handler(services), curves_inputs,
+                                       curves_outputs)):
+        gr.Button(visible=False).click(fn, inputs, outputs, api_name=name, **(curves_group if name ==
+                                                                              "explain_curves" else heavy))
+    # one place shows progress and errors (the status line says what is still computing), not a red pill on
+    # every panel; elapsed time only: the expected time of each method on this model is shown before it runs
+    on_stream = dict(heavy, show_progress_on=[ui.overlays], show_progress="minimal")
+    ui.explain_button.click(stream_fn, explain_inputs, stream_outputs_list, api_visibility="private",
+                            **on_stream).success(show_expected, expected_inputs, ui.expected, **after_run)
+    ui.target.input(stream_fn, explain_inputs, stream_outputs_list, api_name="explain_target",
+                    **on_stream).success(show_expected, expected_inputs, ui.expected, **after_run)
 
     def cleared(message):
         return None, gr.update(choices=[("Predicted class (top-1)", "auto")], value="auto"), [], \
-            figures.empty_figure(message), [], "", None
+            figures.empty_figure(message), [], "", None, gr.skip()
 
     @friendly
     def new_image(image_path, model_name, chosen, _target, *rest):
-        """A new image: reset the target to the top-1 class and explain at once. An upload that a browser
-        would not show as the model reads it (16-bit, CMYK, alpha, TIFF, EXIF rotation...) is first replaced
-        by the normalised picture (its change explains it): one image for preview, model and overlays."""
-        if not image_path:
-            return gr.skip(), *cleared("Pick an image to see its curves.")
+        """A new image: reset the target to the top-1 class and explain at once (streamed). An upload that a
+        browser would not show as the model reads it (16-bit, CMYK, alpha, TIFF, EXIF rotation...) is first
+        replaced by the normalised picture (its change explains it): one image for preview, model and overlays.
+        A refused upload leaves the box empty and says why under it; the results stay as they were."""
+        if isinstance(image_path, RefusedUpload):
+            yield None, gr.update(value=f"⚠ **This file was not explained.** {image_path}", visible=True), \
+                *(gr.skip(),) * len(stream_outputs_list)
+            return
+        if not image_path:  # cleared (by the person, or after a refusal, whose note stays)
+            yield gr.skip(), gr.skip(), *cleared("Pick an image to see its curves.")
+            return
         shown, note = explain.shown_image(services, image_path)
         if shown != str(image_path):
             if note:
                 gr.Info(note, duration=6)
-            return shown, *cleared("Explaining the normalised picture…")
-        return gr.skip(), *maps_fn(image_path, model_name, chosen, "auto", *rest)
+            yield shown, gr.update(value="", visible=False), *cleared("Explaining the normalised picture…")
+            return
+        hide_note = gr.update(value="", visible=False)
+        for outputs in stream_fn(image_path, model_name, chosen, "auto", *rest):
+            yield gr.skip(), hide_note, *outputs
+            hide_note = gr.skip()
 
     def example_picker(paths):
         def pick_example(evt: gr.SelectData):
@@ -356,25 +484,34 @@ def _wire_explain(ctx, ui) -> None:
 
     for paths, gallery in ui.example_galleries:
         gallery.select(example_picker(paths), None, ui.image, api_visibility="private", queue=False)
-    ui.image.change(new_image, explain_inputs, [ui.image, *maps_outputs], api_name="explain_new_image",
-                 **on_maps).success(
-        curves_fn, curves_inputs, curves_outputs, api_visibility="private", **curves_group).success(
+    ui.image.change(new_image, explain_inputs, [ui.image, ui.image_note, *stream_outputs_list],
+                    api_name="explain_new_image", **on_stream).success(
         show_expected, expected_inputs, ui.expected, **after_run)
 
     ui.model.change(model_change_handler(services), [ui.model, ui.methods], [ui.methods, *ui.sliders, ui.model_info],
-                 api_name="select_model", **heavy)
+                    api_name="select_model", **heavy)
     ui.methods.change(methods_change, ui.methods, [*ui.sliders, ui.heads_box], api_visibility="private",
-                   show_progress="hidden", queue=False)
+                      show_progress="hidden", queue=False)
     # shown when the page opens; the model and a slider that costs model passes (AHA's refinement steps)
     # change it too
     expected_triggers = [demo.load, ui.model.change, ui.methods.change] + [
         slider.release for slider, (_, option) in zip(ui.sliders, SLIDERS) if not option.live]
     gr.on(expected_triggers, show_expected, expected_inputs, ui.expected, api_name="expected_time", **light)
+    _wire_sliders(ctx, ui, show_expected, after_run)
+    demo.load(model_change_handler(services), [ui.model, ui.methods], [ui.methods, *ui.sliders, ui.model_info],
+              api_visibility="private")
+
+
+def _wire_sliders(ctx, ui, show_expected, after_run) -> None:
+    """Each method option's slider: a live one recombines while it moves; any re-runs its methods when released."""
+    services, heavy, light = ctx.services, ctx.heavy, ctx.light
+    expected_inputs = [ui.model, ui.methods, *ui.sliders]
     for slider, (_, option) in zip(ui.sliders, SLIDERS):
         previews = []
         if option.live:  # recombined while it moves (no model pass); the curves when it is released
             previews.append(slider.change(live_change_handler(services, option),
-                                          [slider, ui.explain_state, ui.opacity, ui.colormap], [ui.overlays, ui.heads, ui.explain_state],
+                                          [slider, ui.explain_state, ui.opacity, ui.colormap],
+                                          [ui.overlays, ui.heads, ui.explain_state],
                                           api_name=option.preview_api_name or None, **light))
         # a preview still waiting when the slider is released is superseded: were it to run after the release's
         # result, it would put back a caption without curves (and a state without them)
@@ -384,8 +521,6 @@ def _wire_explain(ctx, ui) -> None:
                                   **heavy)
         if not option.live:  # it ran the method again: its measured time is the next expected one
             released.success(show_expected, expected_inputs, ui.expected, **after_run)
-    demo.load(model_change_handler(services), [ui.model, ui.methods], [ui.methods, *ui.sliders, ui.model_info],
-              api_visibility="private")
 
 
 def _wire_view(ctx, ui) -> None:

@@ -14,15 +14,20 @@ TAB_ID = "learn"
 
 def build(ctx) -> dict:
     """Uses the Explain tab's image (ctx.shared["explain_image"]) for the sanity check."""
-    sanity_model = _build(ctx.services, ctx.names, ctx.first_model, ctx.shared["explain_image"], ctx.heavy, ctx.light)
+    sanity_model = _build(ctx.services, ctx.names, ctx.first_model, ctx.shared["explain_image"], ctx.heavy, ctx.light,
+                          ctx.shared.get("explain_state"))
     return {"model_pickers": [(sanity_model, lambda: model_picker_update(ctx.services))]}
 
 
-def _build(services, names, first_model, explain_image, heavy, light):
+def _build(services, names, first_model, explain_image, heavy, light, explain_state=None):
     gr.Markdown("## What the methods do")
     gr.Markdown("\n\n".join(f"**{label}.** {text}" for label, text in menus.method_descriptions()))
     gr.Markdown("## What the scores mean")
     gr.Markdown(learn.METRICS_TEXT)
+    if explain_state is not None:  # the Explain tab's last explanation, step by step
+        from saliency_lab.ui.explain import step_viewer
+
+        step_viewer(services, explain_state, light, "learn-step")
     gr.Markdown("## Sanity check, live\nRandomise the model's top layers, stage by stage, and watch which maps "
                 "change. Uses the Explain tab's image (or the first example).")
     with gr.Row():
