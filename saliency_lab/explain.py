@@ -424,21 +424,27 @@ def expected_seconds(services, bundle, method: str, values: dict | None = None) 
     return passes_seconds(services, bundle, method_passes(bundle, method, options))
 
 
-BATCHED = 32  # work of this many passes or more runs in batches (RISE 100 masks, occlusion 128 windows, curves 42)
+BATCHED = 32  # a method declaring this many passes or more runs them in batches (RISE, occlusion, AHA's steps)
+METHOD_BATCH = 100  # ... of about this many images (RISE's 100 masks, occlusion's 128 windows)
 
 
-def passes_seconds(services, bundle, passes: int) -> float:
-    """Expected seconds of `passes` forward passes of one image each: priced one image at a time for a few passes
-    (a gradient map), in batches of BATCHED for many (perturbation methods, the curves), as they run."""
-    batch = BATCHED if passes >= BATCHED else 1
-    return passes * services.image_seconds(bundle, batch)
+def passes_seconds(services, bundle, passes: int, batch: int | None = None) -> float:
+    """Expected seconds of `passes` forward passes of one image each, going through the model `batch` at a time
+    (default: one at a time for a few passes, as a gradient map runs; METHOD_BATCH for many). A pass costs a fixed
+    part per call plus a part per image (`Services.pass_costs`, measured at batches of 1 and 32): pricing batched
+    work at the per-image time of small batches over-counted RISE and the curves 3-4 times on the bundled ViT."""
+    if passes <= 0:
+        return 0.0
+    batch = batch or (METHOD_BATCH if passes >= BATCHED else 1)
+    per_call, per_image = services.pass_costs(bundle)
+    return -(-passes // batch) * per_call + passes * per_image
 
 
 def expected_curves_seconds(services, bundle) -> float:
     """Expected seconds of one map's deletion and insertion curves: the last measured curves on this model, else
-    their 42 images priced as the one batch they go through the model in."""
+    their 42 images priced as the one batch they go through the model in (explainers.metrics: up to 256)."""
     measured = services.measured_seconds(bundle.name, CURVES_KEY)
-    return measured if measured is not None else passes_seconds(services, bundle, CURVE_PASSES)
+    return measured if measured is not None else passes_seconds(services, bundle, CURVE_PASSES, CURVE_PASSES)
 
 
 CURVES_KEY = "(curves)"  # the curves' measured time is remembered beside the methods' (never a method's name)

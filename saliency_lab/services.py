@@ -187,6 +187,13 @@ class Services:
             self._objects[key] = min(times)
         return self._objects[key]
 
+    def pass_costs(self, bundle) -> tuple:
+        """(seconds per call, seconds per image) of this model's forward pass here: a line through the per-call
+        times measured at batches of 1 and 32 (`image_seconds`), so that work of any batch size can be priced."""
+        one, many = self.image_seconds(bundle, 1), 32 * self.image_seconds(bundle, 32)
+        per_image = min(max((many - one) / 31, 0.0), one)  # a call of 32 no slower than one of 1: all per call
+        return one - per_image, per_image
+
     def record_seconds(self, model: str, method: str, seconds: float, cost: tuple = ()) -> None:
         """Remember how long a map took (the next expected time for this model, method and `cost`: the options
         that change what a map costs, e.g. AHA's refinement steps)."""
