@@ -53,7 +53,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
     `model_names` (list or callable; default: explainers.models.list_models), `loader` (name -> ModelBundle;
     default: load_model, cached and thread-safe), `data_dir` (a labelled folder for the browser and the review),
     `state_dir` (SQLite files), `jobs_root` (fine-tune jobs), `weights_dir` (fine-tuned models), `decoy_roots`
-    (folders that may hold decoy BloodMNIST and its models; default `saliency_lab.browse.decoy_locations()`)."""
+    (folders that may hold decoy BloodMNIST and its models; default `saliency_lab.datasets.decoy_locations()`)."""
     from explainers.models import list_models
 
     if heavy_concurrency is None:  # one explanation per core (each torch op single-threaded, see configure_torch)

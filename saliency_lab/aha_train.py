@@ -3,9 +3,9 @@
 ETA, the validation deletion / insertion curve over steps) and when it is done (AHA runs in one pass).
 
     models = model_choices(services)           # [(label, name)] every model a job can load, imported ones included
-    data = dataset_choices()                    # [(label, name)] named data sets, never server paths
+    data = datasets.choices()                   # [(label, name)] named data sets, never server paths
     job_id, message = start_training(services, "my-cells", "bloodmnist-cells", steps=200, minutes=10)
-    report = job_report(services, job_id)       # AhaReport: text, percent, figure, status, finished
+    report = job_panel.job_report(services, job_id)   # progress line with ETA, validation curve (`describe_job`)
 
 The job itself is the library's (`explainers.aha.train.run_aha_job`, the 'aha-train' kind of `saliency_lab.jobs`).
 Where the explainer goes: the user's models folder, beside an imported or fine-tuned model's card; models that
@@ -17,18 +17,15 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
-from . import figures, finetune, menus
-from .browse import SHARED_DATA
+from . import datasets, figures, finetune, job_panel, menus
 
 KIND = "aha-train"
 HOLDOUT = "holdout"  # the validation choice "hold 10% of the training data out"
 HOLDOUT_FRACTION = 0.1
 MAX_STEPS = 100_000
-# BloodMNIST splits of the shared data folder, when this machine has one (named, the path stays on the server)
-SHARED_SPLITS = {f"bloodmnist-64-{split}": SHARED_DATA / "bloodmnist" / "64" / split for split in ("train", "val", "test")}
 
 
 # ------------------------------------------------------------------------------------------------ pickers
@@ -58,42 +55,8 @@ def model_choices(services) -> list:
     return out
 
 
-def _count(folder: Path) -> int:
-    try:
-        with (Path(folder) / "labels.csv").open(newline="") as handle:
-            return max(0, sum(1 for _ in handle) - 1)
-    except OSError:
-        return 0
-
-
-def dataset_choices() -> list:
-    """[(label, name)] of the labelled data sets a job may train on: the shipped cells, the data sets in the data
-    folder (uploaded in the Review tab, or built), and BloodMNIST's splits when this machine has the shared data."""
-    from . import review_data
-
-    out = list(review_data.named_datasets())
-    for name, folder in SHARED_SPLITS.items():
-        if (folder / "labels.csv").exists():
-            out.append((f"BloodMNIST 64 px, {name.rsplit('-', 1)[1]} split ({_count(folder)} images)", name))
-    return out
-
-
 def validation_choices() -> list:
-    return [(f"Hold {HOLDOUT_FRACTION:.0%} of the training data out (default)", HOLDOUT)] + dataset_choices()
-
-
-def resolve_data(name) -> Path:
-    """The folder (or .npz) of a named data set; ValueError for anything else (paths included)."""
-    from . import review_data
-    from .review_store import ReviewError
-
-    name = str(name or "").strip()
-    if name in SHARED_SPLITS and (SHARED_SPLITS[name] / "labels.csv").exists():
-        return SHARED_SPLITS[name].resolve()
-    try:
-        return review_data.resolve_dataset(name)
-    except ReviewError as error:
-        raise ValueError(str(error)) from error
+    return [(f"Hold {HOLDOUT_FRACTION:.0%} of the training data out (default)", HOLDOUT)] + datasets.choices()
 
 
 # ------------------------------------------------------------------------------------------------ start
@@ -133,7 +96,7 @@ def start_training(services, model_name, dataset, validation=HOLDOUT, steps=200,
     if not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"Steps: between 1 and {MAX_STEPS}.")
     minutes = float(minutes) if minutes not in (None, "") and float(minutes) > 0 else None
-    data = resolve_data(dataset)
+    data = datasets.resolve(dataset)
     from explainers.aha.train import check_labels
     from explainers.data import open_dataset
 
@@ -145,7 +108,7 @@ def start_training(services, model_name, dataset, validation=HOLDOUT, steps=200,
     if validation and validation != HOLDOUT:
         if validation == dataset:
             raise ValueError("Validate on other images than the training ones (or hold part of them out).")
-        params["val_data"] = str(resolve_data(validation))
+        params["val_data"] = str(datasets.resolve(validation))
         validation_text = f"validation on **{validation}**"
     else:
         params["val_holdout"] = HOLDOUT_FRACTION
@@ -194,15 +157,6 @@ def eta_text(step, total, history, now, minutes=None) -> str:
     return f"{line} · {per_step:.2f} s/step · about {shown} left (ETA {time.strftime('%H:%M', time.localtime(now + left))})"
 
 
-@dataclass
-class AhaReport:
-    text: str
-    percent: float
-    figure: object
-    status: str
-    finished: bool = False
-
-
 def _forget_once(services, job) -> None:
     """A new explainer: drop the cached explainer and the cached maps of its model (once per job)."""
     key = ("aha-job-applied", job["id"])
@@ -216,28 +170,27 @@ def _forget_once(services, job) -> None:
     services.cache.clear()
 
 
-def job_report(services, job_id) -> AhaReport:
-    """Status and progress line (with an ETA), percent, the validation curve figure of an 'aha-train' job."""
-    runner = services.runner()
-    job = runner.get(job_id)
-    history = runner.history(job_id)
+@job_panel.describes(KIND)
+def describe_job(services, job, history, report) -> job_panel.JobReport:
+    """An 'aha-train' job in the job panel: a progress line with an ETA, the validation curve, and once done the
+    exported checkpoint's figures (AHA then runs in one pass)."""
     params = job.get("params") or {}
     model = params.get("model", "")
     progress = job["progress"]
-    percent = 100.0 * (progress["step"] or 0) / progress["total"] if progress.get("total") else 0.0
     if any("val_deletion_auc" in p for p in history):
         figure = figures.aha_validation_figure(history, title=f"AHA explainer for {model}: validation")
-    elif job["status"] in finetune.FINISHED:
+    elif report.finished:
         figure = figures.empty_figure(f"No validation point: the job {job['status']} before measuring one.")
     else:
         figure = figures.empty_figure("Waiting for the first validation point (the untrained explainer)…")
-    text = f"Job **{job_id}** ({model}): {job['status']}"
+    text = f"Job **{job['id']}** ({model}): {job['status']}"
     if job["status"] == "running":
         text += " · " + eta_text(progress["step"], progress["total"], history, time.time(), params.get("minutes"))
     if job.get("error"):
         text += f" — {job['error'][:300]}"
-    if job["status"] not in finetune.FINISHED:
-        return AhaReport(text, percent, figure, job["status"])
+    if not report.finished:
+        return replace(report, text=text, figure=figure)
+    percent = report.percent
     result = job.get("result") or {}
     if job["status"] == "done":
         _forget_once(services, job)
@@ -248,20 +201,9 @@ def job_report(services, job_id) -> AhaReport:
                      f"{best['ins_minus_del']:.4f})")
         text += f". AHA now runs in **one pass** for **{model}** (trained explainer)."
         percent = 100.0
-    elif job["status"] in finetune.RESUMABLE:
+    elif job["status"] in job_panel.RESUMABLE:
         text += ". Resume it from the job list: it continues from its last checkpoint."
-    return AhaReport(text, percent, figure, job["status"], True)
-
-
-def job_choices(services, limit: int = 30) -> list:
-    """[(label, id)] of the recent 'aha-train' jobs."""
-    out = []
-    for job in services.runner().list(limit):
-        if job["kind"] == KIND:
-            step, total = job["progress"]["step"], job["progress"]["total"]
-            done = f" · {step or 0}/{total}" if total else ""
-            out.append((f"{job['id']} · {job['status']} · {(job.get('params') or {}).get('model', '')}{done}", job["id"]))
-    return out
+    return replace(report, text=text, figure=figure, percent=percent)
 
 
 def aha_note(services, model_name) -> str:

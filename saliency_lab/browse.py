@@ -1,6 +1,6 @@
 """Browsing labelled image folders safely: which folders may be opened, pages of thumbnails, one image by index.
 
-    choices, value = dataset_menu()                     # named data sets: [(label, name)], the first one
+    choices, value = dataset_menu()                     # the catalogue's data sets (saliency_lab.datasets), a value
     folder = resolve_dataset_choice("bloodmnist-cells") # a name (off a Space also an allowed path), or ValueError
     page = browse("bloodmnist-cells", class_filter="3", page=1)
     page.items[0]                                        # (PIL image, class name)
@@ -20,10 +20,9 @@ from pathlib import Path
 from explainers.data import class_names_for
 from explainers.data import open_dataset
 
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "assets"
-SHARED_DATA = ROOT / ".." / "shared" / "data"
-SHARED_BLOODMNIST = (SHARED_DATA / "bloodmnist" / "64" / "test").resolve()
+from . import datasets
+from .datasets import ASSETS, ROOT, SHARED_DATA, user_datasets
+
 PAGE = 48  # thumbnails per page (the Explain tab's browser and the review gallery)
 
 
@@ -35,20 +34,6 @@ def data_roots() -> list:
     roots = configured or [ASSETS, ROOT / "data", SHARED_DATA, user_datasets()]
     roots += [Path(p) for p in os.environ.get("SALIENCY_LAB_DECOY_DIR", "").split(os.pathsep) if p]
     return [root.expanduser().resolve() for root in roots]
-
-
-def decoy_locations() -> list:
-    """Folders that may hold decoy BloodMNIST (`decoy-bloodmnist/`) and its models (`weights/`):
-    SALIENCY_LAB_DECOY_DIR (os.pathsep-separated) first, then data/, ../shared/data and the project root."""
-    roots = [Path(p) for p in os.environ.get("SALIENCY_LAB_DECOY_DIR", "").split(os.pathsep) if p]
-    return roots + [user_datasets(), ROOT / "data", SHARED_DATA, ROOT]
-
-
-def user_datasets() -> Path:
-    """Data sets the app builds (decoy BloodMNIST, BCCD masks): the user's data folder, outside the code."""
-    from explainers.paths import user_dir
-
-    return user_dir("datasets")
 
 
 def inside(path, roots) -> bool:
@@ -171,47 +156,9 @@ def on_space() -> bool:
     return bool(os.environ.get("SPACE_ID"))
 
 
-def named_folders() -> dict:
-    """{name: folder} of the data sets the browser and the quick review open by name, besides the data folder's
-    (`review_data.named_datasets`): the 24 shipped cells, and BloodMNIST's test split when it is here."""
-    from .review_data import SHIPPED
-
-    folders = {name: Path(folder) for name, folder in SHIPPED.items() if (Path(folder) / "labels.csv").exists()}
-    if (SHARED_BLOODMNIST / "labels.csv").exists():
-        folders["bloodmnist-test"] = SHARED_BLOODMNIST
-    return folders
-
-
-def dataset_choices() -> list:
-    """[(label, name)] for a data-set menu: `named_folders()` (with their sizes), then every data set in the
-    user-data folder (uploads, built sets), by name: no server path is shown."""
-    from .review_data import named_datasets
-
-    out = []
-    for name, folder in named_folders().items():
-        out.append((f"{name} ({_count(folder)} images)", name))
-    seen = {name for _, name in out}
-    return out + [(label, name) for label, name in named_datasets() if name not in seen]
-
-
-def _count(folder: Path) -> int:
-    with (folder / "labels.csv").open(newline="") as handle:
-        return max(0, sum(1 for _ in handle) - 1)
-
-
 def dataset_name(folder) -> str | None:
-    """The name `dataset_choices` gives the data set at `folder`, or None when it is none of them."""
-    from .review_data import resolve_dataset
-
-    path = Path(folder).expanduser().resolve()
-    for _, name in dataset_choices():
-        try:
-            found = named_folders().get(name) or resolve_dataset(name)
-        except ValueError:
-            continue
-        if Path(found).resolve() == path:
-            return name
-    return None
+    """The catalogue's name of the data set at `folder`, or None when it is none of them."""
+    return datasets.name_of(folder)
 
 
 def resolve_dataset_choice(value, roots=None) -> Path:
@@ -221,17 +168,9 @@ def resolve_dataset_choice(value, roots=None) -> Path:
     value = str(value or "").strip()
     if not value:
         raise ValueError("Pick a data set from the list.")
-    folders = named_folders()
-    if value in folders:
-        return folders[value].resolve()
-    from .review_data import resolve_dataset
-
     looks_like_path = "/" in value or "\\" in value or value.startswith((".", "~"))
     if not looks_like_path:
-        try:
-            return Path(resolve_dataset(value)).resolve()
-        except ValueError as error:  # ReviewError: a name that is not a data set
-            raise ValueError(str(error)) from error
+        return Path(datasets.resolve(value)).resolve()
     if on_space():
         raise ValueError("Pick a data set from the list (or upload one in the review studies panel): this app "
                          "does not open folders by path on a Space.")
@@ -239,10 +178,10 @@ def resolve_dataset_choice(value, roots=None) -> Path:
 
 
 def dataset_menu(data_dir=None) -> tuple:
-    """(choices, value) of a data-set menu: `dataset_choices()`, the value the name of `data_dir` (default
+    """(choices, value) of a data-set menu: `datasets.choices()`, the value the name of `data_dir` (default
     `default_data_dir()`). A `data_dir` with no name (a caller's own folder) is listed under its folder's name
     off a Space, and left out on one (the first named data set is picked)."""
-    choices = dataset_choices()
+    choices = datasets.choices()
     folder = data_dir or default_data_dir()
     name = dataset_name(folder)
     if name is not None:
@@ -254,8 +193,9 @@ def dataset_menu(data_dir=None) -> tuple:
 
 def default_data_dir() -> str:
     """BloodMNIST's test split in ../shared when it exists, else the 24 cells shipped in assets/."""
-    if (SHARED_BLOODMNIST / "labels.csv").exists():
-        return str(SHARED_BLOODMNIST)
+    test_split = datasets.BLOODMNIST_SPLITS["bloodmnist-64-test"]
+    if (test_split / "labels.csv").exists():
+        return str(test_split.resolve())
     return str(ASSETS / "bloodmnist")
 
 

@@ -8,8 +8,9 @@ image, the target class, the top-5 prediction and one record per method), and th
     pictures = overlay_pictures(services, state, opacity=0.5, colormap="cividis", image=image)
 
 Slider values (`values`: {option name: value}) reach every method that declares that user option
-(`explainers.methods.Option`); nothing here names a method. The steps return the new state and the prepared
-image (`explainers.engine.PreparedInput`), so the overlays are drawn without preparing the image again.
+(`explainers.methods.Option`), cast once here (`slider_values`, `cast_option`); nothing here names a method. An
+image is decoded once per upload and prepared once per model (`services.uploads`): every step, redraw and
+download reuses that prepared input (`explainers.engine.PreparedInput`).
 
 `services` is a `saliency_lab.services.Services`. A method that cannot explain this model or image is skipped
 with a note in `state["skipped"]` (and `warn(text)` when given); other errors propagate. Errors meant for the
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 from explainers import engine, familiarity
-from explainers.images import conversion_notes, file_facts, load_image
+from explainers.images import conversion_notes, file_facts
 from explainers.methods import METHODS
 
 from . import menus, pictures
@@ -44,7 +45,7 @@ def shown_image(services, image_path) -> tuple:
     folder = services.downloads / "uploads"
     if folder in path.parents:
         return str(path), ""
-    picture = load_image(path)  # refuses what the model could not take
+    picture = services.uploads.picture(path)  # refuses what the model could not take
     facts = file_facts(path)
     if facts[0]:
         return str(path), ""
@@ -54,16 +55,17 @@ def shown_image(services, image_path) -> tuple:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(png_bytes(picture, compress_level=1))
+    services.uploads.remember(target, picture)  # the normalised copy is the same picture: not decoded again
     return str(target), " ".join(conversion_notes(facts))
 
 
 def prepared(services, model_name, image_path) -> tuple:
-    """(bundle, explainers.engine.PreparedInput) of an image path for a model; ValueError without an image."""
+    """(bundle, explainers.engine.PreparedInput) of an image path for a model, decoded and prepared once
+    (`services.uploads`); ValueError without an image."""
     if not image_path:
         raise ValueError(NO_IMAGE)
     bundle = services.bundle(model_name)
-    image = load_image(image_path)
-    return bundle, engine.prepare_input(image, bundle)
+    return bundle, services.uploads.prepared(bundle, image_path)
 
 
 def target_choices(prediction) -> list:
@@ -230,6 +232,12 @@ def slider_values(values=None) -> dict:
     return {option.name: option.cast(values.get(option.name)) for _, option in menus.sliders()}
 
 
+def cast_option(name: str, value):
+    """One slider's value as its option's type (the one cast between a slider and the methods)."""
+    option = next((o for _, o in menus.sliders() if o.name == name), None)
+    return value if option is None else option.cast(value)
+
+
 def explain_curves(services, state) -> tuple:
     """Step 2: deletion and insertion curves of every map (2 x 21 model passes each); (state, image)."""
     bundle, image = prepared(services, state["model"], state["image"])
@@ -296,22 +304,21 @@ def recombine_live(services, state, option: str, value) -> tuple:
     """The maps of every method with this live option, for a new value, from their cached prepared states (no
     model pass); the curves are kept only when they were already computed for this value."""
     bundle, image = prepared(services, state["model"], state["image"])
-    live = live_methods(option)
+    live, value = live_methods(option), cast_option(option, value)
     results = []
     for record in state["results"]:
         if record["method"] in live:
-            new_value = METHODS[record["method"]].user_options_by_name()[option].cast(value)
             cached = engine.cached_result(services.cache, bundle, image, record["method"], record["target"],
-                                          {**record["options"], option: new_value})
-            record = cached or engine.recombine(bundle, image, record, {option: new_value}, services.cache)
+                                          {**record["options"], option: value})
+            record = cached or engine.recombine(bundle, image, record, {option: value}, services.cache)
         results.append(record)
-    cast = next((o.cast for _, o in menus.sliders() if o.name == option), lambda v: v)
-    return {**state, "results": results, option: cast(value)}, image
+    return {**state, "results": results, option: value}, image
 
 
 def rerun_method(services, state, method: str, options: dict) -> tuple:
     """Re-run one method with new options (with its curves); the other methods' records are kept.
     The options are remembered in the state (e.g. alpha, refine_steps)."""
+    options = {name: cast_option(name, value) for name, value in options.items()}
     bundle, image = prepared(services, state["model"], state["image"])
     declared = METHODS[method].user_options_by_name()
 

@@ -3,7 +3,7 @@ CAMAL job and reading its progress.
 
     choices = data_choices(services)          # [(label, "set:NAME" | "ready:decoy" | "build:decoy" | "build:bccd")]
     job_id, message = start_finetune(services, "bloodmnist-cnn", choices[0][1], epochs=3, lam=1.0)
-    report = job_report(services, job_id)     # JobReport: text, percent, figure, finished, gallery, table
+    report = job_panel.job_report(services, job_id)   # its progress, then the before/after (`describe_job`)
 
 `services` is a `saliency_lab.services.Services` (its review store holds the user's mask sets, its runner the
 jobs). Errors meant for the user are ValueError.
@@ -11,68 +11,18 @@ jobs). Errors meant for the user are ValueError.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
-from . import figures
-from .browse import SHARED_DATA, decoy_locations, inside, on_space, resolve_folder, user_datasets
-
-BLOODMNIST_SOURCE = SHARED_DATA / "bloodmnist" / "64"
-BCCD_SOURCE = SHARED_DATA / "bccd"
-FINISHED = ("done", "failed", "cancelled", "interrupted")
-
-
-READY_SETS = (("Decoy BloodMNIST, train (cell masks)", "decoy-bloodmnist/train", "decoy", BLOODMNIST_SOURCE / "train"),
-              ("BCCD white-cell boxes", "bccd-masks", "bccd", BCCD_SOURCE))
-
-
-def ready_folder(kind: str, locations=None) -> Path | None:
-    """The folder (with masks.csv) of a ready-made mask set ('decoy', 'bccd') in `locations` (default
-    `browse.decoy_locations()`), or None when it is not built here."""
-    locations = decoy_locations() if locations is None else [Path(p) for p in locations]
-    relative = next((rel for _, rel, k, _ in READY_SETS if k == kind), None)
-    if relative is None:
-        return None
-    return next(((root / relative).resolve() for root in locations if (root / relative / "masks.csv").exists()),
-                None)
-
-
-def finetune_datasets(locations=None) -> list:
-    """[(label, value)] of mask sets with masks, by name (no server path): ready on disk ('ready:decoy',
-    'ready:bccd', found in `locations`, default `browse.decoy_locations()`), or buildable from the raw data here
-    ('build:decoy', 'build:bccd')."""
-    found = []
-    for label, _, kind, source in READY_SETS:
-        if ready_folder(kind, locations) is not None:
-            found.append((label, f"ready:{kind}"))
-        elif source.exists():
-            found.append((f"{label}: build it now (takes a minute)", f"build:{kind}"))
-    return found
-
-
-def build_mask_dataset(kind: str, out_root=None) -> str:
-    """Build decoy BloodMNIST (2,000 train images) or the BCCD box mask set under `out_root` (default the user's
-    data-sets folder, outside the code); returns the folder to train on."""
-    out_root = Path(out_root) if out_root is not None else user_datasets()
-    if kind == "decoy":
-        from explainers.decoy import build_decoy_bloodmnist
-
-        out = out_root / "decoy-bloodmnist"
-        build_decoy_bloodmnist(BLOODMNIST_SOURCE, out, train_limit=2000, val_limit=400, test_limit=400)
-        return str(out / "train")
-    if kind == "bccd":
-        from explainers.masks import build_bccd_mask_set
-
-        out = out_root / "bccd-masks"
-        build_bccd_mask_set(BCCD_SOURCE, out, split="trainval")
-        return str(out)
-    raise ValueError(f"Unknown data set {kind!r}.")
+from . import job_panel
+from .browse import inside, on_space, resolve_folder
+from .datasets import build_mask_set, mask_set_choices, ready_folder
 
 
 def data_choices(services) -> list:
     """[(label, value)] of everything that can train: the user's mask sets, then `finetune_datasets`."""
     choices = [(f"Mask set: {n} ({c} images)", f"set:{n}") for n, c in services.store.mask_sets()]
-    return choices + finetune_datasets(services.decoy_roots)  # values are already "ready:..." / "build:..."
+    return choices + mask_set_choices(services.decoy_roots)  # values are already "ready:..." / "build:..."
 
 
 def training_folder(services, data_choice, on_build=None) -> str:
@@ -86,7 +36,7 @@ def training_folder(services, data_choice, on_build=None) -> str:
     if kind == "build":
         if on_build is not None:
             on_build("Building the mask set first (about a minute)…")
-        value, kind = build_mask_dataset(value), "path"
+        value, kind = build_mask_set(value), "path"
     if kind == "ready":
         folder = ready_folder(value, getattr(services, "decoy_roots", None))
         if folder is None:
@@ -186,109 +136,17 @@ def finetune_comparison(services, job) -> tuple:
     return camal_figures(result, services.weights_dir), camal_comparison_rows(result)
 
 
-@dataclass
-class JobReport:
-    """A fine-tune job as the panel shows it; `gallery` and `table` only once it has `finished`."""
-
-    text: str
-    percent: float
-    figure: object
-    status: str
-    finished: bool = False
-    gallery: list = field(default_factory=list)
-    table: list = field(default_factory=list)
-
-    @property
-    def new_model(self) -> bool:
-        return self.status == "done"
-
-
-def job_report(services, job_id) -> JobReport:
-    """Status line, progress (%), loss/IoU figure of a job; with its before/after comparison once finished."""
-    runner = services.runner()
-    job = runner.get(job_id)
-    progress = job["progress"]
-    percent = 100.0 * (progress["step"] or 0) / progress["total"] if progress.get("total") else 0.0
-    history = runner.history(job_id)
-    if history:
-        figure = figures.job_figure(history)
-    elif job["status"] in FINISHED:  # never "waiting" for a job that will not send a step
-        figure = figures.empty_figure(f"No training steps: the job {job['status']} before its first step.")
-    else:
-        figure = figures.empty_figure("Waiting for the first step…")
-    text = f"Job **{job_id}**: {job['status']}"
-    if job.get("error"):
-        text += f" — {job['error'][:300]}"
-    if job["status"] not in FINISHED:
-        return JobReport(text, percent, figure, job["status"])
+@job_panel.describes("camal")
+def describe_job(services, job, history, report) -> job_panel.JobReport:
+    """A CAMAL job in the job panel: the plain report (loss and IoU over the steps), and once finished its
+    before/after comparison."""
+    if not report.finished:
+        return report
     gallery, table = finetune_comparison(services, job)
-    if job["status"] == "done":
-        text += ". The new model is now in the model pickers."
-        percent = 100
-    return JobReport(text, percent, figure, job["status"], True, gallery, table)
-
-
-def cancel_finetune(services, job_id) -> str:
-    """Ask the runner to cancel a job; a Markdown line. A finished job keeps its state and its reason."""
-    if not job_id:
-        raise ValueError("No fine-tune is running.")
-    runner = services.runner()
-    job = runner.get(job_id)
-    if job["status"] in FINISHED:
-        reason = f" — {job['error'][:300]}" if job.get("error") else ""
-        return f"Job **{job_id}** has already finished: {job['status']}{reason}. Nothing to cancel."
-    job = runner.cancel(job_id)
-    if job["status"] == "cancelled":
-        return f"Job **{job_id}**: cancelled."
-    return f"Job **{job_id}**: stopping (cancel requested; it stops after the current batch)."
-
-
-JOB_HEADERS = ["job", "state", "progress", "model", "started", "finished", "error"]
-RESUMABLE = ("failed", "cancelled", "interrupted")
-
-
-def _when(seconds) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
-
-
-def job_rows(services, limit: int = 30) -> list:
-    """[job, state, progress, model, started, finished, error] of the most recent jobs (newest first). The
-    runner reconciled every record with its process when it started (a dead process: interrupted)."""
-    rows = []
-    for job in services.runner().list(limit):
-        progress = job["progress"]
-        done = f"{progress['step'] or 0}/{progress['total']}" if progress.get("total") else ""
-        model = Path(str((job.get("params") or {}).get("model", ""))).name.removesuffix(".json")
-        if job["kind"] == "aha-train":
-            model += " (AHA explainer)"
-        rows.append([job["id"], job["status"], done, model, _when(job["started"]), _when(job["finished"]),
-                     (job.get("error") or "")[:200]])
-    return rows
-
-
-def job_choices(services, limit: int = 30) -> list:
-    """[(label, id)] of the recent jobs for a picker."""
-    return [(f"{row[0]} · {row[1]} · {row[3]}", row[0]) for row in job_rows(services, limit)]
-
-
-def resume_job(services, job_id) -> str:
-    """Queue an interrupted, failed or cancelled job again (it resumes from its last epoch's checkpoint)."""
-    if not job_id:
-        raise ValueError("Pick a job in the list first.")
-    job = services.runner().get(job_id)
-    if job["status"] not in RESUMABLE:
-        raise ValueError(f"Job {job_id} is {job['status']}: only interrupted, failed or cancelled jobs can be "
-                         "resumed.")
-    services.runner().resume(job_id)
-    return f"Job **{job_id}** queued again: it resumes from its last checkpoint."
-
-
-def open_job(services, job_id) -> str:
-    """The job to follow in the panel (its progress, or its finished result); ValueError for an unknown id."""
-    if not job_id:
-        raise ValueError("Pick a job in the list first.")
-    job = services.runner().get(job_id)
-    return f"Job **{job_id}**: {job['status']}."
+    if job["status"] != "done":
+        return replace(report, gallery=gallery, table=table)
+    return replace(report, text=report.text + ". The new model is now in the model pickers.", percent=100,
+                   gallery=gallery, table=table)
 
 
 CAMAL_ROWS = {"accuracy": "accuracy", "iou": "IoU of CAM with mask", "pointing_game": "pointing game",

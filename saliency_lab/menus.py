@@ -109,6 +109,14 @@ def sliders() -> list:
     return sorted(found, key=lambda item: item[1].rank)
 
 
+def api_parameter(option) -> str:
+    """The name a script calls a slider by in the app's API (gradio_client keywords): the slider's id as a Python
+    name (alpha, class_focus, occlusion_window), or the method's keyword where that only extends the id
+    (refine -> refine_steps)."""
+    ident = (option.elem_id or option.name).replace("-", "_")
+    return option.name if option.name.startswith(ident) else ident
+
+
 def methods_with_option(name: str) -> list:
     """The methods that declare a user option of this name."""
     return [m for m, option in sliders() if option.name == name]

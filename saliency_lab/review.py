@@ -34,7 +34,7 @@ def reviewer_name(name) -> str:
 
 
 def load_review(services, folder, model_name, count, progress=None) -> tuple:
-    """(state, warning or None): the first `count` images of a named data set (`browse.dataset_choices`; off a
+    """(state, warning or None): the first `count` images of a named data set (`saliency_lab.datasets`; off a
     Space also an allowed folder) with the model's predictions
     (only the images not predicted before run the model; `progress(done, total)` follows them)."""
     folder = str(browse.resolve_dataset_choice(folder))

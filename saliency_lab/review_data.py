@@ -1,7 +1,6 @@
-"""Data sets for review studies, without server paths: the shipped cells, the data sets in the user-data
-folder, and uploads stored there by name.
+"""Uploaded data sets, stored by name in the user-data folder, where the one catalogue of data sets
+(`saliency_lab.datasets`) lists them for every tab and job.
 
-    datasets = named_datasets()                       # [(label, name)]; resolve_dataset(name) -> folder
     result = import_upload(["cells.zip"], "ward-7")   # zip with labels.csv, images, or a MedMNIST .npz
     result.loaded, result.skipped                     # 58, [("bad.png", "not an image ...")]
 
@@ -26,12 +25,9 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from explainers.images import ImageError, load_image
-from explainers.paths import user_dir
-
+from . import datasets
 from .review_store import ReviewError, safe_set_name
 
-ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = {"bloodmnist-cells": ROOT / "assets" / "bloodmnist"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp", ".ppm"}
 
 
@@ -63,48 +59,6 @@ class ImportResult:
         return text + "."
 
 
-def datasets_root() -> Path:
-    return user_dir("datasets")
-
-
-def named_datasets() -> list:
-    """[(label, name)]: the shipped cells, then every data set in the user-data folder (a folder with
-    labels.csv, or a .npz)."""
-    out = []
-    for name, folder in SHIPPED.items():
-        if (folder / "labels.csv").exists():
-            out.append((f"{name} (shipped, {_count(folder)} images)", name))
-    root = datasets_root()
-    for path in sorted(root.iterdir()):
-        if path.name.startswith("."):
-            continue
-        if path.is_dir() and (path / "labels.csv").exists():
-            out.append((f"{path.name} ({_count(path)} images)", path.name))
-        elif path.suffix == ".npz" and path.is_file():
-            out.append((f"{path.name} (MedMNIST .npz)", path.name))
-    return out
-
-
-def _count(folder: Path) -> int:
-    with (folder / "labels.csv").open(newline="") as handle:
-        return max(0, sum(1 for _ in handle) - 1)
-
-
-def resolve_dataset(name: str) -> Path:
-    """The folder (or .npz) of a named data set; ReviewError for a name that is not one."""
-    name = (name or "").strip()
-    if name in SHIPPED:
-        return SHIPPED[name]
-    if not name or name.startswith(".") or "/" in name or "\\" in name or ".." in name:
-        raise ReviewError("Pick a data set from the list (or upload one).")
-    path = datasets_root() / name
-    if path.is_dir() and (path / "labels.csv").exists():
-        return path
-    if path.suffix == ".npz" and path.is_file():
-        return path
-    raise ReviewError(f"There is no data set named '{name}': pick one from the list or upload it.")
-
-
 # ------------------------------------------------------------------------------------------------ uploads
 class _Writer:
     """Collects validated images into a temporary folder beside the destination, then renames it into place."""
@@ -112,9 +66,10 @@ class _Writer:
     def __init__(self, name: str, limits: UploadLimits):
         self.name = safe_set_name(name)
         self.limits = limits
-        root = datasets_root()
+        root = datasets.user_datasets()
         self.dest = root / self.name
-        if self.dest.exists() or (root / f"{self.name}.npz").exists() or self.name in SHIPPED:
+        taken = self.name in datasets.catalogue() or self.name in datasets.ALIASES
+        if taken or self.dest.exists() or (root / f"{self.name}.npz").exists():
             raise ReviewError(f"A data set named '{self.name}' exists already: choose another name.")
         self.tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{self.name}.upload-"))
         self.rows = []

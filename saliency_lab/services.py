@@ -20,12 +20,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 from explainers import engine
-from explainers.images import png_bytes
+from explainers.images import load_image, png_bytes
 from explainers.models import ModelUnavailableError, load_model
 from .review_store import ReviewStore
 
@@ -70,6 +71,77 @@ def add_curves(bundle, prepared, record, cache):
     return engine.add_curves(bundle, prepared, record, cache)
 
 
+class Uploads:
+    """Uploaded images decoded once and prepared once per model (prepare once, query many: the shape of SAM's
+    predictor). `picture(path)` is the file as `explainers.images.load_image` reads it, decoded on first use (the
+    upload check before any handler, the preview, every explanation, redraw and download reuse it);
+    `prepared(bundle, path)` is its `engine.PreparedInput` for a model. Keyed by the file's content (hashing is
+    far cheaper than decoding), so the same upload is decoded once whatever its path; bounded, least recently
+    used out."""
+
+    def __init__(self, pictures: int = 16, prepared: int = 16, max_pixels: int = 64_000_000):
+        self.sizes = {"pictures": pictures, "prepared": prepared}
+        self.max_pixels = max_pixels  # decoded pictures held at most (about 190 MB of RGB)
+        self._pictures: OrderedDict = OrderedDict()
+        self._prepared: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    HASHED_BYTES = 64_000_000  # files up to this size are known by their content, larger ones by name and time
+
+    @classmethod
+    def _key(cls, path) -> tuple:
+        """The file's content (sha256): Gradio writes an upload again under the same name, or under another name
+        for another request, and the same bytes are the same picture. A huge file (refused anyway) by its name."""
+        path = Path(str(path)).resolve()
+        facts = path.stat()
+        if facts.st_size > cls.HASHED_BYTES:
+            return "file", str(path), facts.st_size, facts.st_mtime_ns
+        return "sha256", hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def _get(self, table: OrderedDict, key):
+        with self._lock:
+            if key in table:
+                table.move_to_end(key)
+                return table[key]
+        return None
+
+    def _put(self, table: OrderedDict, key, value, size: int) -> None:
+        with self._lock:
+            table[key] = value
+            table.move_to_end(key)
+            while len(table) > size or (table is self._pictures and len(table) > 1 and self._pixels() > self.max_pixels):
+                table.popitem(last=False)
+
+    def _pixels(self) -> int:
+        return sum(picture.width * picture.height for picture in self._pictures.values())
+
+    def picture(self, path):
+        """The picture of an uploaded file (RGB, as load_image returns it); ImageError for a file it refuses."""
+        key = self._key(path)
+        found = self._get(self._pictures, key)
+        if found is None:
+            found = load_image(path)
+            self._put(self._pictures, key, found, self.sizes["pictures"])
+        return found
+
+    def remember(self, path, picture) -> None:
+        """`path` holds `picture` (a normalised copy the app wrote of an upload): no need to decode it again."""
+        self._put(self._pictures, self._key(path), picture, self.sizes["pictures"])
+
+    def prepared(self, bundle, path) -> engine.PreparedInput:
+        """The prepared input of the file for this model (the bundle itself is part of the key)."""
+        key = (self._key(path), id(bundle))
+        found = self._get(self._prepared, key)
+        if found is not None and found[0] is bundle:  # held, so its id is not reused while cached
+            return found[1]
+        prepared = engine.prepare_input(self.picture(path), bundle)
+        self._put(self._prepared, key, (bundle, prepared), self.sizes["prepared"])
+        return prepared
+
+
+UPLOADS = Uploads()  # one per process: the upload check runs before any handler, without the services
+
+
 class Services:
     """What the whole app shares (thread-safe): model loader, explanation cache, review store, jobs, SAM.
 
@@ -77,7 +149,7 @@ class Services:
     sets), `jobs_root` (fine-tune jobs; default state_dir/jobs), `sam_variant` ("auto", "vit_b", "mobile_sam"),
     `weights_dir` (where fine-tuned models are written; default the user's models folder, outside the code), `parallel` (explanations
     run side by side), `decoy_roots` (folders that may hold decoy BloodMNIST and its models; default
-    `browse.decoy_locations()`)."""
+    `datasets.decoy_locations()`)."""
 
     def __init__(self, loader, model_names, state_dir, jobs_root=None, sam_variant="auto", hf_token=None,
                  weights_dir=None, parallel=1, decoy_roots=None):
@@ -89,6 +161,7 @@ class Services:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.cache = engine.ExplanationCache(parallel=parallel)
+        self.uploads = UPLOADS
         self.store = ReviewStore(self.state_dir / "review.sqlite")
         self.downloads = Path(tempfile.mkdtemp(prefix="saliency-lab-"))
         self.jobs_root = Path(jobs_root or self.state_dir / "jobs")
@@ -120,7 +193,7 @@ class Services:
         environment variable SALIENCY_LAB_DECOY_DIR applies without a restart, unless given explicitly)."""
         if self._decoy_roots is not None:
             return list(self._decoy_roots)
-        from .browse import decoy_locations
+        from .datasets import decoy_locations
 
         return decoy_locations()
 

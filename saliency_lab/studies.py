@@ -27,7 +27,7 @@ from explainers.review_report import LIKERT, MIN_AGREEMENT_IMAGES, SLOTS, study_
 from . import menus, pictures
 from .errors import is_skippable
 from .figures import FigureSpec, score_table_markdown, score_table_rows
-from .review_data import resolve_dataset
+from .datasets import resolve as resolve_dataset
 from .review_store import ReviewError
 from .services import run_method
 

@@ -257,7 +257,7 @@ def test_resume_after_the_job_process_is_killed_continues_from_its_checkpoint(da
 
 # ------------------------------------------------------------------------------------------------ (d) the form
 def test_the_forms_service_functions(data_dir, tmp_path):
-    from saliency_lab import aha_train, figures, menus
+    from saliency_lab import aha_train, datasets, figures, job_panel, menus
     from saliency_lab.services import Services
 
     name = import_cnn(tmp_path)
@@ -266,7 +266,7 @@ def test_the_forms_service_functions(data_dir, tmp_path):
     try:
         assert (f"{name} · imported · AHA per-image", name) in aha_train.model_choices(services)
         assert "bloodmnist-cnn" not in [n for _, n in aha_train.model_choices(services)]  # ships its explainer
-        data = dict((value, label) for label, value in aha_train.dataset_choices())
+        data = dict((value, label) for label, value in datasets.choices())
         assert "mini-cells (12 images)" == data["mini-cells"] and "bloodmnist-cells" in data
         assert aha_train.validation_choices()[0][1] == aha_train.HOLDOUT
         with pytest.raises(ValueError, match="ships a trained AHA explainer"):
@@ -289,7 +289,7 @@ def test_the_forms_service_functions(data_dir, tmp_path):
         assert params["val_every"] == 1 and params["data_name"] == "mini-cells"
         job = services.runner().wait(job_id, timeout=600)
         assert job["status"] == "done", (job["error"], job_log(job))
-        report = aha_train.job_report(services, job_id)
+        report = job_panel.job_report(services, job_id)
         assert report.finished and report.percent == 100 and "one pass" in report.text
         steps = [p["step"] for p in services.runner().history(job_id) if "val_deletion_auc" in p]
         assert steps == [0, 1, 2, 3, 4]
@@ -299,10 +299,8 @@ def test_the_forms_service_functions(data_dir, tmp_path):
         labels = dict((v, k) for k, v in menus.method_choices(services.bundle(name)))
         assert labels["aha"].endswith("· one pass (trained explainer)")  # the Explain tab's menu note
         assert aha_train.aha_note(services, name).endswith("one pass (trained explainer).")
-        assert (job_id in [v for _, v in aha_train.job_choices(services)])
-        from saliency_lab import finetune
-
-        assert any(row[0] == job_id and row[3] == f"{name} (AHA explainer)" for row in finetune.job_rows(services))
+        assert (job_id in [v for _, v in job_panel.job_choices(services, kind=aha_train.KIND)])
+        assert any(row[0] == job_id and row[3] == f"{name} (AHA explainer)" for row in job_panel.job_rows(services))
     finally:
         if services._runner is not None:
             services._runner.shutdown()

@@ -80,6 +80,26 @@ def plot_traces(plot) -> list:
     return json.loads(plot["plot"])["data"]
 
 
+def assert_scores_are_the_curves(plot, table):
+    """Each row's deletion and insertion AUC (the score table) is the trapezoid area under its curves in the plot
+    (x in % of pixels), and ins − del is their difference: the numbers a person reads agree with the curves."""
+    traces = plot_traces(plot)
+    assert table["data"], "no scores"
+    for method, _, deletion, insertion, difference, _ms in table["data"]:
+        curves = {}
+        for trace in traces:
+            if trace["name"].startswith(f"{method}: deletion"):
+                curves["deletion"] = trace
+            elif trace["name"].startswith(f"{method} insertion"):
+                curves["insertion"] = trace
+        assert set(curves) == {"deletion", "insertion"}, (method, [t["name"] for t in traces])
+        for name, value in (("deletion", deletion), ("insertion", insertion)):
+            x, y = np.asarray(curves[name]["x"]) / 100, np.asarray(curves[name]["y"])
+            assert x[0] == 0 and x[-1] == 1 and ((0 <= y) & (y <= 1)).all()
+            assert value == pytest.approx(float(np.trapezoid(y, x)), abs=1e-4), (method, name)
+        assert difference == pytest.approx(insertion - deletion, abs=2e-4)
+
+
 def test_every_public_endpoint_is_listed(running):
     _, client, _ = running
     endpoints = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
@@ -123,7 +143,7 @@ def test_ui_path_maps_first_then_curves(running):
     assert plot_traces(plot) == [] and all(row[2] is None for row in table["data"])
     overlays, plot, table, status, heads = client.predict(*live_sliders(), 0.5, "cividis", api_name="/explain_curves")
     assert len(plot_traces(plot)) == 4 and all("ins" in o["caption"] for o in overlays)
-    assert all(row[2] is not None for row in table["data"])
+    assert_scores_are_the_curves(plot, table)
 
 
 def test_target_can_be_any_top5_class(running):
@@ -165,8 +185,8 @@ def test_gradskip_alpha_recombines_without_a_model_pass(running):
     from explainers.methods.gradskip import DEFAULT_GATE_POWER
 
     assert rows["GradSkip"][1] == f"alpha=0.0, focus={DEFAULT_GATE_POWER:g}"  # the focus slider's value is kept
-    assert rows["GradSkip"][2] is not None
     assert len(plot_traces(plot)) == 4
+    assert_scores_are_the_curves(plot, table)  # the rerun's curves are the scores shown
 
 
 def test_gradskip_class_focus_recombines_without_a_model_pass(running):
@@ -187,7 +207,8 @@ def test_gradskip_class_focus_recombines_without_a_model_pass(running):
     assert np.abs(np.asarray(Image.open(overlays[0]["image"]), dtype=int) - before).max() > 0
     overlays, plot, table, status = client.predict(0.0, 0.5, "cividis", api_name="/class_focus_curves")
     row = {r[0]: r for r in table["data"]}["GradSkip"]
-    assert "focus=0.0" in row[1] and row[2] is not None
+    assert "focus=0.0" in row[1]
+    assert_scores_are_the_curves(plot, table)
     # releasing one slider keeps the other's value: alpha 0.2, then the class focus 2 -> both in the result
     client.predict(0.2, 0.5, "cividis", api_name="/alpha_curves")
     overlays, plot, table, status = client.predict(2.0, 0.5, "cividis", api_name="/class_focus_curves")
@@ -228,12 +249,96 @@ def test_redraw_and_downloads(running):
     report = json.loads(Path(next(f for f in files if f.endswith("report.json"))).read_text())
     assert report["model"] == "tiny-cnn" and report["seed"] == 0 and "torch" in report["versions"]
     assert {m["method"] for m in report["methods"]} == {"aha", "gradcam"}
-    assert all(m["deletion_auc"] is not None for m in report["methods"])
     with open(next(f for f in files if f.endswith("curves.csv"))) as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 2 * 21
+    for entry in report["methods"]:  # the report's AUCs are the areas under the curves of curves.csv
+        own = [row for row in rows if row["method"] == entry["method"]]
+        fractions = np.array([float(row["fraction"]) for row in own])
+        for curve in ("deletion", "insertion"):
+            area = float(np.trapezoid([float(row[f"{curve}_score"]) for row in own], fractions))
+            assert entry[f"{curve}_auc"] == pytest.approx(area, abs=1e-5), (entry["method"], curve)
     with Image.open(next(f for f in files if f.endswith("overlay-aha.png"))) as picture:
         assert picture.size == (64, 64)  # the original's size
+
+
+EXPLAIN_PARAMETERS = ["image_path", "model_name", "methods", "target_choice", "alpha", "class_focus", "refine_steps",
+                      "occlusion_window", "opacity", "colour_map", "outline_percent"]
+
+
+def test_every_endpoint_names_its_parameters_and_explain_takes_keywords(running):
+    """A script calls the app by keyword through gradio_client: no endpoint shows a placeholder (param_4) or a
+    one-letter name (but a click's x and y), the explain endpoints name every slider, and each keyword reaches its own place (alpha and
+    the class focus the map, the opacity the overlay)."""
+    import re
+
+    demo, client, _ = running
+    from gradio_client import handle_file
+
+    from explainers.images import load_image
+
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    for endpoint, info in api.items():
+        for parameter in info["parameters"]:
+            name = parameter["parameter_name"]
+            assert not re.fullmatch(r"param_\d+", name) and (len(name) > 1 or name in "xy"), (endpoint, name)
+    for endpoint in ("/explain", "/explain_maps", "/explain_target", "/explain_new_image"):
+        assert [p["parameter_name"] for p in api[endpoint]["parameters"]] == EXPLAIN_PARAMETERS, endpoint
+    assert [p["parameter_name"] for p in api["/redraw"]["parameters"]] == ["opacity", "colour_map"]
+    assert [p["parameter_name"] for p in api["/import_model"]["parameters"]][:4] == ["weights", "classes", "arch",
+                                                                                    "name"]
+    out = client.predict(image_path=handle_file(CELL), model_name="tiny-vit", methods=["gradskip"],
+                         target_choice="auto", alpha=0.2, class_focus=0.0, refine_steps=0, occlusion_window=0.125,
+                         opacity=0.5, colour_map="viridis", outline_percent=0, api_name="/explain")
+    caption = out[2][0]["caption"]
+    assert "alpha=0.2" in caption and "focus=0.0" in caption, caption
+    bundle = demo.services.bundle("tiny-vit")
+    from explainers import engine
+
+    shown = np.asarray(engine.prepare_input(load_image(CELL), bundle).display.convert("RGB"), dtype=float)
+    plain, covered = (np.asarray(Image.open(client.predict(opacity=value, colour_map="viridis",
+                                                           api_name="/redraw")[0]["image"]).convert("RGB"), dtype=float)
+                      for value in (0.0, 1.0))
+    assert plain.shape == shown.shape
+    assert np.abs(plain - shown).mean() < 4  # opacity 0: the picture itself (JPEG noise aside)
+    assert np.abs(covered - shown).mean() > 20  # opacity 1: the colour map covers it
+
+
+def test_an_upload_is_decoded_once_and_prepared_once_per_model(running, tmp_path, monkeypatch):
+    """Prepare once, query many: through the upload check, the maps, the curves, a rerun, redraws, the outline,
+    the downloads and a second model, each uploaded file is decoded once and prepared once per model."""
+    demo, client, _ = running
+    from gradio_client import handle_file
+
+    import saliency_lab.services as services_module
+    from explainers import engine
+
+    path = tmp_path / "fresh-upload.png"
+    Image.fromarray(np.random.default_rng(7).integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(path)
+    decoded, prepared = [], []
+    load, prepare = services_module.load_image, engine.prepare_input
+
+    def counting_load(source, *args, **kwargs):
+        decoded.append(str(source))
+        return load(source, *args, **kwargs)
+
+    def counting_prepare(picture, bundle):
+        prepared.append((id(picture), bundle.name))
+        return prepare(picture, bundle)
+
+    monkeypatch.setattr(services_module, "load_image", counting_load)
+    monkeypatch.setattr(engine, "prepare_input", counting_prepare)
+    upload = handle_file(str(path))
+    explain(client, methods=("gradcam", "aha"), image=str(path))
+    client.predict(2, 0.5, "cividis", api_name="/refine")  # AHA again, on the prepared input
+    client.predict(0.9, "viridis", api_name="/redraw")
+    client.predict(20, 0.5, "cividis", api_name="/outline")
+    client.predict(0.5, "cividis", "original", api_name="/downloads")
+    client.predict(upload, "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis", 0,
+                   api_name="/explain_new_image")
+    explain(client, model="tiny-vit", methods=("gradcam",), image=str(path))
+    assert len(decoded) == 1, decoded  # once, though the client uploaded the same file three times
+    assert sorted(name for _, name in prepared) == ["tiny-cnn", "tiny-vit"], prepared  # once per model
 
 
 def test_model_change_offers_the_right_methods(running):

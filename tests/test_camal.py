@@ -282,7 +282,7 @@ def test_run_camal_cancelled_during_the_first_evaluation_returns_cancelled(tmp_p
 def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_reason(tmp_path):
     import time as clock
 
-    from saliency_lab import finetune, jobs
+    from saliency_lab import job_panel, jobs
 
     card = save_model(tmp_path / "w", "tiny-base")
     train = make_mask_set(tmp_path / "d" / "train", count=64)
@@ -296,9 +296,9 @@ def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_
             clock.sleep(0.05)  # training has started
         asked = clock.monotonic()
         step_at_cancel = runner.get(job_id)["progress"]["step"]
-        text = finetune.cancel_finetune(services, job_id)
+        text = job_panel.cancel_job(services, job_id)
         # a step here takes milliseconds, so the job may see the request and record "cancelled" before
-        # cancel_finetune reads the record back: both messages are right
+        # cancel_job reads the record back: both messages are right
         assert "stopping" in text or text.endswith(": cancelled."), text
         while runner.get(job_id)["status"] == "running" and clock.monotonic() < asked + 30:
             clock.sleep(0.02)
@@ -314,7 +314,7 @@ def test_cancel_of_a_camal_job_stops_within_a_second_and_a_failed_job_keeps_its_
         assert took < 5.0, took
         failed = runner.submit("sleep-steps", {"steps": 3, "dt": 0.01, "fail_at": 1})
         before = runner.wait(failed, timeout=30)
-        text = finetune.cancel_finetune(services, failed)
+        text = job_panel.cancel_job(services, failed)
         after = runner.get(failed)
         assert after["status"] == "failed" and after["error"] == before["error"] == "ValueError: failing at step 1 as asked"
         assert "already finished: failed" in text and "failing at step 1" in text

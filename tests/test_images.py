@@ -12,7 +12,6 @@ from PIL import Image
 
 from explainers.images import (
     COLORMAPS,
-    Geometry,
     ImageError,
     colorize,
     compute_geometry,
@@ -47,9 +46,8 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 
 def _assert_rgb(image, size):
-    assert isinstance(image, Image.Image)
-    assert image.mode == "RGB"
-    assert image.size == size
+    assert image.mode == "RGB" and image.size == size
+    assert np.asarray(image).shape == (size[1], size[0], 3) and np.asarray(image).dtype == np.uint8
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,10 +244,13 @@ def test_pil_sources_are_copied_and_converted():
     source = Image.new("RGBA", (12, 10), (10, 20, 30, 255))
     image = load_image(source)
     _assert_rgb(image, (12, 10))
-    assert image is not source
+    assert image.getpixel((0, 0)) == (10, 20, 30)
+    source.putpixel((0, 0), (200, 200, 200, 255))  # the caller's picture changes later: the loaded one must not
     assert image.getpixel((0, 0)) == (10, 20, 30)
     rgb = Image.new("RGB", (12, 10), (1, 2, 3))
-    assert load_image(rgb) is not rgb
+    loaded = load_image(rgb)
+    loaded.putpixel((0, 0), (9, 9, 9))  # and the other way round: drawing on the loaded copy leaves the source
+    assert rgb.getpixel((0, 0)) == (1, 2, 3) and loaded.getpixel((1, 1)) == (1, 2, 3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -361,7 +362,6 @@ def test_prepare_square_original_crop_pct_0875():
     tensor, geometry = prepare_image(image, (224, 224), crop_pct=0.875, interpolation="bicubic")
     assert tensor.shape == (1, 3, 224, 224) and tensor.dtype == torch.float32
     assert 0.0 <= tensor.min().item() and tensor.max().item() <= 1.0
-    assert isinstance(geometry, Geometry)
     assert geometry.original_size == (300, 300)
     assert geometry.resized_size == (256, 256)
     assert geometry.input_size == (224, 224)

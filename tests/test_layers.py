@@ -126,7 +126,7 @@ def test_only_the_ui_package_imports_gradio():
     """The service layer (saliency_lab, except saliency_lab.ui) imports without Gradio; the UI package does not
     (so the probe can fail), and no service module loads Gradio on import."""
     result = run_probe(SERVICE_PROBE)
-    for expected in ("saliency_lab.explain", "saliency_lab.services", "saliency_lab.jobs"):
+    for expected in ("saliency_lab.explain", "saliency_lab.services", "saliency_lab.jobs", "saliency_lab.datasets"):
         assert expected in result["modules"]
     assert result["failures"] == {} and result["gradio"] is False
     assert "only saliency_lab.ui may do" in result["ui"]["saliency_lab.ui.explain"]

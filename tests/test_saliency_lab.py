@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from explainers.masks import GrabCutSegmenter, MaskError, SegmenterCache
-from saliency_lab import browse, explain, finetune, learn, masks, pictures, review
+from saliency_lab import browse, datasets, explain, finetune, job_panel, learn, masks, pictures, review
 from saliency_lab.errors import is_skippable, is_user_error, user_message
 from saliency_lab.review_store import ReviewStore
 
@@ -299,7 +299,7 @@ def test_finetune_data_choices_are_prefixed_once(tmp_path):
     ready = tmp_path / "decoy-bloodmnist" / "train"
     ready.mkdir(parents=True)
     (ready / "masks.csv").write_text("file,mask_file,class_index\n")
-    found = finetune.finetune_datasets([tmp_path])
+    found = datasets.mask_set_choices([tmp_path])
     assert found[0] == ("Decoy BloodMNIST, train (cell masks)", "ready:decoy")  # a name, no server path
     with_roots = type("S", (), {"decoy_roots": [tmp_path]})()
     assert finetune.training_folder(with_roots, "ready:decoy") == str(ready.resolve())
@@ -395,8 +395,8 @@ def test_user_models_live_in_the_data_folder_and_are_listed(tmp_path, monkeypatc
     models.forget("my-finetune")
     from explainers.paths import user_dir
 
-    assert browse.decoy_locations()[0] == user_dir("datasets")
-    assert finetune.build_mask_dataset.__defaults__ == (None,)  # default out_root: the user's data sets
+    assert datasets.decoy_locations()[0] == user_dir("datasets")
+    assert datasets.build_mask_set.__defaults__ == (None,)  # default out_root: the user's data sets
 
 
 def test_a_failed_job_never_leaves_the_plot_waiting(tmp_path):
@@ -410,7 +410,7 @@ def test_a_failed_job_never_leaves_the_plot_waiting(tmp_path):
             return []
 
     services = type("S", (), {"runner": lambda self: Runner(), "weights_dir": tmp_path})()
-    report = finetune.job_report(services, "j1")
+    report = job_panel.job_report(services, "j1")
     assert report.finished and "Waiting" not in report.figure.to_json()
     assert "before its first step" in report.figure.to_json()
 
@@ -511,7 +511,7 @@ def test_services_pictures_are_named_by_content_and_gpu_is_a_no_op(tmp_path, mon
         return 1
 
     assert services_module.gpu(10)(fn) is fn
-    assert store.decoy_roots == browse.decoy_locations() == [browse.user_datasets(), ROOT / "data",
+    assert store.decoy_roots == datasets.decoy_locations() == [datasets.user_datasets(), ROOT / "data",
                                                              ROOT / ".." / "shared" / "data", ROOT]
     monkeypatch.setenv("SALIENCY_LAB_DECOY_DIR", str(tmp_path))
     assert store.decoy_roots[0] == tmp_path  # read at each call
@@ -701,10 +701,10 @@ def test_data_sets_are_offered_by_name_and_paths_only_off_a_space(tmp_path, monk
     for name in ("test_00000.jpg", "test_00121.jpg"):
         shutil.copy(CELLS / name, own / name)
     (own / "labels.csv").write_text("file,class_index\ntest_00000.jpg,0\ntest_00121.jpg,1\n")
-    choices = browse.dataset_choices()
+    choices = datasets.choices()
     values = [value for _, value in choices]
     assert values[0] == "bloodmnist-cells" and "ward-7" in values
-    assert choices[0][0] == "bloodmnist-cells (24 images)" and ("ward-7 (2 images)", "ward-7") in choices
+    assert choices[0][0] == "bloodmnist-cells (shipped, 24 images)" and ("ward-7 (2 images)", "ward-7") in choices
     assert not any("/" in label for label, _ in choices)  # no server path in the menu
     assert browse.resolve_dataset_choice("bloodmnist-cells") == CELLS.resolve()
     assert browse.resolve_dataset_choice("ward-7") == own.resolve()

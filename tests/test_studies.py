@@ -18,7 +18,7 @@ from PIL import Image
 from conftest import tiny_vit, verdict_stats
 from explainers.methods import METHODS
 from explainers.review_report import EXPORT_COLUMNS, study_report, study_rows
-from saliency_lab import review_data, studies
+from saliency_lab import datasets, review_data, studies
 from saliency_lab.review_store import ReviewError, ReviewStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,8 +318,8 @@ def test_zip_upload_skips_bad_files_and_lands_in_the_data_folder(tmp_path, data_
     assert set(skipped) == {"bad.png", "missing.png", "c.png"} and "not in the zip" in skipped["missing.png"]
     assert "2 images loaded" in result.message() and "3 skipped" in result.message()
     assert (result.folder / "classes.txt").read_text().split() == ["neutrophil", "platelet"]
-    assert ("ward-7 (2 images)", "ward-7") in review_data.named_datasets()
-    assert review_data.resolve_dataset("ward-7") == result.folder
+    assert ("ward-7 (2 images)", "ward-7") in datasets.choices()  # the one catalogue lists the upload
+    assert datasets.resolve("ward-7") == result.folder
     with pytest.raises(ReviewError, match="exists already"):
         review_data.import_upload([str(archive)], "ward-7")
     assert not [p for p in (data_dir / "datasets").iterdir() if p.name.startswith(".")]  # no leftovers
@@ -351,8 +351,8 @@ def test_upload_limits_and_names(tmp_path, data_dir):
     for bad in ("../escape", "a/b", "", ".hidden"):
         with pytest.raises(ReviewError, match="use 1-64 letters"):
             review_data.import_upload(images, bad)
-    with pytest.raises(ReviewError, match="Pick a data set"):
-        review_data.resolve_dataset("../../etc")
+    with pytest.raises(ValueError, match="Pick a data set"):
+        datasets.resolve("../../etc")
     nolabels = tmp_path / "nolabels.zip"
     with zipfile.ZipFile(nolabels, "w") as z:
         z.writestr("a.png", png())

@@ -11,9 +11,10 @@ import traceback
 import gradio as gr
 import torch
 
-from explainers.images import ImageError, load_image
+from explainers.images import ImageError
 from saliency_lab import browse as browse_module
 from saliency_lab.errors import is_user_error, user_message
+from saliency_lab.services import UPLOADS
 
 log = logging.getLogger("saliency_lab")
 
@@ -103,7 +104,7 @@ def _checked_preprocess(plain):
     def preprocess(self, payload):
         if CHECKED in (self.elem_classes or []) and payload is not None and getattr(payload, "path", None):
             try:
-                load_image(payload.path)
+                UPLOADS.picture(payload.path)  # decoded once: the handlers take this picture from here
             except ImageError as error:
                 if TO_HANDLER in (self.elem_classes or []):
                     return RefusedUpload(user_message(error))
@@ -129,7 +130,8 @@ if not getattr(gr.Image.preprocess, "checked", False):
 def checked_image(refusal_to_handler: bool = False, **kwargs) -> gr.Image:
     """A gr.Image that refuses unreadable, too large or too small uploads with a clear message, before any
     handler runs (explainers.images.load_image's checks: header-first size limits, allowed decoders), and hands
-    the handler the file as uploaded (image_mode=None: Gradio's RGB conversion would whiten 16-bit data).
+    the handler the file as uploaded (image_mode=None: Gradio's RGB conversion would whiten 16-bit data). The
+    check decodes the upload once into `saliency_lab.services.UPLOADS`, where every handler finds it.
     `refusal_to_handler`: the handler gets a RefusedUpload (the message) instead of a toast."""
     kwargs.setdefault("image_mode", None)
     kwargs["elem_classes"] = [*(kwargs.get("elem_classes") or []), CHECKED] + ([TO_HANDLER] if refusal_to_handler
@@ -138,13 +140,21 @@ def checked_image(refusal_to_handler: bool = False, **kwargs) -> gr.Image:
 
 
 def dataset_dropdown(data_dir, **kwargs) -> gr.Dropdown:
-    """A menu of named data sets (saliency_lab.browse.dataset_choices: shipped, BloodMNIST's test split when
+    """A menu of named data sets (the catalogue, saliency_lab.datasets: shipped, BloodMNIST's splits when
     present, the data folder's), no server paths; off a Space a folder path inside the data roots may be typed."""
     choices, value = browse_module.dataset_menu(data_dir)
     local = not browse_module.on_space()
     return gr.Dropdown(choices, value=value, label="Data set", allow_custom_value=local,
                        info="Shipped sets, BloodMNIST's test split when present, and those in your data folder"
                             + (" (or type a folder inside the data roots)." if local else "."), **kwargs)
+
+
+def named(fn, names):
+    """`fn` with positional parameters called `names`: Gradio names an endpoint's API parameters after the
+    handler's signature, and a handler that takes `*values` would show them as param_4, param_5..."""
+    fn.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                          for name in names])
+    return fn
 
 
 def or_skip(value):

@@ -14,7 +14,7 @@ from saliency_lab import browse as browse_module
 from saliency_lab import explain, figures, menus, pictures
 from saliency_lab.errors import is_user_error, user_message
 from saliency_lab.ui.common import (RefusedUpload, checked_image, dataset_dropdown, friendly, log,
-                                   model_picker_update)
+                                   model_picker_update, named)
 
 TITLE = "Explain"
 TAB_ID = "explain"
@@ -22,6 +22,11 @@ TAB_ID = "explain"
 SLIDERS = menus.sliders()  # [(method, Option)]: each method's user options, in slider order
 DETAILS = next((METHODS[m].details for m in menus.method_order(list(METHODS)) if METHODS[m].details), "Details")
 LIVE = [i for i, (_, option) in enumerate(SLIDERS) if option.live]  # sliders recombined without a model pass
+# the API's parameter names (gradio_client keywords): what an explanation takes, and the look of its overlays
+SLIDER_PARAMETERS = [menus.api_parameter(option) for _, option in SLIDERS]
+VIEW_PARAMETERS = ["opacity", "colour_map"]
+EXPLAIN_PARAMETERS = ["image_path", "model_name", "methods", "target_choice", *SLIDER_PARAMETERS, *VIEW_PARAMETERS,
+                      "outline_percent"]
 
 
 def slider_values(values) -> dict:
@@ -48,7 +53,7 @@ def explain_maps_handler(services):
                 explain.overlay_pictures(services, state, opacity, colormap, image), figures.empty_figure(message),
                 figures.auc_table(state["results"]), explain.status_text(state), state)
 
-    return explain_maps
+    return named(explain_maps, EXPLAIN_PARAMETERS)
 
 
 def explain_curves_handler(services):
@@ -67,7 +72,7 @@ def explain_curves_handler(services):
                 figures.curves_figure(state["results"]), figures.auc_table(state["results"]),
                 explain.status_text(state), state, heads)
 
-    return explain_curves
+    return named(explain_curves, ["state", *[SLIDER_PARAMETERS[i] for i in LIVE], *VIEW_PARAMETERS])
 
 
 def stream_outputs(services, state, image, opacity, colormap, previous=None) -> tuple:
@@ -118,7 +123,7 @@ def explain_stream_handler(services):
                 yield gr.skip(), gr.skip(), *outputs, heads
             previous = state
 
-    return explain_stream
+    return named(explain_stream, EXPLAIN_PARAMETERS)
 
 
 def outputs_of(services, state, opacity, colormap, image):
@@ -139,7 +144,7 @@ def live_change_handler(services, option):
         heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
         return explain.overlay_pictures(services, state, opacity, colormap, image), heads, state
 
-    return on_live
+    return named(on_live, [menus.api_parameter(option), "state", *VIEW_PARAMETERS])
 
 
 def option_release_handler(services, option):
@@ -153,10 +158,10 @@ def option_release_handler(services, option):
         if not chosen:
             return (gr.skip(),) * 5
         for method in chosen:
-            state, image = explain.rerun_method(services, state, method, {option.name: option.cast(value)})
+            state, image = explain.rerun_method(services, state, method, {option.name: value})
         return outputs_of(services, state, opacity, colormap, image)
 
-    return on_release
+    return named(on_release, [menus.api_parameter(option), "state", *VIEW_PARAMETERS])
 
 
 def redraw_handler(services):
@@ -167,7 +172,7 @@ def redraw_handler(services):
             return gr.skip()
         return explain.overlay_pictures(services, state, opacity, colormap)
 
-    return redraw
+    return named(redraw, [*VIEW_PARAMETERS, "state"])
 
 
 def downloads_handler(services):
@@ -178,7 +183,7 @@ def downloads_handler(services):
         paths = explain.write_downloads(services, state, opacity, colormap, size)
         return gr.update(value=[str(p) for p in paths], visible=True)
 
-    return downloads
+    return named(downloads, ["state", *VIEW_PARAMETERS, "size"])
 
 
 def model_change_handler(services):
@@ -425,7 +430,7 @@ def _wire_explain(ctx, ui) -> None:
     heavy_concurrency = heavy["concurrency_limit"]
     explain_inputs = [ui.image, ui.model, ui.methods, ui.target, *ui.sliders, ui.opacity, ui.colormap, ui.outline]
     expected_inputs = [ui.model, ui.methods, *ui.sliders]
-    show_expected = expected_handler(services)
+    show_expected = named(expected_handler(services), ["model_name", "methods", *SLIDER_PARAMETERS])
     after_run = dict(api_visibility="private", **light)  # a run's measured time is the next expected time
     maps_outputs = [ui.top5, ui.target, ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state]
     stream_outputs_list = maps_outputs + [ui.heads]
@@ -476,6 +481,8 @@ def _wire_explain(ctx, ui) -> None:
         for outputs in stream_fn(image_path, model_name, chosen, "auto", *rest):
             yield gr.skip(), hide_note, *outputs
             hide_note = gr.skip()
+
+    named(new_image, EXPLAIN_PARAMETERS)
 
     def example_picker(paths):
         def pick_example(evt: gr.SelectData):
@@ -531,12 +538,12 @@ def _wire_view(ctx, ui) -> None:
     ui.colormap.change(pictures.colour_bar_html, ui.colormap, ui.colour_bar, api_visibility="private", queue=False)
 
     @friendly
-    def on_outline(percent, state, opacity_value, colormap_value):
+    def on_outline(outline_percent, state, opacity, colour_map):
         """The outlined top share changed: redraw the cached maps with it (no model pass)."""
         if not state or not state.get("results"):
             return gr.skip(), gr.skip()
-        state = explain.set_outline(state, percent)
-        return explain.overlay_pictures(services, state, opacity_value, colormap_value), state
+        state = explain.set_outline(state, outline_percent)
+        return explain.overlay_pictures(services, state, opacity, colour_map), state
 
     ui.outline.change(on_outline, [ui.outline, ui.explain_state, ui.opacity, ui.colormap], [ui.overlays, ui.explain_state],
                    api_name="outline", **light)

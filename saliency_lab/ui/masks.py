@@ -7,7 +7,7 @@ import gradio as gr
 from saliency_lab import browse as browse_module
 from saliency_lab import finetune, masks
 from saliency_lab.ui.common import friendly, or_skip
-from saliency_lab.ui.jobs import job_controls
+from saliency_lab.ui.jobs import FINETUNE_API, JobPanel
 
 TITLE = "Masks & fine-tune"
 TAB_ID = "masks"
@@ -31,7 +31,8 @@ def build(ctx) -> dict:
                               **light)
     demo.load(labels_for, tune["base_model"], editor["mask_label"], api_visibility="private", **light)
     demo.load(tune["data_choices"], None, tune["train_data"], api_visibility="private", queue=False)
-    demo.load(tune["list_jobs"], None, tune["jobs_outputs"], api_visibility="private", **light)
+    panel = tune["panel"]
+    demo.load(friendly(panel.listing), None, panel.list_outputs(), api_visibility="private", **light)
     return {"model_pickers": [(tune["base_model"], lambda: gr.update(choices=finetune.finetune_models(services))),
                               (tune["train_data"], tune["data_choices"])]}
 
@@ -170,8 +171,8 @@ def _mask_editor(ctx, explain_image) -> dict:
 
 
 def _finetune(ctx) -> dict:
-    """Section 2: CAMAL fine-tuning as a background job, its live panel and the list of jobs on this server."""
-    services, first_model, light = ctx.services, ctx.first_model, ctx.light
+    """Section 2: CAMAL fine-tuning as a background job in the job panel (every job on this server is listed)."""
+    services, first_model = ctx.services, ctx.first_model
     gr.Markdown("### 2 · Fine-tune with CAMAL\nCAMAL fine-tunes the classifier so its class activation map stays "
                 "inside the masks (loss = cross-entropy + λ × (mean CAM outside − mean CAM inside), both averaged "
                 "over the batch: λ is per image).",
@@ -191,75 +192,30 @@ def _finetune(ctx) -> dict:
                         info="16: tuned on decoy BloodMNIST val; 0 = plain fine-tuning.")
         backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs (needs HF_TOKEN)", "hf-jobs")],
                            value="local", label="Run on")
-    launch, cancel, job_id, job_status, job_progress, job_plot = job_controls(
-        "Start fine-tune", "Loss and IoU", start_id="start-finetune", cancel_id="cancel-finetune",
-        status_id="job-status", progress_id="job-progress")
+    panel = JobPanel(ctx, api=FINETUNE_API,
+                     ids={"start": "start-finetune", "cancel": "cancel-finetune", "status": "job-status",
+                          "progress": "job-progress", "pick": "job-pick", "resume": "resume-job", "open": "open-job",
+                          "table": "jobs-table"})
+    panel.controls("Start fine-tune", "Loss and IoU")
     before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=1, format="png", height="auto",
                               object_fit="contain", elem_id="before-after")
     compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False)
-    timer = gr.Timer(1.0, active=False)
-    with gr.Accordion("Jobs on this server (also those from before a restart)", open=False):
-        jobs_table = gr.Dataframe(headers=finetune.JOB_HEADERS, interactive=False, elem_id="jobs-table",
-                                  wrap=True)
-        with gr.Row():
-            job_pick = gr.Dropdown([], label="Job", scale=3, elem_id="job-pick")
-            refresh_jobs = gr.Button("Refresh the list", size="sm", scale=1)
-            resume_button = gr.Button("Resume (interrupted, failed, cancelled)", size="sm", scale=1,
-                                      elem_id="resume-job")
-            open_result = gr.Button("Open (progress or result)", size="sm", scale=1, elem_id="open-job")
+    panel.job_list("Jobs on this server (also those from before a restart)")
 
-
-    # ---- fine-tune
     def data_choices():
         choices = finetune.data_choices(services)
         return gr.update(choices=choices, value=choices[0][1] if choices else None)
 
     refresh_data.click(data_choices, None, train_data, api_visibility="private", queue=False)
 
-    @friendly
     def start(model_name, data_choice, n_epochs, lam_value, backend_name):
-        new_id, message = finetune.start_finetune(services, model_name, data_choice, n_epochs, lam_value, backend_name,
-                                            on_build=gr.Info)
-        return new_id, message, gr.update(active=True), 0
+        return finetune.start_finetune(services, model_name, data_choice, n_epochs, lam_value, backend_name,
+                                       on_build=gr.Info)
 
-    launch.click(start, [base_model, train_data, epochs, lam, backend], [job_id, job_status, timer, job_progress],
-                 api_name="start_finetune", **light)
+    def new_models(report):
+        return gr.update(choices=finetune.finetune_models(services)) if report.new_model else gr.skip()
 
-    @friendly
-    def poll(current):
-        if not current:
-            return gr.skip(), gr.skip(), gr.skip(), gr.update(active=False), gr.skip(), gr.skip(), gr.skip()
-        report = finetune.job_report(services, current)
-        if not report.finished:
-            return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        models = gr.update(choices=finetune.finetune_models(services)) if report.new_model else gr.skip()
-        return report.text, report.percent, report.figure, gr.update(active=False), report.gallery, report.table, \
-            models
-
-    timer.tick(poll, job_id, [job_status, job_progress, job_plot, timer, before_after, compare_table, base_model],
-               api_name="finetune_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
-    cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), job_id, job_status,
-                 api_name="cancel_finetune", queue=False)
-
-    # ---- the job list: state, progress, model, times, error; resume interrupted jobs, open finished ones
-    @friendly
-    def list_jobs():
-        return finetune.job_rows(services), gr.update(choices=finetune.job_choices(services))
-
-    refresh_jobs.click(list_jobs, None, [jobs_table, job_pick], api_name="jobs_list", **light)
-
-    @friendly
-    def follow(chosen):
-        """Follow a job in the panel above: the timer polls it (progress, then its before/after result)."""
-        return chosen, finetune.open_job(services, chosen), gr.update(active=True)
-
-    @friendly
-    def resume(chosen):
-        message = finetune.resume_job(services, chosen)
-        return chosen, message, gr.update(active=True)
-
-    open_result.click(follow, job_pick, [job_id, job_status, timer], api_name="open_job", **light)
-    resume_button.click(resume, job_pick, [job_id, job_status, timer], api_name="resume_job", **light).then(
-        list_jobs, None, [jobs_table, job_pick], api_visibility="private", **light)
-    return {"data_choices": data_choices, "train_data": train_data, "base_model": base_model,
-            "list_jobs": list_jobs, "jobs_outputs": [jobs_table, job_pick]}
+    panel.wire(start, [base_model, train_data, epochs, lam, backend],
+               finished=[(before_after, lambda report: report.gallery), (compare_table, lambda report: report.table),
+                         (base_model, new_models)])
+    return {"data_choices": data_choices, "train_data": train_data, "base_model": base_model, "panel": panel}

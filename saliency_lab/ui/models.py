@@ -5,9 +5,9 @@ from __future__ import annotations
 import gradio as gr
 
 from explainers.import_model import PICKLE_SUFFIXES
-from saliency_lab import aha_train, finetune, models_tab
-from saliency_lab.ui.common import friendly, refusal_in_status
-from saliency_lab.ui.jobs import job_controls
+from saliency_lab import aha_train, datasets, models_tab
+from saliency_lab.ui.common import friendly, named, refusal_in_status
+from saliency_lab.ui.jobs import JobPanel, api_names
 
 TITLE = "Models"
 TAB_ID = "models"
@@ -16,11 +16,12 @@ TAB_ID = "models"
 def build(ctx) -> dict:
     """An import or a removal refreshes every model picker (`models_changed`); selecting the tab refreshes its own
     lists (`on_select`)."""
-    parts = _build(ctx.services, ctx.heavy, ctx.light)
+    parts = _build(ctx)
     return {"models_changed": parts["changed"], "on_select": (parts["refresh"], parts["refresh_outputs"])}
 
 
-def _build(services, heavy, light) -> dict:
+def _build(ctx) -> dict:
+    services, heavy, light = ctx.services, ctx.heavy, ctx.light
     """Import your own model (timm architecture + safetensors weights + class names), list and remove imports."""
     gr.Markdown("Explain **your own model**: a [timm](https://huggingface.co/docs/timm) architecture and its weights "
                 "as a **safetensors** state dict (pickled `.pt`/`.pth`/`.bin` checkpoints are refused: loading them "
@@ -70,7 +71,9 @@ def _build(services, heavy, light) -> dict:
         message = models_tab.import_upload(services, *args)
         return (message, *listing())
 
-    do_import = refusal_in_status(import_files, untouched=2)  # a refused import: the table and menu stay
+    do_import = named(refusal_in_status(import_files, untouched=2),  # a refused import: the table and menu stay
+                      ["weights", "classes", "arch", "name", "input_size", "mean", "std", "model_args", "imported_by",
+                       "crop_pct"])
 
     def remove_model(model_name):
         message = models_tab.remove(services, model_name)
@@ -82,7 +85,7 @@ def _build(services, heavy, light) -> dict:
                                                imported_by, crop_pct], [status, table, to_remove], api_name="import_model",
                                    **heavy)
     removed = remove_button.click(do_remove, to_remove, [status, table, to_remove], api_name="remove_model", **light)
-    train = build_aha_training(services, light)
+    train = _aha_training(ctx)
     for event in (imported, removed):  # a new or removed model: the training form's model list follows
         event.success(train["refresh"], None, train["refresh_outputs"], api_visibility="private", queue=False)
 
@@ -93,9 +96,10 @@ def _build(services, heavy, light) -> dict:
             "refresh_outputs": [table, to_remove, *train["refresh_outputs"]]}
 
 
-def build_aha_training(services, light) -> dict:
-    """The Models tab's "Train an AHA explainer" section: an 'aha-train' job (saliency_lab.aha_train) with its
-    validation curve drawn live, cancel, and the AHA jobs with resume."""
+def _aha_training(ctx) -> dict:
+    """The Models tab's "Train an AHA explainer" section: an 'aha-train' job (saliency_lab.aha_train) in the job
+    panel, its validation curve drawn live, and the AHA jobs with resume."""
+    services = ctx.services
     gr.Markdown("### Train an AHA explainer\nAHA draws its map in **one pass** with an explainer trained for the "
                 "model; without one it optimises every image on its own (slower). Train one here for any model, "
                 "yours included: a background job (it survives a closed page and resumes after a restart). The "
@@ -106,7 +110,7 @@ def build_aha_training(services, light) -> dict:
     with gr.Row():
         aha_model = gr.Dropdown(aha_train.model_choices(services), value=None, label="Model", scale=3,
                                 elem_id="aha-model", info="every model a job can load, imported ones included")
-        aha_data = gr.Dropdown(aha_train.dataset_choices(), value=None, label="Training data (labelled)", scale=3,
+        aha_data = gr.Dropdown(datasets.choices(), value=None, label="Training data (labelled)", scale=3,
                                elem_id="aha-data", info="the shipped cells and the data sets in the data folder")
         aha_val = gr.Dropdown(aha_train.validation_choices(), value=aha_train.HOLDOUT, label="Validation data", scale=3,
                               elem_id="aha-val", info="never trained on")
@@ -118,62 +122,25 @@ def build_aha_training(services, light) -> dict:
         aha_seed = gr.Number(0, precision=0, label="Seed", elem_id="aha-seed")
         aha_backend = gr.Radio([("This machine", "local"), ("HuggingFace Jobs, GPU (needs HF_TOKEN)", "hf-jobs")],
                                value="local", label="Run on", elem_id="aha-backend")
-    aha_start, aha_cancel, aha_job, aha_status, aha_percent, aha_plot = job_controls(
-        "Start training", "Validation deletion and insertion over the training steps", start_id="aha-start",
-        cancel_id="aha-cancel", status_id="aha-status", progress_id="aha-progress", plot_id="aha-plot")
-    aha_timer = gr.Timer(1.0, active=False)
-    with gr.Accordion("AHA training jobs on this server (all jobs: Masks & fine-tune tab)", open=False):
-        with gr.Row():
-            aha_pick = gr.Dropdown(aha_train.job_choices(services), label="Job", scale=3, elem_id="aha-job-pick")
-            aha_refresh = gr.Button("Refresh", size="sm", scale=1)
-            aha_resume = gr.Button("Resume (interrupted, failed, cancelled)", size="sm", scale=1, elem_id="aha-resume")
-            aha_open = gr.Button("Open", size="sm", scale=1, elem_id="aha-open")
+    panel = JobPanel(ctx, api=api_names("aha_train"), kind=aha_train.KIND,
+                     ids={"start": "aha-start", "cancel": "aha-cancel", "status": "aha-status",
+                          "progress": "aha-progress", "plot": "aha-plot", "pick": "aha-job-pick",
+                          "resume": "aha-resume", "open": "aha-open"})
+    panel.controls("Start training", "Validation deletion and insertion over the training steps")
+    panel.job_list("AHA training jobs on this server (all jobs: Masks & fine-tune tab)", short=True)
 
-    @friendly
     def start(model_name, dataset, validation, steps, minutes, seed, backend):
-        new_id, message = aha_train.start_training(services, model_name, dataset, validation, steps, minutes, seed,
-                                                   backend)
-        return new_id, message, gr.update(active=True), 0, gr.update(choices=aha_train.job_choices(services))
+        return aha_train.start_training(services, model_name, dataset, validation, steps, minutes, seed, backend)
 
-    aha_start.click(start, [aha_model, aha_data, aha_val, aha_steps, aha_minutes, aha_seed, aha_backend],
-                    [aha_job, aha_status, aha_timer, aha_percent, aha_pick], api_name="aha_train_start", **light)
+    def new_models(report):
+        return gr.update(choices=aha_train.model_choices(services)) if report.status == "done" else gr.skip()
 
-    @friendly
-    def poll(current):
-        if not current:
-            return gr.skip(), gr.skip(), gr.skip(), gr.update(active=False), gr.skip(), gr.skip()
-        report = aha_train.job_report(services, current)
-        if not report.finished:
-            return report.text, report.percent, report.figure, gr.skip(), gr.skip(), gr.skip()
-        models = gr.update(choices=aha_train.model_choices(services)) if report.status == "done" else gr.skip()
-        return report.text, report.percent, report.figure, gr.update(active=False), models, \
-            gr.update(choices=aha_train.job_choices(services))
-
-    aha_timer.tick(poll, aha_job, [aha_status, aha_percent, aha_plot, aha_timer, aha_model, aha_pick],
-                   api_name="aha_train_status", concurrency_id="poll", concurrency_limit=32, show_progress="hidden")
-    aha_cancel.click(friendly(lambda current: finetune.cancel_finetune(services, current)), aha_job, aha_status,
-                     api_name="aha_train_cancel", queue=False)
-
-    def jobs():
-        return gr.update(choices=aha_train.job_choices(services))
-
-    aha_refresh.click(friendly(jobs), None, aha_pick, api_name="aha_train_jobs", **light)
-
-    @friendly
-    def follow(chosen):
-        return chosen, finetune.open_job(services, chosen), gr.update(active=True)
-
-    @friendly
-    def resume(chosen):
-        return chosen, finetune.resume_job(services, chosen), gr.update(active=True)
-
-    aha_open.click(follow, aha_pick, [aha_job, aha_status, aha_timer], api_name="aha_train_open", **light)
-    aha_resume.click(resume, aha_pick, [aha_job, aha_status, aha_timer], api_name="aha_train_resume", **light).then(
-        jobs, None, aha_pick, api_visibility="private", **light)
+    panel.wire(start, [aha_model, aha_data, aha_val, aha_steps, aha_minutes, aha_seed, aha_backend],
+               finished=[(aha_model, new_models), (panel.pick, lambda report: gr.update(choices=panel.choices()))],
+               list_on_start=True)
 
     def refresh():
-        return (gr.update(choices=aha_train.model_choices(services)), gr.update(choices=aha_train.dataset_choices()),
-                gr.update(choices=aha_train.validation_choices()), gr.update(choices=aha_train.job_choices(services)))
+        return (gr.update(choices=aha_train.model_choices(services)), gr.update(choices=datasets.choices()),
+                gr.update(choices=aha_train.validation_choices()), gr.update(choices=panel.choices()))
 
-    return {"refresh": refresh, "refresh_outputs": [aha_model, aha_data, aha_val, aha_pick]}
-
+    return {"refresh": refresh, "refresh_outputs": [aha_model, aha_data, aha_val, panel.pick]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from saliency_lab import browse as browse_module
-from saliency_lab import menus, review, review_data
+from saliency_lab import datasets, menus, review
 from saliency_lab.ui import studies as study_panel
 from saliency_lab.ui.common import dataset_dropdown, friendly, model_picker_update, or_skip
 
@@ -30,7 +30,7 @@ def build(ctx) -> dict:
         demo.load(lambda saved: saved or gr.skip(), study["saved"], study["reviewer"], api_visibility="private",
                   queue=False)
         demo.load(study["methods_for"], study["model"], study["methods"], api_visibility="private", **light)
-        demo.load(lambda: gr.update(choices=review_data.named_datasets()), None, study["dataset"],
+        demo.load(lambda: gr.update(choices=datasets.choices()), None, study["dataset"],
                   api_visibility="private", queue=False)
         demo.load(lambda: gr.update(choices=browse_module.dataset_menu(data_dir)[0]), None, folder,
                   api_visibility="private", queue=False)  # new uploads, too
@@ -129,9 +129,9 @@ def _review_list(ctx, reviewer_saved):
     opened = [gallery.select(on_select, [review_state, reviewer], open_outputs, api_visibility="private", **heavy),
               open_button.click(open_item, [review_state, position, reviewer], open_outputs, api_name="review_open",
                                 **heavy),
-              previous.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, -1), n)),
+              previous.click(friendly(lambda state, reviewer: open_item(state, review.neighbour_index(state, -1), reviewer)),
                              [review_state, reviewer], open_outputs, api_name="review_previous", **heavy),
-              following.click(friendly(lambda s, n: open_item(s, review.neighbour_index(s, 1), n)),
+              following.click(friendly(lambda state, reviewer: open_item(state, review.neighbour_index(state, 1), reviewer)),
                               [review_state, reviewer], open_outputs, api_name="review_next", **heavy)]
     for event in opened:
         event.then(show_verdict, [review_state, reviewer], verdict_buttons, **selected)

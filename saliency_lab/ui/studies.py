@@ -8,7 +8,7 @@ import gradio as gr
 
 from explainers.methods import METHODS
 from explainers.review_report import SLOTS
-from saliency_lab import menus, review_data, studies
+from saliency_lab import datasets, menus, review_data, studies
 from saliency_lab.ui.common import friendly, or_skip
 
 MAX_SLOTS = 8  # maps A..H in a blinded study
@@ -50,7 +50,7 @@ def _layout(ctx) -> SimpleNamespace:
     with gr.Accordion("2 · Create a study", open=False):
         with gr.Row():
             study_new_name = gr.Textbox(label="Study name", placeholder="e.g. cells-2026-blinded", elem_id="study-new-name")
-            study_dataset = gr.Dropdown(review_data.named_datasets(), label="Data set", allow_custom_value=True,
+            study_dataset = gr.Dropdown(datasets.choices(), label="Data set", allow_custom_value=True,
                                         elem_id="study-dataset")  # uploads join the list; the name is checked
             study_model = gr.Dropdown(menus.model_choices(names), value=first_model, label="Model", elem_id="study-model")
         with gr.Row():
@@ -123,7 +123,7 @@ def _wire_data_and_create(ctx, ui) -> None:
     @friendly
     def upload(files, name, folder=None):
         result = review_data.import_upload(list(files or []) + list(folder or []), name)
-        return result.message(), gr.update(choices=review_data.named_datasets(), value=result.name)
+        return result.message(), gr.update(choices=datasets.choices(), value=result.name)
 
     ui.upload_button.click(upload, [ui.upload_files, ui.upload_name, ui.upload_folder], [ui.upload_info, ui.study_dataset],
                         api_name="review_upload", **light)
@@ -189,7 +189,7 @@ def _wire_reviewing(ctx, ui) -> None:
                          item_outputs, api_visibility="private", **heavy)
     ui.study_next.click(lambda s, r: show(s, r, studies.step(services, s, r, 1)), [ui.study_state, ui.study_reviewer],
                      item_outputs, api_visibility="private", **heavy)
-    ui.study_next_open.click(lambda s, r: show(s, r, studies.next_open(services, s, r)), [ui.study_state, ui.study_reviewer],
+    ui.study_next_open.click(lambda state, reviewer: show(state, reviewer, studies.next_open(services, state, reviewer)), [ui.study_state, ui.study_reviewer],
                           item_outputs, api_name="review_study_next", **heavy)
 
     @friendly
@@ -243,9 +243,9 @@ def _wire_results(ctx, ui) -> None:
     # the owner code (not the reviewers' code of section 3) unlocks the results until the owner closes the study
     ui.results_button.click(results, [ui.study_name, ui.owner_code], [ui.results_md, ui.ratings_plot, ui.kappa_plot, ui.report_json],
                          api_name="review_agreement", **heavy)
-    ui.export_csv.click(friendly(lambda n, c: studies.export_study(services, n, c, "csv")), [ui.study_name, ui.owner_code],
+    ui.export_csv.click(friendly(lambda name, code: studies.export_study(services, name, code, "csv")), [ui.study_name, ui.owner_code],
                      ui.export_file, api_name="review_study_export_csv", **light)
-    ui.export_json.click(friendly(lambda n, c: studies.export_study(services, n, c, "json")), [ui.study_name, ui.owner_code],
+    ui.export_json.click(friendly(lambda name, code: studies.export_study(services, name, code, "json")), [ui.study_name, ui.owner_code],
                       ui.export_file, api_name="review_study_export_json", **light)
     ui.close_button.click(friendly(lambda n, c: studies.close_study(services, n, c)), [ui.study_name, ui.owner_code],
                           ui.results_md, api_name="review_study_close", **light)
