@@ -7,8 +7,9 @@ AUC by the trapezoid rule over p in [0, 1]. Which way each score is better: `MET
 
 ROAD (`reference="road"`, Rong et al. ICML 2022): the removed pixels are not painted with a colour but
 filled by noisy linear imputation from the pixels that remain (each removed pixel = the weighted mean of
-its 8 neighbours, solved as one sparse system, plus N(0, 0.01) noise), so that removal does not push the
-image out of distribution. Deletion is then ROAD's MoRF curve (most relevant removed first); insertion
+its 8 neighbours, solved as one sparse system, plus N(0, 0.01) noise in the model's normalised input units, as
+Rong et al.'s code and pytorch-grad-cam add it to the normalised tensor: 0.01 x the channel's std in [0, 1]
+space), so that removal does not push the image out of distribution. Deletion is then ROAD's MoRF curve (most relevant removed first); insertion
 keeps the top-p pixels and imputes the rest, i.e. ROAD's LeRF curve read from the other end (LeRF at
 q removed = insertion at p = 1 - q, so the two AUCs are equal). Where every pixel is removed there is
 nothing to impute from: the image is the bundle's reference colour plus the same noise. The imputer is
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 REFERENCES = ("mean", "black", "blur", "road")
 TIE_BREAK_SEED = 0
-ROAD_NOISE = 0.01
+ROAD_NOISE = 0.01  # in normalised input units (the model's mean/std), as ROAD's authors add it
 ROAD_SEED = 0
 
 
@@ -133,11 +134,14 @@ def road_imputer():
 
 
 def road_fill(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, generators: list,
-              imputer=None, noise: float = ROAD_NOISE) -> torch.Tensor:
+              imputer=None, noise=ROAD_NOISE) -> torch.Tensor:
     """ROAD's removal: N x 3 x H x W images whose `removed` (N x H x W bool) pixels are replaced by noisy
     linear imputation from the kept ones. `fill`: the image used where nothing is kept; `generators`: one
-    torch.Generator per image for the noise (seeded by the caller, so results do not depend on batching)."""
+    torch.Generator per image for the noise (seeded by the caller, so results do not depend on batching);
+    `noise`: the noise's standard deviation in the images' units, a number or one per channel
+    (`road_noise_scale` gives ROAD's for a model)."""
     imputer = imputer or road_imputer()
+    noise = torch.as_tensor(noise, dtype=images.dtype, device=images.device).reshape(-1, 1, 1)
     out = images.clone()
     for index in range(images.shape[0]):
         mask = removed[index]
@@ -153,6 +157,12 @@ def road_fill(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, g
         noise_field = noise * torch.randn(shape, generator=generators[index]).to(images.device, images.dtype)
         out[index] = torch.where(mask.unsqueeze(0), filled + noise_field, images[index])
     return out
+
+
+def road_noise_scale(bundle) -> torch.Tensor:
+    """ROAD's noise for this model in [0, 1] image units, one per channel: N(0, 0.01) in the normalised units the
+    model reads (the ROAD authors' and pytorch-grad-cam's convention) is 0.01 x the channel's std here."""
+    return ROAD_NOISE * torch.as_tensor(bundle.std, dtype=torch.float32).reshape(-1)
 
 
 def fraction_counts(steps: int, num_pixels: int) -> tuple:
@@ -189,7 +199,8 @@ def deletion_insertion(bundle, images: torch.Tensor, maps: torch.Tensor, targets
             removed = torch.where((curve == 1).view(-1, 1, 1), ~top, top)
             generators = [torch.Generator().manual_seed(ROAD_SEED + 2 * points * int(i) + int(c) * points + int(s))
                           for i, c, s in zip(image_index, curve, step)]
-            return road_fill(images[image_index], removed, base[image_index], generators, imputer), image_index
+            return road_fill(images[image_index], removed, base[image_index], generators, imputer,
+                             noise=road_noise_scale(bundle)), image_index
         top = (ranks[image_index] < counts[step].unsqueeze(1)).view(-1, 1, h, w).to(images.dtype)
         original, ref = images[image_index], base[image_index]
         deleted = original * (1 - top) + ref * top
@@ -253,10 +264,20 @@ def top_pixel_iou(maps: torch.Tensor, masks: torch.Tensor) -> np.ndarray:
     return np.array(ious)
 
 
+def average_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks (0 = smallest) of a flat tensor with tied values sharing the mean of their ranks (scipy's
+    'average' method)."""
+    unique, inverse, counts = torch.unique(values, sorted=True, return_inverse=True, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    return (starts.double() + (counts.double() - 1) / 2)[inverse]
+
+
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman rank correlation of two maps (ties broken as in the deletion engine)."""
-    ra = pixel_ranks(torch.as_tensor(a).reshape(1, *a.shape[-2:])).double().flatten()
-    rb = pixel_ranks(torch.as_tensor(b).reshape(1, *b.shape[-2:])).double().flatten()
+    """Spearman rank correlation of two maps, tied pixels given their average rank (as scipy.stats.spearmanr).
+    Not the deletion engine's fixed tie-break: one shared order would rank the pixels tied in both maps (a
+    ReLU's zeros, a flat region) identically and read agreement where there is none. 0 where a map is constant."""
+    ra = average_ranks(torch.nan_to_num(torch.as_tensor(a).detach().double().flatten().cpu(), nan=0.0))
+    rb = average_ranks(torch.nan_to_num(torch.as_tensor(b).detach().double().flatten().cpu(), nan=0.0))
     ra, rb = ra - ra.mean(), rb - rb.mean()
     return float((ra * rb).sum() / (ra.norm() * rb.norm()).clamp_min(1e-12))
 

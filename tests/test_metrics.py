@@ -4,10 +4,12 @@ import torch
 
 from explainers.methods import get_method
 from explainers.metrics import (Curves, deletion_insertion, fraction_counts, pixel_ranks, pointing_game,
-                                pointing_tolerance, spearman, top_pixel_iou, trapezoid_auc)
+                                pointing_tolerance, road_fill, road_noise_scale, spearman, top_pixel_iou,
+                                trapezoid_auc)
+from explainers.models import ModelBundle
 from explainers.sanity import randomization_sanity_check
 
-from conftest import quadrant_bundle, tiny_cnn, tiny_vit
+from conftest import QuadrantNet, quadrant_bundle, tiny_cnn, tiny_vit
 
 
 def naive_reference(image, reference, color):
@@ -174,6 +176,33 @@ def test_spearman_known_answers():
     a = torch.arange(100.0).view(10, 10)
     assert spearman(a, a) == pytest.approx(1.0)
     assert spearman(a, -a) == pytest.approx(-1.0)
+    assert spearman(torch.zeros(4, 4), a[:4, :4]) == 0.0  # a constant map has no rank order
+
+
+def test_spearman_with_ties_agrees_with_scipy():
+    from scipy.stats import spearmanr
+
+    generator = torch.Generator().manual_seed(3)
+    for zeros, levels in ((0.6, None), (0.3, 4), (0.0, 3)):
+        a = torch.rand(32, 32, generator=generator)
+        b = torch.rand(32, 32, generator=generator)
+        if levels:  # few distinct values: many ties inside each map
+            a, b = (a * levels).floor(), (b * levels).floor()
+        a[torch.rand(32, 32, generator=generator) < zeros] = 0.0
+        b[torch.rand(32, 32, generator=generator) < zeros] = 0.0
+        b = torch.where(torch.rand(32, 32, generator=generator) < 0.5, a, b)  # partly related maps
+        assert spearman(a, b) == pytest.approx(spearmanr(a.flatten().numpy(), b.flatten().numpy())[0], abs=1e-9)
+
+
+def test_spearman_reads_no_agreement_in_shared_zeros():
+    """Two independent maps with 60% zeros each (a ReLU's zeros) share many tied pixels: a shared tie-break order
+    would rank those alike and read agreement (about 0.13 here); averaged ranks read none."""
+    generator = torch.Generator().manual_seed(0)
+    rhos = []
+    for _ in range(20):
+        a, b = torch.rand(2, 64, 64, generator=generator)
+        rhos.append(spearman(torch.relu(a - 0.6), torch.relu(b - 0.6)))
+    assert abs(float(np.mean(rhos))) < 0.02
 
 
 def test_sanity_check_separates_gradcam_from_a_model_independent_map(cnn_bundle, images):
@@ -231,6 +260,48 @@ def test_road_agrees_with_pytorch_grad_cam():
     assert np.abs(trapezoid_auc(mean_curves.deletion[:, 1:10], inner) - trapezoid_auc(morf, inner)).max() > 0.05
     # ends: nothing removed = the model's own score
     assert np.allclose(curves.deletion[:, 0], own, atol=1e-6) and np.allclose(curves.insertion[:, -1], own, atol=1e-6)
+
+
+class Recorder(QuadrantNet):
+    """The quadrant model, keeping every normalised input it reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append(x.detach().clone())
+        return super().forward(x)
+
+
+def test_road_noise_is_in_the_models_normalised_units():
+    """ROAD's authors and pytorch-grad-cam add N(0, 0.01) to the normalised tensor the model reads: on a flat image
+    (where imputation is exact) the removed pixels the model sees differ from the flat value by that noise, whatever
+    the model's std."""
+    pytest.importorskip("pytorch_grad_cam")
+    from pytorch_grad_cam.metrics.road import NoisyLinearImputer
+
+    std = (0.1, 0.25, 0.5)
+    network = Recorder().eval()
+    bundle = ModelBundle(name="recorder", network=network, mean=(0.5, 0.5, 0.5), std=std, input_size=(32, 32),
+                         class_names=["a", "b"], family="cnn", reference_color=(0.5, 0.5, 0.5), cam_layer_name="layer4")
+    images = torch.full((1, 3, 32, 32), 0.4)
+    maps = torch.rand(1, 32, 32, generator=torch.Generator().manual_seed(1))
+    deletion_insertion(bundle, images, maps, [0], steps=2, reference="road", batch_size=64)
+    seen = torch.cat(network.seen)  # deletion at p = 0, 0.5, 1, then insertion
+    flat = bundle.normalize(images)[0]
+    half_removed = seen[1] - flat  # deletion at p = 0.5: noise on the removed half, 0 elsewhere
+    removed = half_removed.abs().sum(0) > 0
+    assert int(removed.sum()) == 512
+    ours = half_removed[:, removed].std(dim=1)
+    torch.manual_seed(0)
+    peer = NoisyLinearImputer(noise=0.01)(flat, (~removed).float()) - flat  # pytorch-grad-cam on the normalised image
+    theirs = peer[:, removed].std(dim=1)
+    assert torch.allclose(ours, torch.full((3,), 0.01), rtol=0.15) and torch.allclose(theirs, ours, rtol=0.2)
+    assert torch.allclose(road_noise_scale(bundle), 0.01 * torch.tensor(std))
+    # road_fill takes one noise level per channel
+    filled = road_fill(images, removed[None], images, [torch.Generator().manual_seed(0)], noise=(0.0, 0.0, 0.1))
+    assert torch.allclose(filled[0, :2], images[0, :2], atol=1e-5) and filled[0, 2][removed].std() > 0.05
 
 
 def test_road_is_deterministic_and_independent_of_the_forward_batch():
