@@ -50,9 +50,9 @@ started=$(date +%s)
 } >"$LOG" 2>&1
 
 RISE="rise:n_masks=$RISE_MASKS,batch_size=1000"
-VIT_METHODS="aha,gradskip,gradcam,rollout,chefer,occlusion,$RISE,random"
-CONV_METHODS="aha,gradcam,occlusion,$RISE,random"
-PHOTO_METHODS="aha,gradcam,occlusion,${RISE/batch_size=1000/batch_size=500},random"
+VIT_METHODS="aha,aha:refine_steps=3,gradskip,gradcam,rollout,chefer,occlusion,$RISE,random"
+CONV_METHODS="aha,aha:refine_steps=3,gradcam,occlusion,$RISE,random"
+PHOTO_METHODS="aha,aha:refine_steps=3,gradcam,occlusion,${RISE/batch_size=1000/batch_size=500},random"
 TASKS="$PARTS/tasks.txt"
 : >"$TASKS"
 add_shards() {  # model data limit road_limit methods batch_size shards
@@ -72,15 +72,15 @@ if "$PY" -c "from explainers.models import load_model; load_model('efficientnet-
   # batches of ceil(PHOTOS / ROAD_PHOTOS) photos, one shard each: one ROAD photo (224 px, the slow part) per shard
   batch=$(( (PHOTOS + ROAD_PHOTOS - 1) / ROAD_PHOTOS ))
   add_shards efficientnet-lite0 "$PHOTO_DIR" "$PHOTOS" "$ROAD_PHOTOS" "$PHOTO_METHODS" "$batch" $(( (PHOTOS + batch - 1) / batch ))
-  add_class_dependence efficientnet-lite0 "$HELDOUT40" 40 "aha,aha:refine_steps=3,$PHOTO_METHODS" heldout40
+  add_class_dependence efficientnet-lite0 "$HELDOUT40" 40 "$PHOTO_METHODS" heldout40
   MODELS="efficientnet-lite0 $MODELS"
 else
   echo "efficientnet-lite0 cannot load here (no package and no $EFFNET_WEIGHTS): skipped" >>"$LOG"
 fi
 add_shards bloodmnist-vit "$BLOOD" "$CELLS" "$ROAD_CELLS" "$VIT_METHODS" 25 "$BLOOD_SHARDS"
 add_shards bloodmnist-cnn "$BLOOD" "$CELLS" "$ROAD_CELLS" "$CONV_METHODS" 25 "$BLOOD_SHARDS"
-add_class_dependence bloodmnist-vit "$VAL64" 64 "aha,aha:refine_steps=3,$VIT_METHODS" val64
-add_class_dependence bloodmnist-cnn "$VAL64" 64 "aha,aha:refine_steps=3,$CONV_METHODS" val64
+add_class_dependence bloodmnist-vit "$VAL64" 64 "$VIT_METHODS" val64
+add_class_dependence bloodmnist-cnn "$VAL64" 64 "$CONV_METHODS" val64
 # the sanity check of the README's AHA row (head re-initialised; 16 test cells, as before)
 echo "$PY bench/scoreboard_sanity.py --model bloodmnist-vit --data $BLOOD --limit ${SANITY_CELLS:-16} --methods aha,aha:refine_steps=3,aha:mode=per-image,gradskip,gradcam --layers 1 --device $DEVICE --out $OUT/sanity-bloodmnist-vit-test${SANITY_CELLS:-16}.json" >>"$TASKS"
 

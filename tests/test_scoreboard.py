@@ -56,6 +56,20 @@ def test_a_win_needs_all_three_references():
     assert all(everywhere[("gradcam", m)]["verdict"] == "**wins**" for m in ("deletion", "insertion", "ins_minus_del"))
 
 
+def test_refinement_steps_are_compared_with_the_one_pass_only():
+    report = fake_report({"mean": 0.05, "blur": 0.05, "road": 0.05})
+    for block in report["references"].values():
+        one_pass = block["methods"]["aha"]["per_image"]
+        block["methods"]["aha:refine_steps=3"] = {"per_image": {"deletion": [v - 0.03 for v in one_pass["deletion"]],
+                                                                "insertion": list(one_pass["insertion"])}}
+    refined = comparisons(report, "aha:T3")
+    assert {row["baseline"] for row in refined} == {"aha"}
+    verdicts = {row["metric"]: row["verdict"] for row in refined}
+    assert verdicts["deletion"] == "**wins**" and verdicts["insertion"] == "no: level under mean colour, blur, ROAD"
+    assert "aha:T3" not in {row["baseline"] for row in comparisons(report, "aha")}
+    assert display_name("aha:refine_steps=3") == "AHA T=3"
+
+
 def test_improvement_signs_follow_each_curve():
     """Lower deletion is better, so AHA's improvement in deletion is gradcam's minus AHA's (positive here)."""
     report = fake_report({"mean": 0.05, "blur": 0.05, "road": 0.05})
