@@ -86,13 +86,15 @@ echo "$PY bench/scoreboard_sanity.py --model bloodmnist-vit --data $BLOOD --limi
 
 # one process per line, PROCS at a time; the slow shards (ROAD on 224 px photos) first
 echo "$(wc -l <"$TASKS") tasks" >>"$LOG"
-tr '\n' '\0' <"$TASKS" | xargs -0 -P "$PROCS" -n 1 sh -c 'eval "$1" >>"$0.err" 2>&1 || echo "FAILED: $1" >>"$0"' "$LOG"
+# (their output goes to $PARTS/err.txt, outside $OUT, and into the log at the end)
+tr '\n' '\0' <"$TASKS" | xargs -0 -P "$PROCS" -n 1 sh -c 'eval "$1" >>"$0/err.txt" 2>&1 || echo "FAILED: $1" >>"$0/failed.txt"' "$PARTS"
+cat "$PARTS/failed.txt" >>"$LOG" 2>/dev/null
 for model in $MODELS; do
   "$PY" bench/scoreboard_run.py merge --out "$OUT/scoreboard-$model.json" "$PARTS"/"$model"-*.json >>"$LOG" 2>&1 \
     || echo "FAILED: merge of $model" >>"$LOG"
 done
 # progress lines and warnings of every process, after the summary lines
-grep -v "^\s*$" "$LOG.err" | tail -400 >>"$LOG"; rm -f "$LOG.err"
+grep -v "^\s*$" "$PARTS/err.txt" | tail -400 >>"$LOG"
 status=0; grep -q "^FAILED" "$LOG" && status=1
 echo "done in $(( $(date +%s) - started )) s, status $status" >>"$LOG"
 grep "^FAILED\|^done in" "$LOG"
