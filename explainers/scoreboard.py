@@ -21,6 +21,7 @@ REFERENCE_ORDER = ("mean", "blur", "road")
 REFERENCE_NAMES = {"mean": "mean colour", "blur": "blur", "road": "ROAD"}
 METRIC_NAMES = {"deletion": "deletion (lower better)", "insertion": "insertion (higher better)",
                 "ins_minus_del": "ins-del (higher better)"}
+SHORT_METRIC = {"deletion": "deletion", "insertion": "insertion", "ins_minus_del": "ins-del"}
 DISPLAY = {"aha": "AHA T=0", "aha:T3": "AHA T=3", "gradskip": "GradSkip", "gradcam": "Grad-CAM", "rollout": "rollout", "chefer": "Chefer",
            "occlusion": "occlusion", "rise": "RISE", "random": "random"}
 # the methods the README makes claims for, and the baselines each is compared with (None: every other method
@@ -165,14 +166,17 @@ def summary_line(report: dict, method: str, rows: list) -> str:
     for baseline in dict.fromkeys(row["baseline"] for row in rows):
         mine = [row for row in rows if row["baseline"] == baseline]
         name = display_name(mine[0]["baseline_label"], mine[0]["baseline_options"])
-        failed = [f"{row['metric'].replace('ins_minus_del', 'ins-del')} ({row['verdict'].removeprefix('no: ')})"
-                  for row in mine if row["verdict"] != "**wins**"]
-        (not_beaten if failed else beaten).append(name if not failed else f"{name}: {'; '.join(failed)}")
+        grouped = {}  # verdict -> the metrics with it, so that one reason is said once
+        for row in mine:
+            if row["verdict"] != "**wins**":
+                grouped.setdefault(row["verdict"].removeprefix("no: "), []).append(SHORT_METRIC[row["metric"]])
+        failed = [f"{', '.join(metrics)} {reason}" for reason, metrics in grouped.items()]
+        (not_beaten if failed else beaten).append(name if not failed else f"{name} ({'; '.join(failed)})")
     text = f"- `{report['model']}`, {DISPLAY.get(method, method)}: "
     text += ("wins deletion, insertion and ins-del under all three references against " + ", ".join(beaten)
              if beaten else "wins against no baseline on every curve and reference")
     if not_beaten:
-        text += ". Not a win against " + " | ".join(not_beaten)
+        text += ". Not a win against " + ", ".join(not_beaten)
     return text + "."
 
 
