@@ -63,6 +63,26 @@ def class_dependence_section(reports: list) -> list:
     return lines
 
 
+def sanity_section(reports: list) -> list:
+    """Markdown lines: each method's rho with its own map after the top layer(s) are re-initialised."""
+    if not reports:
+        return []
+    lines = ["## Sanity check: does the map change when the head is re-initialised? (tie-correct Spearman)", "",
+             "Per image, Spearman rho of the method's map with its map after the classifier's top layer is "
+             "re-initialised (Adebayo et al.; `explainers.sanity`, seed 0); a faithful map changes (rho well below 1).",
+             ""]
+    for report in reports:
+        lines += [f"`{report['model']}`, {report['images']} images of `{report['data']}` (`{report['file']}`)", "",
+                  "| method | layers re-initialised | rho [95% interval] |", "| --- | --- | --- |"]
+        for label, rows in report["methods"].items():
+            for row in rows:
+                interval = f" [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]" if row.get("ci95") else ""
+                lines.append(f"| {display_name(label)}{' (per-image mode)' if 'per-image' in label else ''} | "
+                             f"{row['layers_reinitialised']} (to `{row['last_layer']}`) | {row['spearman']:.3f}{interval} |")
+        lines.append("")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reports", nargs="*", default=None, help="scoreboard reports (default: bench/results/"
@@ -85,12 +105,13 @@ def main(argv=None) -> int:
         report = json.loads(path.read_text())
         if "ties" in report or args.class_dependence is not None:  # older reports broke ties by one shared order
             dependence.append({**report, "file": path.name})
+    sanity = [{**json.loads(path.read_text()), "file": path.name} for path in sorted(results.glob("sanity-*.json"))]
     shown = [str(p.relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p, _ in reports]
     board = scoreboard_markdown([r for _, r in reports], sources=shown)
     summary = [summary_line(r, m, rows) for _, r in reports for m in ("aha", "gradskip")
                if (rows := comparisons(r, m))]
     text = "\n".join([INTRO.format(sources=", ".join(f"`{s}`" for s in shown)), README_HEAD, *summary, "",
-                      "## The table", "", board, *class_dependence_section(dependence)])
+                      "## The table", "", board, *class_dependence_section(dependence), *sanity_section(sanity)])
     atomic_write_text(Path(args.out), text.rstrip() + "\n")
     print(f"wrote {args.out}")
     return 0
