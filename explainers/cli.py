@@ -221,7 +221,7 @@ def _add_curve_options(parser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="K: curve points at 0, 1/K, ..., 1 (default 20)")
     parser.add_argument("--reference", choices=list(REFERENCES), default="mean",
                         help="what removed pixels become: the data mean colour, black, a blur, or ROAD's noisy "
-                             "linear imputation (needs pip install grad-cam)")
+                             "linear imputation")
 
 
 def cmd_class_dependence(args) -> int:

@@ -12,9 +12,10 @@ Rong et al.'s code and pytorch-grad-cam add it to the normalised tensor: 0.01 x 
 space), so that removal does not push the image out of distribution. Deletion is then ROAD's MoRF curve (most relevant removed first); insertion
 keeps the top-p pixels and imputes the rest, i.e. ROAD's LeRF curve read from the other end (LeRF at
 q removed = insertion at p = 1 - q, so the two AUCs are equal). Where every pixel is removed there is
-nothing to impute from: the image is the bundle's reference colour plus the same noise. The imputer is
-pytorch-grad-cam's (`pytorch_grad_cam.metrics.road.NoisyLinearImputer`, MIT, taken from the ROAD
-authors' code), an optional dependency: `pip install grad-cam`.
+nothing to impute from: the image is the bundle's reference colour plus the same noise. The imputer
+(`LinearImputer`) solves ROAD's system (each removed pixel = the mean of its in-image neighbours, weight 1/6 for
+the 4 direct and 1/12 for the 4 diagonal ones) with scipy; the tests hold it to the ROAD authors' implementation as
+pytorch-grad-cam ships it (`pytorch_grad_cam.metrics.road.NoisyLinearImputer`), which is not needed at run time.
 """
 from __future__ import annotations
 
@@ -123,14 +124,56 @@ def top_fraction(attribution, fraction: float) -> np.ndarray:
     return (ranks < count).view(h, w).numpy()
 
 
+# ROAD's neighbourhood: (row offset, column offset), weight
+ROAD_NEIGHBOURS = (((0, 1), 1 / 6), ((0, -1), 1 / 6), ((1, 0), 1 / 6), ((-1, 0), 1 / 6),
+                   ((1, 1), 1 / 12), ((1, -1), 1 / 12), ((-1, 1), 1 / 12), ((-1, -1), 1 / 12))
+
+
+class LinearImputer:
+    """ROAD's linear imputation without noise (the caller adds seeded noise): `imputer(image C x H x W, keep H x W)`
+    returns the image with every pixel where `keep` is 0 replaced by the solution of the sparse system "each removed
+    pixel equals the weighted mean of its in-image neighbours" (kept neighbours enter as constants)."""
+
+    def __call__(self, image: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        from scipy.sparse import csc_matrix
+        from scipy.sparse.linalg import spsolve
+
+        channels, h, w = image.shape
+        removed = (torch.as_tensor(keep).reshape(-1) < 0.5).numpy()
+        unknown = np.flatnonzero(removed)
+        out = image.detach().reshape(channels, -1).clone()
+        if len(unknown) == 0:
+            return out.view(channels, h, w)
+        values = image.detach().reshape(channels, -1).double().numpy()
+        position = np.full(h * w, -1, dtype=np.int64)
+        position[unknown] = np.arange(len(unknown))
+        ys, xs = np.divmod(unknown, w)
+        diagonal = np.zeros(len(unknown))
+        right_side = np.zeros((len(unknown), channels))
+        rows, cols, weights = [], [], []
+        for (dy, dx), weight in ROAD_NEIGHBOURS:
+            ny, nx = ys + dy, xs + dx
+            inside = np.flatnonzero((ny >= 0) & (ny < h) & (nx >= 0) & (nx < w))
+            diagonal[inside] += weight  # the weights of the neighbours that exist
+            neighbour = ny[inside] * w + nx[inside]
+            missing = removed[neighbour]
+            rows.append(inside[missing])
+            cols.append(position[neighbour[missing]])
+            weights.append(np.full(int(missing.sum()), -weight))
+            right_side[inside[~missing]] += weight * values[:, neighbour[~missing]].T
+        rows.append(np.arange(len(unknown)))
+        cols.append(np.arange(len(unknown)))
+        weights.append(diagonal)
+        system = csc_matrix((np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))),
+                            shape=(len(unknown), len(unknown)))
+        solution = np.asarray(spsolve(system, right_side)).reshape(len(unknown), channels)
+        out[:, torch.as_tensor(unknown)] = torch.as_tensor(solution.T, dtype=out.dtype)
+        return out.view(channels, h, w)
+
+
 def road_imputer():
-    """pytorch-grad-cam's noisy linear imputer with its noise off (we add seeded noise ourselves)."""
-    try:
-        from pytorch_grad_cam.metrics.road import NoisyLinearImputer
-    except ImportError as error:
-        raise ImportError("reference 'road' uses pytorch-grad-cam's noisy linear imputer: "
-                          "pip install grad-cam (version 1.5.7 is tested)") from error
-    return NoisyLinearImputer(noise=0.0)
+    """The imputer ROAD's removal uses (noise off: `road_fill` adds seeded noise)."""
+    return LinearImputer()
 
 
 def road_fill(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, generators: list,

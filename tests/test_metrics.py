@@ -313,7 +313,24 @@ def test_road_is_deterministic_and_independent_of_the_forward_batch():
     assert np.allclose(first.insertion, second.insertion, atol=1e-6)
 
 
-def test_road_without_pytorch_grad_cam_says_what_to_install(monkeypatch, quadrant):
+def test_linear_imputer_agrees_with_the_road_authors_implementation():
+    """Our imputer solves the same system as ROAD's code as pytorch-grad-cam ships it (noise off), at every share of
+    removed pixels, image borders included."""
+    pytest.importorskip("pytorch_grad_cam")
+    from pytorch_grad_cam.metrics.road import NoisyLinearImputer
+
+    from explainers.metrics import LinearImputer
+
+    generator = torch.Generator().manual_seed(2)
+    ours, theirs = LinearImputer(), NoisyLinearImputer(noise=0.0)
+    for size, removed_share in ((16, 0.1), (24, 0.5), (20, 0.95), (12, 0.0)):
+        image = torch.rand(3, size, size, generator=generator)
+        keep = (torch.rand(size, size, generator=generator) >= removed_share).float()
+        assert torch.allclose(ours(image, keep), theirs(image, keep), atol=1e-5)
+        assert torch.equal(ours(image, keep)[:, keep > 0], image[:, keep > 0])  # kept pixels untouched
+
+
+def test_road_needs_no_pytorch_grad_cam(monkeypatch, quadrant):
     import builtins
 
     real_import = builtins.__import__
@@ -324,8 +341,9 @@ def test_road_without_pytorch_grad_cam_says_what_to_install(monkeypatch, quadran
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", refuse)
-    with pytest.raises(ImportError, match="pip install grad-cam"):
-        deletion_insertion(quadrant, torch.rand(1, 3, 32, 32), torch.rand(1, 32, 32), [0], reference="road")
+    curves = deletion_insertion(quadrant, torch.rand(1, 3, 32, 32), torch.rand(1, 32, 32), [0], steps=4,
+                                reference="road")
+    assert curves.deletion.shape == (1, 5) and np.isfinite(curves.deletion).all()
 
 
 def test_each_metric_declares_its_label_direction_and_range():
