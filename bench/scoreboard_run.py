@@ -66,7 +66,11 @@ def run_shard(args) -> dict:
     curve_seconds = {ref: 0.0 for ref in references}
     correct, labelled, indices_done = 0, 0, []
     started = time.perf_counter()
+    stopped = None
     for batch_number, batch_indices in mine:
+        if args.deadline and time.perf_counter() - started > args.deadline:
+            stopped = f"stopped at the {args.deadline:.0f} s deadline after {len(indices_done)} images"
+            break
         _, images = next(model_batches(dataset, bundle, batch_indices, batch_size=len(batch_indices)))
         with torch.no_grad():
             targets = bundle(images).argmax(dim=1)
@@ -97,6 +101,7 @@ def run_shard(args) -> dict:
               f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     return {"model": args.model, "files": item_names(dataset), "indices": indices_done, "correct": correct,
             "labelled": labelled, "scores": scores, "seconds": seconds, "curve_seconds": curve_seconds,
+            "stopped": stopped,
             "skipped": skipped,
             "options": {label: {**method.options, **(getattr(method, "resolved_options", None) or {})}
                         for label, method in methods},
@@ -122,8 +127,15 @@ def merge(parts: list) -> dict:
     report = {"model": first["model"], "protocol": first["protocol"], "files": files, "n_images": len(files),
               "skipped_methods": first["skipped"], "references": {}}
     done = sorted(i for part in parts for i in part["indices"])
-    if done != list(range(len(files))):
+    stops = [part["stopped"] for part in parts if part.get("stopped")]
+    if done != list(range(len(files))) and not stops:
         raise SystemExit(f"the shards of {first['model']} cover {len(done)} of {len(files)} images: a shard is missing")
+    if stops:  # a run cut short by --deadline: the report covers the images done, named in `files`
+        report["planned_images"] = len(files)
+        report["stopped"] = "; ".join(stops)
+        files = report["files"] = [files[i] for i in done]
+        report["n_images"] = len(files)
+        position = {index: rank for rank, index in enumerate(done)}
     labelled = sum(part["labelled"] for part in parts)
     report["accuracy"] = sum(part["correct"] for part in parts) / labelled if labelled else None
     for ref in first["scores"]:
@@ -138,6 +150,8 @@ def merge(parts: list) -> dict:
         for label, row in methods.items():
             if row.pop("indices") != indices:
                 raise SystemExit(f"{label} under {ref} was scored on other images than the first method")
+        if stops:
+            indices = [position[i] for i in indices]
         report["references"][ref] = {"files": [files[i] for i in indices], "methods": methods}
     # summed over the shards, which ran side by side on one machine: where the time went, not method timings
     report["map_seconds"] = {label: sum(part["seconds"][label] for part in parts) for label in first["seconds"]}
@@ -161,6 +175,8 @@ def main(argv=None) -> int:
     run.add_argument("--curve-batch", type=int, default=512, help="perturbed images per forward pass (curves)")
     run.add_argument("--device", default="cpu")
     run.add_argument("--threads", type=int, default=1)
+    run.add_argument("--deadline", type=float, default=None,
+                     help="seconds: start no batch after this (the report then covers the images done, named)")
     run.add_argument("--shard", default="0/1", help="r/n: this process scores batches r, r+n, ...")
     run.add_argument("--out", required=True)
     joined = commands.add_parser("merge", help="merge one model's shards into one report")

@@ -133,3 +133,21 @@ def test_runner_shards_merge_to_the_single_process_result(tiny_folder, tmp_path,
     assert "rollout" in cnn["skipped"] and "rollout" not in cnn["scores"]["mean"]
     text = scoreboard_markdown([single])
     assert "board-tiny-vit" in text
+
+
+def test_merge_of_a_run_cut_short_names_the_images_done():
+    runner = bench_script("scoreboard_run")
+
+    def part(indices, stopped):
+        scores = {"mean": {"gradcam": {"index": indices, "deletion": [0.1 * i for i in indices],
+                                       "insertion": [0.5] * len(indices)}}}
+        return {"model": "m", "files": [f"f{i}" for i in range(6)], "indices": indices, "correct": 0, "labelled": 0,
+                "scores": scores, "seconds": {"gradcam": 0.0}, "curve_seconds": {"mean": 0.0}, "skipped": {},
+                "options": {"gradcam": {}}, "protocol": {}, "stopped": stopped}
+
+    merged = runner.merge([part([0, 1, 4], None), part([2], "stopped at the 10 s deadline after 1 images")])
+    assert merged["files"] == ["f0", "f1", "f2", "f4"] and merged["planned_images"] == 6 and merged["stopped"]
+    assert merged["references"]["mean"]["files"] == ["f0", "f1", "f2", "f4"]
+    assert merged["references"]["mean"]["methods"]["gradcam"]["per_image"]["deletion"] == pytest.approx([0, .1, .2, .4])
+    with pytest.raises(SystemExit, match="a shard is missing"):
+        runner.merge([part([0, 1, 4], None)])
