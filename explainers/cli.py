@@ -499,11 +499,13 @@ def _registrars() -> tuple:
     from .decoy import add_decoy_parser
     from .familiarity import add_familiarity_parser
     from .masks import add_bccd_masks_parser
+    from .segmentation.cli import add_segmentation_parsers  # train-seg, evaluate-seg
 
     return (add_train_classifier_parser, add_explain_parser, add_evaluate_parser, add_import_model_parser,
             add_remove_model_parser, add_gridpg_parser, add_train_grid_parser, add_camal_parser,
             add_review_report_parser, add_train_aha_parser, add_aha_figures_parser, add_output_blur_parser,
-            add_familiarity_parser, add_class_dependence_parser, add_bccd_masks_parser, add_decoy_parser)
+            add_familiarity_parser, add_class_dependence_parser, add_bccd_masks_parser, add_decoy_parser,
+            add_segmentation_parsers)
 
 
 def build_parser() -> argparse.ArgumentParser:

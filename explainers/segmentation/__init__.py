@@ -1,0 +1,1 @@
+"""Segmentation models (SegFormer), BCCD masks, region targets, methods and evaluation."""

@@ -1,0 +1,189 @@
+"""Segmentation models as a model kind: SegFormer (transformers' SegformerForSemanticSegmentation) behind the
+model bundle contract.
+
+`bundle(images)` takes B x 3 x H x W images in [0, 1] and returns B x C x H x W class logits at the input's
+resolution (SegFormer predicts at a quarter of it; the logits are upsampled bilinearly, as transformers'
+post-processing does), so a region target, a mask and a map share one pixel grid. The bundle also says what
+the methods need: `segformer_facts(bundle)` gives per stage its blocks, heads, and the reduction ratio of its
+efficient attention (keys and values pooled by an R x R stride-R convolution).
+
+Loaders:
+- bundled: `weights/NAME.json` with `"kind": "segmentation"` and `"architecture": "segformer"` (the transformers
+  config in `segformer_config`) and the safetensors beside it (see `load_segformer_bundle`);
+- hub: names such as `nvidia/segformer-b0-finetuned-ade-512-512`, through transformers' from_pretrained into the
+  HuggingFace cache; offline (or without transformers) they fail at once with a plain message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+SEGMENTATION_FAMILY = "segformer"
+BUNDLED_SEGMENTATION_MODELS = ("bccd-segformer",)
+HUB_SEGMENTATION_MODELS = ("nvidia/segformer-b0-finetuned-ade-512-512",)
+HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/segformer[A-Za-z0-9_.-]*")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+B0_SIZES = dict(hidden_sizes=[32, 64, 160, 256], depths=[2, 2, 2, 2], num_attention_heads=[1, 2, 5, 8],
+                sr_ratios=[8, 4, 2, 1], decoder_hidden_size=256)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as error:
+        from ..models import ModelUnavailableError
+
+        raise ModelUnavailableError(
+            "Segmentation models need the 'transformers' package, which is not installed: install the segmentation "
+            "extra (pip install 'saliency-lab[seg]' or pip install transformers).") from error
+    return transformers
+
+
+def segformer_config(num_labels: int, **overrides):
+    """A SegFormer config: B0's sizes unless overridden (tests pass tiny ones)."""
+    transformers = _transformers()
+    values = dict(B0_SIZES, num_labels=num_labels, drop_path_rate=0.1, classifier_dropout_prob=0.1,
+                  semantic_loss_ignore_index=255)
+    values.update(overrides)
+    return transformers.SegformerConfig(**values)
+
+
+class SegmentationNetwork(nn.Module):
+    """SegformerForSemanticSegmentation returning B x C x H x W logits at the input's size."""
+
+    def __init__(self, segformer):
+        super().__init__()
+        self.segformer = segformer
+
+    @property
+    def config(self):
+        return self.segformer.config
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        logits = self.segformer(pixel_values=pixel_values).logits
+        return F.interpolate(logits, size=pixel_values.shape[-2:], mode="bilinear", align_corners=False)
+
+
+def build_segformer(config, attention: str = "eager") -> SegmentationNetwork:
+    """A randomly initialised SegFormer. `attention`: 'eager' (the explanations see the attention weights) or
+    'sdpa' (training)."""
+    transformers = _transformers()
+    config._attn_implementation = attention
+    return SegmentationNetwork(transformers.SegformerForSemanticSegmentation(config))
+
+
+def set_attention(network: SegmentationNetwork, attention: str) -> None:
+    network.segformer.config._attn_implementation = attention
+    for module in network.modules():
+        if hasattr(module, "config") and hasattr(module.config, "_attn_implementation"):
+            module.config._attn_implementation = attention
+
+
+@dataclass(frozen=True)
+class StageFacts:
+    index: int
+    blocks: int
+    heads: int
+    hidden_size: int
+    reduction: int  # keys and values are pooled by an R x R stride-R convolution (1: no reduction)
+    stride: int  # the overlapping patch embedding's stride into this stage
+
+
+def segformer_facts(bundle) -> list:
+    """[StageFacts] of a segmentation bundle's SegFormer encoder, in order."""
+    config = bundle.network.config
+    return [StageFacts(i, config.depths[i], config.num_attention_heads[i], config.hidden_sizes[i],
+                       config.sr_ratios[i], config.strides[i]) for i in range(config.num_encoder_blocks)]
+
+
+def is_segmentation(bundle) -> bool:
+    return getattr(bundle, "task", "classification") == "segmentation"
+
+
+def class_colours(bundle) -> list:
+    """One RGB colour (0..255) per class: the card's, else a fixed palette."""
+    colours = bundle.card.get("class_colours")
+    if colours and len(colours) == bundle.num_classes:
+        return [tuple(int(v) for v in colour) for colour in colours]
+    generator = torch.Generator().manual_seed(0)
+    palette = (torch.rand(bundle.num_classes, 3, generator=generator) * 200 + 40).int().tolist()
+    return [tuple(colour) for colour in palette]
+
+
+def bundle_from_segformer(name: str, network: SegmentationNetwork, *, class_names=None, class_colours=None,
+                          input_size=(240, 320), mean=IMAGENET_MEAN, std=IMAGENET_STD, reference_color=None,
+                          card: dict | None = None):
+    """Wrap a SegFormer as a model bundle (also for a tiny one a test builds)."""
+    from ..models import ModelBundle
+
+    network.eval()
+    config = network.config
+    names = list(class_names or [config.id2label.get(i, f"class {i}") for i in range(config.num_labels)])
+    card = dict(card or {"source": "memory"})
+    card.setdefault("kind", "segmentation")
+    if class_colours is not None:
+        card["class_colours"] = [list(c) for c in class_colours]
+    bundle = ModelBundle(name=name, network=network, mean=tuple(mean), std=tuple(std),
+                         input_size=tuple(int(v) for v in input_size), class_names=names, family=SEGMENTATION_FAMILY,
+                         reference_color=tuple(reference_color or mean),
+                         cam_layer_name=card.get("cam_layer", "segformer.decode_head.linear_fuse"),
+                         crop_pct=1.0, interpolation="bilinear", card=card)
+    bundle.task = "segmentation"
+    return bundle
+
+
+def load_segformer_bundle(name: str, card: dict, weights) -> object:
+    """A bundled SegFormer from its card and safetensors (stored in half precision, run in float32)."""
+    from safetensors.torch import load_file
+
+    from ..models import ModelUnavailableError
+
+    if not os.path.exists(weights):
+        raise ModelUnavailableError(
+            f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository or retrain "
+            f"it with: {card.get('training_command', 'python -m explainers train-seg')}")
+    config = segformer_config(**card["segformer_config"])
+    network = build_segformer(config)
+    state = {key: value.float() for key, value in load_file(str(weights)).items()}
+    network.segformer.load_state_dict(state)
+    return bundle_from_segformer(name, network, class_names=card["class_names"],
+                                 class_colours=card.get("class_colours"), input_size=card["input_size"],
+                                 mean=card["mean"], std=card["std"], reference_color=card.get("reference_color"),
+                                 card=card)
+
+
+def load_hub_segformer(name: str):
+    """A SegFormer from the HuggingFace hub (cached after the first download); a plain refusal offline."""
+    from ..models import ModelUnavailableError
+
+    transformers = _transformers()
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        segformer = transformers.SegformerForSemanticSegmentation.from_pretrained(name, attn_implementation="eager")
+    except Exception as error:  # hub errors come in many types; all mean the same to the user
+        raise ModelUnavailableError(
+            f"Segmentation model '{name}' could not be downloaded from the HuggingFace hub"
+            f"{' (HF_HUB_OFFLINE is set)' if offline else ''} and is not in the local cache. Connect to the "
+            f"internet once to download it, or pick the bundled segmentation model "
+            f"{BUNDLED_SEGMENTATION_MODELS[0]}.") from error
+    size = _hub_input_size(name)
+    labels = [segformer.config.id2label.get(i, f"class {i}") for i in range(segformer.config.num_labels)]
+    return bundle_from_segformer(name, SegmentationNetwork(segformer), class_names=labels, input_size=size,
+                                 card={"source": "hub", "kind": "segmentation", "hub_name": name})
+
+
+def _hub_input_size(name: str) -> tuple:
+    found = re.search(r"(\d{3,4})-(\d{3,4})$", name)
+    return (int(found.group(1)), int(found.group(2))) if found else (512, 512)
+
+
+def card_text(card: dict) -> str:
+    return json.dumps(card, indent=2)
