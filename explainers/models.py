@@ -87,6 +87,7 @@ class ModelBundle:
     crop_pct: float = 1.0
     interpolation: str = "bicubic"
     card: dict = field(default_factory=dict)
+    task: str = "classification"  # or "segmentation": B x C x H x W logits (explainers.segmentation.model)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # --- forward -------------------------------------------------------------------------------
@@ -293,6 +294,10 @@ def load_card(card_file, *, name: str | None = None) -> ModelBundle:
     card = json.loads(card_file.read_text())
     name = name or card.get("name", card_file.stem)
     weights = card_file.parent / Path(card.get("weights_file", f"{card_file.stem}.safetensors")).name
+    if card.get("kind") == "segmentation":  # a SegFormer (transformers), explainers.segmentation.model
+        from .segmentation.model import load_segformer_bundle
+
+        return load_segformer_bundle(name, card, weights)
     if not weights.exists():
         raise ModelUnavailableError(
             f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository "
@@ -464,6 +469,10 @@ def load_model(name: str, *, device: str | torch.device = "cpu", weights_file: s
     elif name in BUNDLED_MODELS:
         raise ModelUnavailableError(
             f"Bundled model '{name}' has no card in {WEIGHTS_DIR}: the checkout is incomplete.")
+    elif "segformer" in name.lower() and "/" in name:  # a hub SegFormer, e.g. nvidia/segformer-b0-finetuned-ade-512-512
+        from .segmentation.model import load_hub_segformer
+
+        bundle = load_hub_segformer(name)
     else:
         bundle = _load_hub(name, weights_file=weights_file, **timm_kwargs)
     bundle.to(device)

@@ -135,8 +135,7 @@ def bundle_from_segformer(name: str, network: SegmentationNetwork, *, class_name
                          input_size=tuple(int(v) for v in input_size), class_names=names, family=SEGMENTATION_FAMILY,
                          reference_color=tuple(reference_color or mean),
                          cam_layer_name=card.get("cam_layer", "segformer.decode_head.linear_fuse"),
-                         crop_pct=1.0, interpolation="bilinear", card=card)
-    bundle.task = "segmentation"
+                         crop_pct=1.0, interpolation="bilinear", card=card, task="segmentation")
     return bundle
 
 

@@ -1,0 +1,223 @@
+"""One forward and one backward pass of a SegFormer, keeping what the attention-based methods read.
+
+Per encoder block (stage s, block l), through hooks on transformers' modules (all removed in a `finally`):
+- `attention`  B x heads x N x M: the efficient attention's probabilities, queries at the stage's full token grid
+  (N = h x w) and keys / values at the reduced grid (M = ceil(h / R) x ceil(w / R), R the stage's reduction
+  ratio), and `attention_grad` (dA) for the region score, when gradients are asked for;
+- `value_norms` B x heads x M: |v| per head and reduced key (the embedding magnitudes);
+- `block_input` x and the attention branch output o (B x N x C) with their gradients, summed over channels as
+  `skip_flow` = sum dx * x and `main_flow` = sum do * o (B x N);
+- `key_shares` B x N: how much each token weighs in the reduced key that pools it (see `key_shares`);
+and per stage the decoder path's evidence `decoder_flow` B x N_s = relu(sum over channels dP * P), P the decode
+head's projection of that stage's output (its linear_projections[s]), i.e. how much each token feeds the region
+score through the decoder directly (the stage's output also feeds the next stage; that share comes back through
+the next stage's propagation).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import model_lock
+
+
+@dataclass
+class BlockRecord:
+    stage: int
+    grid: tuple  # (h, w) of the queries
+    reduced_grid: tuple  # (h', w') of the keys
+    reduction: int
+    attention: torch.Tensor | None = None
+    attention_grad: torch.Tensor | None = None
+    value_norms: torch.Tensor | None = None
+    main_flow: torch.Tensor | None = None
+    skip_flow: torch.Tensor | None = None
+    key_shares: torch.Tensor | None = None
+
+
+@dataclass
+class Capture:
+    blocks: list  # [BlockRecord] in forward order
+    stage_grids: list  # [(h, w)] per stage
+    decoder_flow: list = field(default_factory=list)  # [B x N_s] per stage (gradients only)
+    logits: torch.Tensor | None = None  # B x C x H x W
+    scores: torch.Tensor | None = None  # B region scores
+
+
+def _stage_modules(network):
+    encoder = network.segformer.segformer
+    return list(encoder.stages) if hasattr(encoder, "stages") else None
+
+
+def key_shares(hidden: torch.Tensor, conv: torch.nn.Conv2d, grid: tuple) -> torch.Tensor:
+    """B x N: each token's share of the reduced key that pools it, |W_(dy,dx) h_t| over the tokens of its R x R
+    cell, W_(dy,dx) the reduction convolution's weights at the token's offset in the cell and h_t its (normed)
+    features: how much of the key the token makes. Shares within a cell sum to 1."""
+    b, n, c = hidden.shape
+    h, w = grid
+    r = conv.kernel_size[0]
+    x = hidden.transpose(1, 2).reshape(b, c, h, w)
+    weight = conv.weight  # C_out x C_in x R x R
+    norms = torch.empty(b, h, w, device=hidden.device, dtype=torch.float32)
+    rows = torch.arange(h, device=hidden.device) % r
+    cols = torch.arange(w, device=hidden.device) % r
+    for dy in range(r):
+        for dx in range(r):
+            selected_rows = torch.nonzero(rows == dy).flatten()
+            selected_cols = torch.nonzero(cols == dx).flatten()
+            if selected_rows.numel() == 0 or selected_cols.numel() == 0:
+                continue
+            tokens = x[:, :, selected_rows][:, :, :, selected_cols].float()  # B x C x h_sel x w_sel
+            projected = torch.einsum("oi,bihw->bohw", weight[:, :, dy, dx].float(), tokens)
+            norms[:, selected_rows[:, None], selected_cols[None, :]] = projected.norm(dim=1)
+    cells = F.avg_pool2d(F.pad(norms[:, None], (0, (-w) % r, 0, (-h) % r)), r, r, ceil_mode=True) * r * r
+    totals = F.interpolate(cells, scale_factor=r, mode="nearest")[:, 0, :h, :w]
+    return (norms / totals.clamp_min(1e-12)).reshape(b, n)
+
+
+def reduced_grid(grid: tuple, reduction: int) -> tuple:
+    """The keys' grid after a kernel = stride = R convolution (no padding): floor, as PyTorch's conv."""
+    if reduction <= 1:
+        return tuple(grid)
+    return (grid[0] // reduction, grid[1] // reduction)
+
+
+def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = True) -> Capture:
+    """The forward pass (and, with a region `target`, the backward pass of the sum of its B scores)."""
+    network = bundle.network
+    stages = _stage_modules(network)
+    if stages is None:
+        raise ValueError(f"'{bundle.name}' is not a SegFormer from transformers: no encoder stages to read")
+    gradients = target is not None
+    blocks, grids, handles = [], [], []
+    decoder_outputs = []
+
+    def keep_grad(tensor, record, name):
+        if gradients and tensor.requires_grad:
+            tensor.register_hook(lambda grad: setattr(record, name, grad))
+
+    for stage_index, stage in enumerate(stages):
+        def embed_hook(_module, _inputs, output, stage_index=stage_index):
+            grids.append((int(output[1]), int(output[2])))
+        handles.append(stage.patch_embeddings.register_forward_hook(embed_hook))
+        for block in stage.blocks:
+            attention = block.attention
+            reduction = int(getattr(attention, "sequence_reduction_ratio", 1))
+            record = BlockRecord(stage=stage_index, grid=(0, 0), reduced_grid=(0, 0), reduction=reduction)
+            blocks.append(record)
+
+            def block_pre_hook(_module, args, kwargs, record=record, stage_index=stage_index):
+                hidden = args[0]
+                record.grid = grids[stage_index]
+                record.reduced_grid = reduced_grid(record.grid, record.reduction)
+                record._x = hidden
+                keep_grad(hidden, record, "_dx")
+
+            def attention_pre_hook(_module, args, kwargs, record=record, attention=attention):
+                if keep_shares and record.reduction > 1:
+                    with torch.no_grad():
+                        record.key_shares = key_shares(args[0].detach(), attention.sequence_reduction
+                                                       .sequence_reduction, record.grid)
+
+            def attention_hook(_module, _args, output, record=record):
+                out, weights = output
+                if weights is None:
+                    raise ValueError("the SegFormer's attention returned no weights: load it with eager attention")
+                record.attention = weights.detach().float()
+                record._o = out
+                keep_grad(out, record, "_do")
+                keep_grad(weights, record, "_dA")
+
+            def value_hook(_module, _args, output, record=record, attention=attention):
+                b, m, _ = output.shape
+                heads = attention.num_attention_heads
+                record.value_norms = output.detach().float().view(b, m, heads, -1).norm(dim=-1).transpose(1, 2)
+
+            handles.append(block.register_forward_pre_hook(block_pre_hook, with_kwargs=True))
+            handles.append(attention.register_forward_pre_hook(attention_pre_hook, with_kwargs=True))
+            handles.append(attention.register_forward_hook(attention_hook))
+            handles.append(attention.v_proj.register_forward_hook(value_hook))
+    projections = network.segformer.decode_head.linear_projections
+    for projection in projections:
+        def projection_hook(_module, _args, output):
+            holder = {"P": output}
+            decoder_outputs.append(holder)
+            if gradients and output.requires_grad:
+                output.register_hook(lambda grad, holder=holder: holder.__setitem__("dP", grad))
+        handles.append(projection.proj.register_forward_hook(projection_hook))
+
+    with model_lock(bundle):
+        attention_setting = network.segformer.config._attn_implementation
+        from .model import set_attention
+
+        set_attention(network, "eager")
+        try:
+            with torch.set_grad_enabled(gradients):
+                inputs = images
+                if gradients and not images.requires_grad:
+                    inputs = images.detach().requires_grad_(True)  # a frozen model still needs a graph
+                logits = bundle(inputs)
+                scores = None
+                if gradients:
+                    scores = target(logits)
+                    scores.sum().backward(inputs=[inputs])
+        finally:
+            for handle in handles:
+                handle.remove()
+            set_attention(network, attention_setting)
+    result = Capture(blocks=blocks, stage_grids=grids, logits=logits.detach(),
+                     scores=None if scores is None else scores.detach())
+    for record in blocks:
+        x, o = record.__dict__.pop("_x"), record.__dict__.pop("_o")
+        dx, do, d_attention = (record.__dict__.pop(name, None) for name in ("_dx", "_do", "_dA"))
+        if gradients:
+            record.attention_grad = None if d_attention is None else d_attention.detach().float()
+            record.skip_flow = torch.linalg.vecdot(dx.float(), x.detach().float()) if dx is not None else None
+            record.main_flow = torch.linalg.vecdot(do.float(), o.detach().float()) if do is not None else None
+    if gradients:
+        result.decoder_flow = [torch.linalg.vecdot(h["dP"].float(), h["P"].detach().float()).clamp_min(0)
+                               if "dP" in h else torch.zeros(h["P"].shape[:2], device=images.device)
+                               for h in decoder_outputs]
+    return result
+
+
+def spread_keys(key_relevance: torch.Tensor, record: BlockRecord, shares: str = "conv") -> torch.Tensor:
+    """B x M relevance on the reduced keys -> B x N on the tokens they pool: each key's relevance split over the
+    tokens of its R x R cell, evenly (`shares="even"`) or by `key_shares` ("conv"). Tokens past the last whole
+    cell (a grid side not divisible by R) are not pooled by any key (PyTorch's convolution drops them) and
+    get none."""
+    b = key_relevance.shape[0]
+    h, w = record.grid
+    r = record.reduction
+    if r <= 1:
+        return key_relevance
+    hk, wk = record.reduced_grid
+    cells = key_relevance.view(b, 1, hk, wk)
+    full = torch.zeros(b, h, w, device=key_relevance.device, dtype=key_relevance.dtype)
+    spread = F.interpolate(cells, scale_factor=r, mode="nearest")[:, 0]  # B x hk*r x wk*r
+    if shares == "conv" and record.key_shares is not None:
+        weights = record.key_shares.view(b, h, w)[:, :hk * r, :wk * r]
+        full[:, :hk * r, :wk * r] = spread * weights
+    else:
+        full[:, :hk * r, :wk * r] = spread / (r * r)
+    return full.reshape(b, h * w)
+
+
+def to_finer_grid(relevance: torch.Tensor, coarse: tuple, fine: tuple) -> torch.Tensor:
+    """B x (h_c w_c) -> B x (h_f w_f): each coarse token's relevance split evenly over the finer tokens nearest to
+    it (the patch embedding between stages has stride 2), so the total is kept."""
+    b = relevance.shape[0]
+    device = relevance.device
+    rows = torch.clamp((torch.arange(fine[0], device=device) * coarse[0]) // fine[0], max=coarse[0] - 1)
+    cols = torch.clamp((torch.arange(fine[1], device=device) * coarse[1]) // fine[1], max=coarse[1] - 1)
+    parent = (rows[:, None] * coarse[1] + cols[None, :]).flatten()  # h_f w_f
+    children = torch.bincount(parent, minlength=coarse[0] * coarse[1]).clamp_min(1).to(relevance.dtype)
+    return relevance[:, parent] / children[parent]
+
+
+def area_fractions(masks: torch.Tensor, grid: tuple) -> torch.Tensor:
+    """B x (h w): the share of each token's area inside the region (the region indicator at a stage's grid)."""
+    pooled = F.adaptive_avg_pool2d(masks.float().unsqueeze(1), grid)[:, 0]
+    return pooled.flatten(1)
