@@ -17,6 +17,14 @@ def cmd_train_seg(args) -> int:
     return 0
 
 
+def cmd_evaluate_seg(args) -> int:
+    from .evaluate import run_evaluation
+
+    report = run_evaluation(args)
+    print(json.dumps(report["summary"], indent=2))
+    return 0
+
+
 def add_segmentation_parsers(commands) -> None:
     train = commands.add_parser("train-seg", help="train the bundled SegFormer on prepared BCCD masks "
                                 "(time-budgeted, resumable; CUDA when present)")
@@ -33,6 +41,13 @@ def add_segmentation_parsers(commands) -> None:
     train.add_argument("--eval-every-s", type=float, default=15.0, help="validation every this many seconds")
     train.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
     train.set_defaults(handler=cmd_train_seg)
+
+    from .evaluate import add_evaluate_arguments
+
+    evaluate = commands.add_parser("evaluate-seg", help="explain a segmentation model's regions on a held-out split "
+                                   "and score the maps (PA, mIoU, boxes, deletion/insertion)")
+    add_evaluate_arguments(evaluate)
+    evaluate.set_defaults(handler=cmd_evaluate_seg)
 
 
 

@@ -1,0 +1,206 @@
+"""The segmentation kind: a tiny SegFormer built here (no download, no ../shared), region targets, the methods'
+segmentation forms, their refusals, and the pieces GradSkip's propagation is made of."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from explainers.methods import MethodNotApplicable, explain  # noqa: E402
+from explainers.metrics import spearman  # noqa: E402
+from explainers.segmentation.capture import (BlockRecord, capture, key_shares, spread_keys,  # noqa: E402
+                                             to_finer_grid)
+from explainers.segmentation.methods import (get_segmentation_method, list_segmentation_methods,  # noqa: E402
+                                             SegGradSkip)
+from explainers.segmentation.model import bundle_from_segformer, build_segformer, segformer_config  # noqa: E402
+from explainers.segmentation.targets import (RegionError, RegionTarget, clicked_region, drawn_region,  # noqa: E402
+                                             predicted_region)
+
+TINY = dict(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4],
+            decoder_hidden_size=16)
+SIZE = (64, 128)  # token grids 16x32, 8x16, 4x8, 2x4: every side divisible by its reduction ratio (8, 4, 2, 1)
+
+
+def tiny_segformer(name="tiny-seg", seed=0, size=SIZE):
+    torch.manual_seed(seed)
+    network = build_segformer(segformer_config(3, **TINY))
+    return bundle_from_segformer(name, network, class_names=["background", "round", "square"],
+                                 class_colours=[(0, 0, 0), (200, 0, 0), (0, 0, 200)], input_size=size)
+
+
+@pytest.fixture(scope="module")
+def seg():
+    return tiny_segformer()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return torch.rand(2, 3, *SIZE, generator=torch.Generator().manual_seed(1))
+
+
+def box_region(top, left, height, width, size=SIZE):
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[top:top + height, left:left + width] = True
+    return mask
+
+
+def test_bundle_returns_logits_at_the_input_size(seg, images):
+    with torch.no_grad():
+        logits = seg(images)
+    assert logits.shape == (2, 3, *SIZE)
+    assert seg.task == "segmentation" and seg.family == "segformer" and not seg.is_vit
+
+
+def test_region_target_is_the_mean_class_logit_over_the_region():
+    logits = torch.randn(2, 3, 4, 5)
+    masks = torch.zeros(2, 4, 5, dtype=torch.bool)
+    masks[0, 1:3, 2:4] = True
+    masks[1, 0, 0] = True
+    scores = RegionTarget(masks, [2, 1])(logits)
+    assert torch.allclose(scores[0], logits[0, 2, 1:3, 2:4].mean())
+    assert torch.allclose(scores[1], logits[1, 1, 0, 0])
+    probability = RegionTarget(masks, [2, 1]).probability(logits)
+    assert torch.allclose(probability[0], logits[0].softmax(0)[2, 1:3, 2:4].mean())
+
+
+def test_empty_region_is_refused_in_plain_words(seg):
+    with pytest.raises(RegionError, match="empty"):
+        RegionTarget(torch.zeros(1, 4, 4, dtype=torch.bool), [1])
+    prediction = torch.zeros(8, 8, dtype=torch.long)
+    with pytest.raises(RegionError, match="predicts no round"):
+        predicted_region(seg, prediction, 1)
+    with pytest.raises(RegionError, match="empty"):
+        drawn_region(seg, np.zeros((8, 8)), 1, (8, 8))
+
+
+def test_click_on_background_is_refused_and_a_click_picks_its_connected_piece(seg):
+    prediction = torch.zeros(10, 10, dtype=torch.long)
+    prediction[1:3, 1:3] = 1
+    prediction[6:9, 6:9] = 1
+    with pytest.raises(RegionError, match="background"):
+        clicked_region(seg, prediction, 5, 5)
+    class_index, region = clicked_region(seg, prediction, 7, 7)
+    assert class_index == 1 and int(region.sum()) == 9 and not bool(region[1, 1])
+
+
+def test_drawn_region_is_read_at_the_model_size(seg):
+    drawing = np.zeros((16, 32, 4), np.uint8)
+    drawing[4:8, 8:16, 3] = 255
+    region = drawn_region(seg, drawing, 2, (8, 16))
+    assert region.shape == (8, 16) and int(region.sum()) == 8
+
+
+@pytest.mark.parametrize("name", ["gradskip", "seggradcam", "rollout", "gradrollout", "occlusion", "rise", "aha",
+                                  "random"])
+def test_every_method_explains_a_region(seg, images, name):
+    options = {"rise": {"n_masks": 16}, "aha": {"steps": 1}, "occlusion": {"window_fraction": 0.5}}.get(name, {})
+    target = RegionTarget(torch.stack([box_region(8, 16, 16, 32), box_region(30, 60, 20, 40)]), [1, 2])
+    maps = get_segmentation_method(name, seg, **options).attribute(seg, images, target)
+    assert maps.shape == (2, *SIZE)
+    assert torch.isfinite(maps).all() and float(maps.min()) >= 0 and float(maps.max()) <= 1 + 1e-6
+
+
+def test_gradskip_follows_the_region(seg, images):
+    left = RegionTarget(box_region(0, 0, 32, 32).unsqueeze(0), [1])
+    right = RegionTarget(box_region(32, 96, 32, 32).unsqueeze(0), [1])
+    method = SegGradSkip()
+    first, second = method.attribute(seg, images[:1], left), method.attribute(seg, images[:1], right)
+    assert spearman(first[0], second[0]) < 0.9
+    # the relevance stays mostly near its region: more mass in the left half for the left region
+    assert float(first[0, :, :64].sum()) > float(first[0, :, 64:].sum())
+    assert float(second[0, :, 64:].sum()) > float(second[0, :, :64].sum())
+
+
+def test_gradskip_conserves_relevance_and_alpha_is_free(seg, images):
+    target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
+    state = SegGradSkip().prepare(seg, images[:1], target)
+    relevance = state.relevance()
+    assert relevance.shape == (1, 16, 32)
+    assert abs(float(relevance.sum()) - 1.0) < 1e-4  # every grid side divisible by R: no token left unpooled
+    assert not torch.equal(state.map(alpha=0.0), state.map(alpha=1.0))
+    with pytest.raises(ValueError, match="alpha"):
+        state.map(alpha=1.5)
+
+
+def test_capture_keeps_full_queries_reduced_keys_and_gradients(seg, images):
+    target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [2])
+    captured = capture(seg, images[:1], target)
+    assert captured.stage_grids == [(16, 32), (8, 16), (4, 8), (2, 4)]
+    first, last = captured.blocks[0], captured.blocks[-1]
+    assert first.attention.shape[-2:] == (16 * 32, 2 * 4)  # queries at the full grid, keys reduced 8 x 8
+    assert last.attention.shape[-2:] == (8, 8)  # stage 4: no reduction
+    for block in captured.blocks:
+        assert torch.allclose(block.attention.sum(-1), torch.ones(1), atol=1e-5)
+        assert block.attention_grad.shape == block.attention.shape
+        assert block.main_flow.shape == block.skip_flow.shape == (1, block.grid[0] * block.grid[1])
+    assert float(sum(b.attention_grad.abs().sum() for b in captured.blocks)) > 0
+    assert [tuple(f.shape) for f in captured.decoder_flow] == [(1, 512), (1, 128), (1, 32), (1, 8)]
+    assert torch.allclose(captured.scores, target(seg(images[:1])).detach(), atol=1e-5)
+    # the region score reads the decoder; its tokens inside the region carry the most direct evidence
+    assert float(captured.decoder_flow[0].sum()) > 0
+
+
+def test_key_shares_sum_to_one_per_cell_and_spreading_keeps_the_total():
+    conv = torch.nn.Conv2d(4, 4, kernel_size=2, stride=2)
+    hidden = torch.randn(1, 4 * 6, 4)
+    shares = key_shares(hidden, conv, (4, 6)).view(1, 4, 6)
+    cells = shares.view(1, 2, 2, 3, 2).sum(dim=(2, 4))
+    assert torch.allclose(cells, torch.ones_like(cells), atol=1e-5)
+    record = BlockRecord(stage=0, grid=(4, 6), reduced_grid=(2, 3), reduction=2, key_shares=shares.view(1, -1))
+    keys = torch.rand(1, 6)
+    for mode in ("conv", "even"):
+        spread = spread_keys(keys, record, mode)
+        assert spread.shape == (1, 24) and torch.allclose(spread.sum(), keys.sum())
+    even = spread_keys(keys, record, "even").view(4, 6)
+    assert torch.allclose(even[0, 0], keys[0, 0] / 4)
+
+
+def test_relevance_moves_to_a_finer_grid_with_its_total():
+    coarse = torch.rand(3, 2 * 4)
+    fine = to_finer_grid(coarse, (2, 4), (3, 7))
+    assert fine.shape == (3, 21) and torch.allclose(fine.sum(1), coarse.sum(1))
+
+
+def test_seg_gradcam_agrees_with_pytorch_grad_cam(seg, images):
+    gradcam_module = pytest.importorskip("pytorch_grad_cam")
+    from pytorch_grad_cam.utils.model_targets import SemanticSegmentationTarget
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.network = seg.network
+
+        def forward(self, x):
+            return seg(x)
+
+    region = box_region(16, 32, 24, 48)
+    ours = get_segmentation_method("seggradcam", seg).attribute(seg, images[:1], RegionTarget(region[None], [1]))
+    peer = gradcam_module.GradCAM(model=Wrapped(), target_layers=[seg.network.segformer.decode_head.linear_fuse])
+    theirs = peer(input_tensor=images[:1], targets=[SemanticSegmentationTarget(1, region.float().numpy())])
+    assert spearman(ours[0], torch.from_numpy(theirs[0])) >= 0.99
+
+
+def test_classifier_only_methods_refuse_a_segmentation_model(seg, images):
+    with pytest.raises(MethodNotApplicable, match="classifiers only"):
+        get_segmentation_method("chefer", seg)
+    with pytest.raises(MethodNotApplicable, match="no method called"):
+        get_segmentation_method("nonsense", seg)
+    with pytest.raises(MethodNotApplicable, match="tiny-seg"):
+        explain(seg, images[:1], [1], "chefer")  # the classifier registry refuses it too
+
+
+def test_segmentation_methods_refuse_a_classifier():
+    from conftest import tiny_vit
+
+    with pytest.raises(MethodNotApplicable, match="classifier"):
+        get_segmentation_method("gradskip", tiny_vit())
+
+
+def test_methods_need_a_region_target(seg, images):
+    with pytest.raises(ValueError, match="RegionTarget"):
+        get_segmentation_method("seggradcam", seg).attribute(seg, images[:1], torch.tensor([1]))
+
+
+def test_menu_order_puts_gradskip_first_after_aha():
+    names = list_segmentation_methods()
+    assert names[:3] == ["aha", "gradskip", "seggradcam"] and names[-1] == "random"
