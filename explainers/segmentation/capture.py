@@ -41,6 +41,8 @@ class BlockRecord:
 class Capture:
     blocks: list  # [BlockRecord] in forward order
     stage_grids: list  # [(h, w)] per stage
+    # per stage s > 0: B x 9 x N_s shares of the 3 x 3 window of stage s-1 tokens that its patch embedding reads
+    embed_shares: dict = field(default_factory=dict)
     decoder_flow: list = field(default_factory=list)  # [B x N_s] per stage (gradients only)
     logits: torch.Tensor | None = None  # B x C x H x W
     scores: torch.Tensor | None = None  # B region scores
@@ -58,23 +60,18 @@ def key_shares(hidden: torch.Tensor, conv: torch.nn.Conv2d, grid: tuple) -> torc
     b, n, c = hidden.shape
     h, w = grid
     r = conv.kernel_size[0]
-    x = hidden.transpose(1, 2).reshape(b, c, h, w)
-    weight = conv.weight  # C_out x C_in x R x R
-    norms = torch.empty(b, h, w, device=hidden.device, dtype=torch.float32)
-    rows = torch.arange(h, device=hidden.device) % r
-    cols = torch.arange(w, device=hidden.device) % r
-    for dy in range(r):
-        for dx in range(r):
-            selected_rows = torch.nonzero(rows == dy).flatten()
-            selected_cols = torch.nonzero(cols == dx).flatten()
-            if selected_rows.numel() == 0 or selected_cols.numel() == 0:
-                continue
-            tokens = x[:, :, selected_rows][:, :, :, selected_cols].float()  # B x C x h_sel x w_sel
-            projected = torch.einsum("oi,bihw->bohw", weight[:, :, dy, dx].float(), tokens)
-            norms[:, selected_rows[:, None], selected_cols[None, :]] = projected.norm(dim=1)
-    cells = F.avg_pool2d(F.pad(norms[:, None], (0, (-w) % r, 0, (-h) % r)), r, r, ceil_mode=True) * r * r
-    totals = F.interpolate(cells, scale_factor=r, mode="nearest")[:, 0, :h, :w]
-    return (norms / totals.clamp_min(1e-12)).reshape(b, n)
+    hk, wk = h // r, w // r  # whole cells only: the convolution (no padding) drops the rest
+    shares = torch.zeros(b, h, w, device=hidden.device, dtype=torch.float32)
+    if hk == 0 or wk == 0:
+        return shares.reshape(b, n)
+    x = hidden.transpose(1, 2).reshape(b, c, h, w)[:, :, :hk * r, :wk * r].float()
+    cells = x.reshape(b, c, hk, r, wk, r)  # b, c, cell row, dy, cell column, dx
+    # every token's share of its key, all offsets in one contraction: |W[:, :, dy, dx] h_t| over output channels
+    projected = torch.einsum("ocyx,bciyjx->boiyjx", conv.weight.float(), cells)
+    norms = projected.norm(dim=1)  # b, cell row, dy, cell column, dx
+    totals = norms.sum(dim=(2, 4), keepdim=True).clamp_min(1e-12)
+    shares[:, :hk * r, :wk * r] = (norms / totals).reshape(b, hk * r, wk * r)
+    return shares.reshape(b, n)
 
 
 def reduced_grid(grid: tuple, reduction: int) -> tuple:
@@ -92,6 +89,7 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
         raise ValueError(f"'{bundle.name}' is not a SegFormer from transformers: no encoder stages to read")
     gradients = target is not None
     blocks, grids, handles = [], [], []
+    embed_shares = {}
     decoder_outputs = []
 
     def keep_grad(tensor, record, name):
@@ -99,8 +97,11 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
             tensor.register_hook(lambda grad: setattr(record, name, grad))
 
     for stage_index, stage in enumerate(stages):
-        def embed_hook(_module, _inputs, output, stage_index=stage_index):
+        def embed_hook(module, inputs, output, stage_index=stage_index):
             grids.append((int(output[1]), int(output[2])))
+            if keep_shares and stage_index > 0:
+                with torch.no_grad():
+                    embed_shares[stage_index] = window_shares(inputs[0].detach(), module.proj)
         handles.append(stage.patch_embeddings.register_forward_hook(embed_hook))
         for block in stage.blocks:
             attention = block.attention
@@ -167,7 +168,7 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
             for handle in handles:
                 handle.remove()
             set_attention(network, attention_setting)
-    result = Capture(blocks=blocks, stage_grids=grids, logits=logits.detach(),
+    result = Capture(blocks=blocks, stage_grids=grids, embed_shares=embed_shares, logits=logits.detach(),
                      scores=None if scores is None else scores.detach())
     for record in blocks:
         x, o = record.__dict__.pop("_x"), record.__dict__.pop("_o")
@@ -203,6 +204,27 @@ def spread_keys(key_relevance: torch.Tensor, record: BlockRecord, shares: str = 
     else:
         full[:, :hk * r, :wk * r] = spread / (r * r)
     return full.reshape(b, h * w)
+
+
+def window_shares(inputs: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
+    """B x K x L: for each output token of an overlapping patch embedding (a K = k x k window, stride s, padding p)
+    the share of each input token of its window, |W_(dy,dx) h_t| normalised over the window (padding: none)."""
+    k = conv.kernel_size[0]
+    windows = F.unfold(inputs.float(), k, padding=conv.padding[0], stride=conv.stride[0])  # B x C*K x L
+    b, _, count = windows.shape
+    windows = windows.view(b, inputs.shape[1], k * k, count)
+    weight = conv.weight.float().view(conv.weight.shape[0], conv.weight.shape[1], k * k)  # O x C x K
+    norms = torch.einsum("ock,bckl->bokl", weight, windows).norm(dim=1)  # B x K x L
+    return norms / norms.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def to_finer_by_window(relevance: torch.Tensor, shares: torch.Tensor, conv: torch.nn.Conv2d, fine: tuple) -> torch.Tensor:
+    """B x L coarse relevance -> B x (h w) over the finer tokens, each coarse token's relevance split over the
+    window its patch embedding reads by `window_shares` (overlapping windows add up), so the total is kept."""
+    k = conv.kernel_size[0]
+    spread = shares * relevance.unsqueeze(1)  # B x K x L
+    folded = F.fold(spread, fine, k, padding=conv.padding[0], stride=conv.stride[0])  # B x 1 x h x w
+    return folded.flatten(1)
 
 
 def to_finer_grid(relevance: torch.Tensor, coarse: tuple, fine: tuple) -> torch.Tensor:

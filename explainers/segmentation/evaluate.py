@@ -4,8 +4,9 @@ maps.
 For every image of the split and every object class c (not the background) that the model predicts there and
 the derived mask contains, the target is c over its predicted region (`RegionTarget`), and each method draws a
 map. Scores per (image, class, method) record:
-- PA and IoU of the binarised map (`scoring.binarise`: at least half the map's maximum) against the class's
-  derived mask (ignored pixels left out), and against the predicted region;
+- PA and IoU of the binarised map against the class's derived mask (ignored pixels left out): primary, its
+  top-k pixels with k the mask's area (`scoring.binarise_top`, the project's localisation rule); secondary, the
+  pixels at least half its maximum (`scoring.binarise`); and against the predicted region (top-k, k its area);
 - against the human boxes: the map's energy inside the class's boxes and the pointing game (its maximum within
   15 px at 224 px, scaled, of a box);
 - deletion and insertion AUC of the region score in probability form (K = 20 steps, the mean-colour reference);
@@ -26,7 +27,7 @@ import torch
 
 from .._io import atomic_write_text
 from ..statistics import N_RESAMPLES
-from .scoring import BINARY_THRESHOLD, binarise, box_energy, box_mask, pa_iou, region_curves
+from .scoring import BINARY_THRESHOLD, binarise, binarise_top, box_energy, box_mask, pa_iou, region_curves
 
 DEFAULT_METHODS = "gradskip,seggradcam,gradrollout,rollout,occlusion,rise,aha,random"
 SLOW = ("occlusion", "rise", "aha")
@@ -106,7 +107,9 @@ def run_evaluation(args) -> dict:
         "model": args.model, "model_card_test": bundle.card.get("test"), "split": args.split,
         "data": str(folder), "images": done, "images_in_split": len(names), "device": str(device),
         "protocol": {"target": "each object class over its predicted region; score = mean class logit there",
-                     "binarisation": f"map >= {BINARY_THRESHOLD} x its maximum",
+                     "binarisation": "primary (iou, pa): the map's top-k pixels among those that count, k = the "
+                                     f"class's mask area; secondary (iou_half, pa_half): map >= {BINARY_THRESHOLD} x "
+                                     "its maximum; against the predicted region: top-k, k = its area",
                      "pa_iou": "against the class's derived mask, ignored pixels left out; mean over images per "
                                "class, then over classes",
                      "boxes": "energy inside the class's human boxes; pointing game with 15 px at 224 px, scaled",
@@ -134,11 +137,15 @@ def _score_region(bundle, methods, image, target, name, class_name, index, args,
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         heat = found[0].cpu()
-        binary = binarise(heat[None])[0]
-        pa, iou = pa_iou(binary, truth, valid)
-        pa_region, iou_region = pa_iou(binary, region)
-        row = {"image": name, "class": class_name, "method": label, "pa": pa, "iou": iou,
-               "pa_predicted": pa_region, "iou_predicted": iou_region, "seconds": round(seconds, 4),
+        half = binarise(heat[None])[0]
+        # the top-k rule inside the pixels that count: k = the mask's area there
+        top = binarise_top(torch.where(valid, heat, torch.full_like(heat, -1.0))[None], [int(truth.sum())])[0]
+        pa, iou = pa_iou(top, truth, valid)
+        pa_half, iou_half = pa_iou(half, truth, valid)
+        pa_region, iou_region = pa_iou(binarise_top(heat[None], [int(region.sum())])[0], region)
+        row = {"image": name, "class": class_name, "method": label, "pa": pa, "iou": iou, "pa_half": pa_half,
+               "iou_half": iou_half, "pa_predicted": pa_region, "iou_predicted": iou_region,
+               "seconds": round(seconds, 4),
                "region_pixels": int(region.sum()), "mask_pixels": int(truth.sum())}
         if bool(box.any()):
             row["box_energy"] = box_energy(heat, box)
@@ -199,8 +206,8 @@ def summarise(records: list, labels: list, *, n_resamples: int = N_RESAMPLES, se
         if not rows:
             continue
         entry = {"regions": len(rows), "images": len(images)}
-        for key in ("iou", "pa", "iou_predicted", "pa_predicted", "box_energy", "pointing", "deletion_auc",
-                    "insertion_auc"):
+        for key in ("iou", "pa", "iou_half", "pa_half", "iou_predicted", "pa_predicted", "box_energy", "pointing",
+                    "deletion_auc", "insertion_auc"):
             value = _class_means(rows, key, images)
             if np.isfinite(value):
                 entry[key] = round(value, 4)
@@ -214,12 +221,13 @@ def summarise(records: list, labels: list, *, n_resamples: int = N_RESAMPLES, se
     others = [label for label in labels if label != leader and label in methods]
     if leader in methods and others:
         best = max(others, key=lambda label: methods[label].get("iou", -1))
-        for key in ("iou", "pa"):
+        for key in ("iou", "pa", "iou_half"):
             comparisons[f"gradskip_minus_best_{key}"] = _paired(records, leader, best, key, n_resamples, seed)
         comparisons["best_baseline_by_iou"] = best
         for label in others:
             comparisons[f"gradskip_minus_{label}_iou"] = _paired(records, leader, label, "iou", n_resamples, seed)
-    summary = {label: {k: entry.get(k) for k in ("iou", "iou_ci95", "pa", "pa_ci95", "box_energy", "pointing",
+    summary = {label: {k: entry.get(k) for k in ("iou", "iou_ci95", "pa", "pa_ci95", "iou_half", "pa_half",
+                                                   "box_energy", "pointing",
                                                    "deletion_auc", "insertion_auc", "seconds_per_map", "images")}
                for label, entry in methods.items()}
     return {"methods": methods, "comparisons": comparisons, "summary": {"methods": summary,

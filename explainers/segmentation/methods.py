@@ -22,13 +22,13 @@ import torch
 
 from ..methods.base import Method, MethodNotApplicable, Option, normalize_max, upsample
 from ..methods.gradskip import gini
-from .capture import area_fractions, capture, spread_keys, to_finer_grid
+from .capture import area_fractions, capture, spread_keys, to_finer_by_window, to_finer_grid
 from .model import SEGMENTATION_FAMILY, is_segmentation
 from .targets import RegionTarget, require_region_target
 
 SEGMENTATION_METHODS: dict = {}
 KEY_SPREADS = ("conv", "even")
-ATTENTION_WEIGHTINGS = ("attention", "gradient")
+ATTENTION_WEIGHTINGS = ("attention", "gradient", "gradient_residual")
 STARTS = ("decoder", "region")
 EPS = 1e-12
 
@@ -56,14 +56,20 @@ def _stage_blocks(blocks, stage: int) -> list:
     return [record for record in blocks if record.stage == stage]
 
 
-def propagate(captured, starts: list, block_step) -> torch.Tensor:
+def propagate(captured, starts: list, block_step, stage_spread: str = "even", network=None) -> torch.Tensor:
     """B x h0 x w0 relevance at the first stage's grid. `starts[s]`: B x N_s relevance entering at stage s's
-    output; `block_step(record, R) -> R`: one block backwards."""
+    output; `block_step(record, R) -> R`: one block backwards; `stage_spread`: how a stage's input relevance goes
+    back to the previous stage's tokens ("even": over the nearest finer tokens; "conv": over the 3 x 3 window its
+    patch embedding reads, by each token's |W_(dy,dx) h_t|, as the keys' "conv" spread)."""
     grids = captured.stage_grids
     relevance = None
     for stage in reversed(range(len(grids))):
         if relevance is None:
             relevance = starts[stage].clone()
+        elif stage_spread == "conv" and (stage + 1) in captured.embed_shares and network is not None:
+            conv = network.segformer.segformer.stages[stage + 1].patch_embeddings.proj
+            relevance = to_finer_by_window(relevance, captured.embed_shares[stage + 1], conv, grids[stage]) \
+                + starts[stage]
         else:
             relevance = to_finer_grid(relevance, grids[stage + 1], grids[stage]) + starts[stage]
         for record in reversed(_stage_blocks(captured.blocks, stage)):
@@ -88,8 +94,9 @@ class SegGradSkipState:
     """What `.map(alpha)` reads, from one forward and one backward pass: alpha, the head threshold, the key
     spread, the attention weighting and the start change without a model pass."""
 
-    def __init__(self, captured, image_hw: tuple, options: dict):
+    def __init__(self, captured, image_hw: tuple, options: dict, network=None):
         self.captured = captured
+        self.network = network
         self.image_hw = tuple(image_hw)
         self.options = dict(options)
         self.scores = captured.scores
@@ -106,13 +113,16 @@ class SegGradSkipState:
         sparsity = gini(attention.mean(dim=2))  # the mean query row: SegFormer has no class token
         return alpha * _normalise_heads(flow) + (1 - alpha) * _normalise_heads(sparsity)
 
-    def mixing(self, record, alpha, head_threshold, weighting) -> torch.Tensor:
-        """B x N x M: W~ = rownorm(sum_q w_q M_q diag|v_q|), M_q = A_q or relu(dA_q * A_q)."""
+    def mixing(self, record, alpha, head_threshold, weighting, normalise: bool = True) -> torch.Tensor:
+        """B x N x M: W~ = rownorm(sum_q w_q M_q diag|v_q|), M_q = A_q or relu(dA_q * A_q) (not row-normalised
+        with `normalise=False`: "gradient_residual" scales it once per image instead)."""
         attention = record.attention
         per_head = attention if weighting == "attention" else (record.attention_grad * attention).clamp_min(0)
         per_head = per_head * record.value_norms.unsqueeze(2)
         weights = self.head_weights(record, alpha, head_threshold)
         mixed = torch.einsum("bh,bhnm->bnm", weights, per_head)
+        if not normalise:
+            return mixed
         return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(EPS)
 
     def starts(self, start: str, target: RegionTarget | None = None) -> list:
@@ -129,26 +139,41 @@ class SegGradSkipState:
         alpha = float(options["alpha"] if alpha is None else alpha)
         _validate(**{k: v for k, v in {**options, "alpha": alpha}.items() if not k.startswith("_")})
 
+        weighting = options["attention_weighting"]
+        residual = weighting == "gradient_residual"
+        if any(r.attention_grad is None or r.main_flow is None or r.skip_flow is None for r in self.captured.blocks):
+            raise ValueError("the capture has no gradients for a block: was the region score differentiable?")
+        matrices = [self.mixing(r, alpha, options["head_threshold"], weighting, normalise=not residual)
+                    for r in self.captured.blocks]
+        if residual:  # one scale per image: the largest row sum over every block
+            scale = torch.stack([m.sum(dim=-1).amax(dim=-1) for m in matrices]).amax(dim=0).clamp_min(EPS)
+            matrices = [m / scale.view(-1, 1, 1) for m in matrices]
+        by_block = {id(r): m for r, m in zip(self.captured.blocks, matrices)}
+
         def block_step(record, relevance):
-            if record.attention_grad is None or record.main_flow is None or record.skip_flow is None:
-                raise ValueError("the capture has no gradients for a block: was the region score differentiable?")
             main, skip = record.main_flow.abs(), record.skip_flow.abs()
             if options["beta_reduction"] == "layer":
                 main, skip = main.sum(dim=1, keepdim=True), skip.sum(dim=1, keepdim=True)
             b_main = main / (main + skip).clamp_min(EPS)
             through = b_main * relevance
-            mixing = self.mixing(record, alpha, options["head_threshold"], options["attention_weighting"])
+            mixing = by_block[id(record)]
             keys = torch.einsum("bnm,bn->bm", mixing, through)
-            return spread_keys(keys, record, options["key_spread"]) + (relevance - through)
+            kept = relevance - through
+            if residual:  # the part of a row the weak gradients do not claim stays on its own token
+                kept = kept + through * (1 - mixing.sum(dim=-1)).clamp_min(0)
+            return spread_keys(keys, record, options["key_spread"]) + kept
 
-        return propagate(self.captured, self.starts(options["start"]), block_step)
+        return propagate(self.captured, self.starts(options["start"]), block_step, options["stage_spread"],
+                         self.network)
 
     def map(self, alpha=None, normalize: bool = True, **overrides) -> torch.Tensor:
         return _to_image(self.relevance(alpha, **overrides), self.image_hw, normalize)
 
 
 def _validate(*, alpha=None, head_threshold=None, key_spread=None, attention_weighting=None, start=None,
-              beta_reduction=None, **_ignored) -> None:
+              beta_reduction=None, stage_spread=None, **_ignored) -> None:
+    if stage_spread is not None and stage_spread not in KEY_SPREADS:
+        raise ValueError(f"stage_spread must be one of {', '.join(KEY_SPREADS)}, got {stage_spread!r}")
     if alpha is not None and not 0.0 <= float(alpha) <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if head_threshold is not None and not 0.0 <= float(head_threshold) <= 1.0:
@@ -172,12 +197,20 @@ class SegGradSkip(SegmentationMethod):
       alpha=0.5            head weights alpha * gradient flow + (1 - alpha) * Gini sparsity (paper's best).
       head_threshold=0.1   (choice, as the classifier's) heads under this share of the block's largest gradient
                            flow get no gradient-flow weight. Stage 1 of B0 has one head: its weight is 1.
-      attention_weighting  (choice) M_q in W~: "gradient" relu(dA * A) (the paper's wording) or "attention" A.
+      attention_weighting  (choice) M_q in W~: "gradient" relu(dA * A) (the paper's wording) or "attention" A,
+                           rows renormalised; or "gradient_residual": relu(dA * A) |v| mixed by w_q WITHOUT
+                           renormalising rows, every block divided by one scale per image (the largest row sum
+                           over all blocks), the rest of each row staying on its own token (as the classifier
+                           GradSkip's form of that name): a query whose gradients are weak keeps its relevance
+                           instead of sending all of it to whichever reduced key happens to lead.
       key_spread="conv"    (choice) how a reduced key's relevance goes back to the tokens it pools (module doc).
       start="decoder"      (choice) the relevance entering each stage: relu(dP * P) summed over channels, P the
                            decode head's projection of that stage's tokens (how much each token feeds the region
                            score directly through the decoder), over all stages summing to 1; "region": the region's
                            area at every stage, a quarter per stage (no gradient).
+      stage_spread="even"  (choice) how relevance at a stage's input tokens goes back to the previous stage's output
+                           tokens: over the 3 x 3 window the stride-2 patch embedding reads, by each token's
+                           |W_(dy,dx) h_t| ("conv"), or evenly over the nearest finer tokens ("even").
       beta_reduction="token"  b_main = |sum do*o| / (|sum do*o| + |sum dx*x|) per token ("layer": per block).
     The class token the paper drops does not exist in SegFormer: every token is a patch token.
     """
@@ -198,18 +231,20 @@ class SegGradSkip(SegmentationMethod):
         return True
 
     def __init__(self, alpha: float = 0.5, head_threshold: float = 0.1, attention_weighting: str = "gradient",
-                 key_spread: str = "conv", start: str = "decoder", beta_reduction: str = "token"):
+                 key_spread: str = "conv", start: str = "decoder", beta_reduction: str = "token",
+                 stage_spread: str = "even"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
-                  key_spread=key_spread, start=start, beta_reduction=beta_reduction)
+                  key_spread=key_spread, start=start, beta_reduction=beta_reduction, stage_spread=stage_spread)
         super().__init__(alpha=float(alpha), head_threshold=float(head_threshold),
                          attention_weighting=attention_weighting, key_spread=key_spread, start=start,
-                         beta_reduction=beta_reduction)
+                         beta_reduction=beta_reduction, stage_spread=stage_spread)
 
     def prepare(self, bundle, images, targets) -> SegGradSkipState:
         self.check(bundle)
         target = self._target(images, targets)
-        captured = capture(bundle, images, target, keep_shares=self.options["key_spread"] == "conv")
-        return SegGradSkipState(captured, tuple(images.shape[-2:]), {**self.options, "_masks": target.masks})
+        captured = capture(bundle, images, target, keep_shares=True)
+        return SegGradSkipState(captured, tuple(images.shape[-2:]), {**self.options, "_masks": target.masks},
+                                network=bundle.network)
 
     def attribute(self, bundle, images, targets):
         return self.prepare(bundle, images, targets).map()

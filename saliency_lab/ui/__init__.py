@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 # the tabs, in the order they are shown (module names inside saliency_lab.ui)
 TAB_MODULES: list[str] = [
     "explain",
+    "segment",
     "masks",
     "review",
     "learn",

@@ -1,0 +1,283 @@
+"""The segmentation view's service layer (no Gradio): a segmentation model's prediction as an overlay with a
+legend, the region to explain (a class, a clicked piece, a drawn region), each method's map with its IoU and PA
+against the predicted region (and the ground truth where the example has one), and the region score's deletion
+and insertion curves.
+
+    view = SegmentationView(bundle)
+    shown = view.predict(image)                  # overlay, legend, notes
+    region = view.region(shown, class_name="WBC")   # or click=(x, y), or drawing=array
+    results = view.explain(shown, region, ["gradskip", "seggradcam"])
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from explainers.images import ImageError, colorize, load_image
+from explainers.segmentation.methods import SEGMENTATION_METHODS, get_segmentation_method, list_segmentation_methods
+from explainers.segmentation.model import (BUNDLED_SEGMENTATION_MODELS, HUB_SEGMENTATION_MODELS, class_colours,
+                                           is_segmentation)
+from explainers.segmentation.scoring import binarise_top, pa_iou, region_curves
+from explainers.segmentation.targets import RegionError, RegionTarget, clicked_region, drawn_region, predicted_region
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "explainers" / "segmentation" / "examples"
+LARGE_PHOTO_FACTOR = 4  # a photo over 4x the model's side is reduced with a note (detail is lost)
+DEFAULT_METHODS = ("gradskip", "seggradcam", "gradrollout", "rollout")
+
+
+def segmentation_models() -> list:
+    """The segmentation models to offer: the bundled ones whose card is present, the user's segmentation cards,
+    then the default hub names."""
+    from explainers.models import model_cards, model_dirs
+
+    names = []
+    for folder in model_dirs():
+        for name, card in model_cards(folder):
+            if card.get("kind") == "segmentation" and name not in names:
+                names.append(name)
+    bundled = [n for n in BUNDLED_SEGMENTATION_MODELS if n in names]
+    return bundled + [n for n in names if n not in bundled] + list(HUB_SEGMENTATION_MODELS)
+
+
+def examples() -> list:
+    """[(image path, mask path or None)] of the shipped example smears."""
+    found = []
+    for image in sorted(EXAMPLES_DIR.glob("*.jpg")):
+        mask = image.with_name(image.stem + ".mask.png")
+        found.append((str(image), str(mask) if mask.exists() else None))
+    return found
+
+
+def example_mask(image_path) -> np.ndarray | None:
+    """The derived mask of a shipped example (by its file name), else None."""
+    name = Path(str(image_path)).stem
+    mask = EXAMPLES_DIR / f"{name}.mask.png"
+    return np.asarray(Image.open(mask)) if mask.exists() and (EXAMPLES_DIR / f"{name}.jpg").exists() else None
+
+
+@dataclass
+class Shown:
+    """One image as the model sees it, and its prediction."""
+    image: torch.Tensor  # 1 x 3 x H x W in [0, 1], at the model's input size
+    prediction: torch.Tensor  # H x W class indices
+    rgb: np.ndarray  # H x W x 3 uint8 (the model's input)
+    overlay: np.ndarray  # the prediction over the image
+    legend: list  # [(class name, "#rrggbb", share of pixels)]
+    notes: list = field(default_factory=list)
+    truth: np.ndarray | None = None  # H x W class indices (255 ignored), where the example has a mask
+
+
+def hex_colour(colour) -> str:
+    return "#" + "".join(f"{int(v):02x}" for v in colour)
+
+
+class SegmentationView:
+    def __init__(self, bundle):
+        if not is_segmentation(bundle):
+            raise ValueError(f"'{bundle.name}' is a classifier: the segmentation view needs a segmentation model.")
+        self.bundle = bundle
+        self.colours = class_colours(bundle)
+
+    # --- the prediction ------------------------------------------------------------------------
+    def prepare(self, source) -> tuple:
+        """(1 x 3 x H x W tensor at the model's size, notes). The whole photo is resized (no crop: every pixel
+        is segmented); a very large photo is reduced with a note; one over the loader's limit is refused."""
+        picture = load_image(source)
+        height, width = self.bundle.input_size
+        notes = []
+        if picture.width > LARGE_PHOTO_FACTOR * width or picture.height > LARGE_PHOTO_FACTOR * height:
+            notes.append(f"The photo is {picture.width} x {picture.height} pixels; the model sees it reduced to "
+                         f"{width} x {height}, so details smaller than about "
+                         f"{max(picture.width / width, picture.height / height):.0f} pixels of the photo are lost.")
+        if abs(picture.width / picture.height - width / height) > 0.05:
+            notes.append(f"The photo's shape ({picture.width} x {picture.height}) differs from the model's "
+                         f"({width} x {height}); it is stretched to fit.")
+        resized = picture.resize((width, height), Image.BILINEAR)
+        rgb = np.array(resized, dtype=np.uint8)
+        tensor = torch.from_numpy(rgb).permute(2, 0, 1).float().div(255).unsqueeze(0)
+        return tensor.to(self.bundle.device), notes
+
+    def predict(self, source, truth=None) -> Shown:
+        image, notes = self.prepare(source)
+        with torch.no_grad():
+            prediction = self.bundle(image)[0].argmax(dim=0).cpu()
+        rgb = (image[0].permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
+        shares = torch.bincount(prediction.flatten(), minlength=self.bundle.num_classes).float()
+        shares = (shares / shares.sum()).tolist()
+        legend = [(name, hex_colour(self.colours[i]), shares[i]) for i, name in enumerate(self.bundle.class_names)]
+        if truth is not None:
+            truth = np.asarray(truth)
+            if truth.shape != tuple(self.bundle.input_size):
+                truth = np.asarray(Image.fromarray(truth.astype(np.uint8)).resize(
+                    (self.bundle.input_size[1], self.bundle.input_size[0]), Image.NEAREST))
+        return Shown(image=image, prediction=prediction, rgb=rgb, overlay=self.paint(rgb, prediction.numpy()),
+                     legend=legend, notes=notes, truth=truth)
+
+    def paint(self, rgb: np.ndarray, labels: np.ndarray, opacity: float = 0.5, outline=None) -> np.ndarray:
+        """The class colours over the image (the background class left unpainted), optionally a region outline."""
+        from explainers.segmentation.targets import background_classes
+
+        out = rgb.astype(np.float32).copy()
+        skip = background_classes(self.bundle)
+        for index, colour in enumerate(self.colours):
+            if index in skip:
+                continue
+            where = labels == index
+            out[where] = (1 - opacity) * out[where] + opacity * np.asarray(colour, np.float32)
+        if outline is not None:
+            out[_edges(outline)] = (255, 255, 255)
+        return out.clip(0, 255).astype(np.uint8)
+
+    def legend_markdown(self, shown: Shown) -> str:
+        rows = [f"<span style='color:{colour}'>■</span> **{name}**: {100 * share:.1f}% of the pixels"
+                for name, colour, share in shown.legend]
+        return "  \n".join(rows)
+
+    def classes_present(self, shown: Shown) -> list:
+        from explainers.segmentation.targets import background_classes
+
+        skip = background_classes(self.bundle)
+        present = set(torch.unique(shown.prediction).tolist())
+        return [name for i, name in enumerate(self.bundle.class_names) if i in present and i not in skip]
+
+    # --- the region --------------------------------------------------------------------------------
+    def region(self, shown: Shown, *, class_name: str | None = None, click=None, drawing=None) -> RegionTarget:
+        """The target: a click (x, y) picks the connected piece under it; a drawing (any array, non-zero = the
+        region) with `class_name` explains that class there; else `class_name` over its predicted region."""
+        if click is not None:
+            column, row = (int(v) for v in click)
+            class_index, region = clicked_region(self.bundle, shown.prediction, row, column)
+        elif drawing is not None:
+            class_index = self._class_index(class_name)
+            region = drawn_region(self.bundle, drawing, class_index, tuple(self.bundle.input_size))
+        else:
+            class_index = self._class_index(class_name)
+            region = predicted_region(self.bundle, shown.prediction, class_index)
+        return RegionTarget(region.unsqueeze(0).to(self.bundle.device), [class_index])
+
+    def _class_index(self, class_name) -> int:
+        if class_name is None:
+            raise RegionError("Pick a class to explain (or click on a coloured region).")
+        if class_name not in self.bundle.class_names:
+            raise RegionError(f"'{class_name}' is not a class of {self.bundle.name}: its classes are "
+                              f"{', '.join(self.bundle.class_names)}.")
+        return self.bundle.class_names.index(class_name)
+
+    # --- the explanations ----------------------------------------------------------------------
+    def explain(self, shown: Shown, target: RegionTarget, methods, *, options: dict | None = None,
+                curve_steps: int | None = None) -> list:
+        """One record per method: its map, overlay, IoU / PA against the predicted region (and the ground truth
+        where `shown.truth` is known) and, unless `curve_steps` is 0, the region score's curves."""
+        if not methods:
+            raise ValueError("Pick at least one explanation method.")
+        steps = curve_steps if curve_steps is not None else (20 if self.bundle.device.type == "cuda" else 10)
+        class_index = int(target.classes[0])
+        records = []
+        for name in methods:
+            method_options = {**interactive_options(name, self.bundle), **(options or {}).get(name, {})}
+            method = get_segmentation_method(name, self.bundle, **method_options)
+            started = time.perf_counter()
+            heat = method.attribute(self.bundle, shown.image, target).detach().float()[0].cpu()
+            seconds = time.perf_counter() - started
+            records.append(self._record(name, method, heat, seconds, shown, target, class_index))
+        if steps:
+            maps = torch.stack([torch.from_numpy(r["map"]) for r in records]).to(self.bundle.device)
+            curves = region_curves(self.bundle, shown.image, maps, target, steps=steps)
+            for index, record in enumerate(records):
+                record.update({"fractions": curves.fractions.tolist(), "deletion": curves.deletion[index].tolist(),
+                               "insertion": curves.insertion[index].tolist(),
+                               "deletion_auc": float(curves.deletion_auc[index]),
+                               "insertion_auc": float(curves.insertion_auc[index])})
+        return records
+
+    def _record(self, name, method, heat, seconds, shown, target, class_index) -> dict:
+        region = target.masks[0].cpu()
+        binary = binarise_top(heat[None], [int(region.sum())])[0]  # as many pixels as the region has
+        pa, iou = pa_iou(binary, region)
+        record = {"method": name, "label": method.label, "map": heat.numpy(), "seconds": seconds,
+                  "iou_predicted": iou, "pa_predicted": pa, "class": self.bundle.class_names[class_index],
+                  "target_name": f"{self.bundle.class_names[class_index]} (region)",
+                  "overlay": overlay_map(shown.rgb, heat.numpy(), binary.numpy(), region.numpy())}
+        if shown.truth is not None:
+            truth = torch.from_numpy(shown.truth.astype(np.int64))
+            valid = truth != int(self.bundle.card.get("ignore_index", 255))
+            mask = (truth == class_index) & valid
+            if bool(mask.any()):
+                counted = torch.where(valid, heat, torch.full_like(heat, -1.0))
+                top = binarise_top(counted[None], [int(mask.sum())])[0]
+                record["pa_truth"], record["iou_truth"] = pa_iou(top, mask, valid)
+        return record
+
+
+def interactive_options(name: str, bundle) -> dict:
+    cls = SEGMENTATION_METHODS.get(name)
+    return cls.interactive_options(bundle) if cls is not None else {}
+
+
+def overlay_map(rgb: np.ndarray, heat: np.ndarray, binary: np.ndarray, region: np.ndarray,
+                opacity: float = 0.55) -> np.ndarray:
+    """The heatmap over the image, the binarised map's edge in white and the explained region's in black."""
+    coloured = colorize(heat)
+    out = (1 - opacity) * rgb.astype(np.float32) + opacity * coloured.astype(np.float32)
+    out[_edges(binary)] = (255, 255, 255)
+    out[_edges(region)] = (0, 0, 0)
+    return out.clip(0, 255).astype(np.uint8)
+
+
+def _edges(mask) -> np.ndarray:
+    mask = np.asarray(mask, bool)
+    edge = np.zeros_like(mask)
+    edge[1:, :] |= mask[1:, :] != mask[:-1, :]
+    edge[:, 1:] |= mask[:, 1:] != mask[:, :-1]
+    return edge & mask
+
+
+def scores_markdown(records: list) -> str:
+    """A table: method, IoU and PA against the predicted region (and the ground truth), curves' AUCs, seconds."""
+    truth = any("iou_truth" in r for r in records)
+    head = "| Method | IoU (predicted region) | PA (predicted region) |"
+    line = "|---|---|---|"
+    if truth:
+        head += " IoU (ground truth) | PA (ground truth) |"
+        line += "---|---|"
+    curves = any("deletion_auc" in r for r in records)
+    if curves:
+        head += " Deletion AUC (lower is better) | Insertion AUC (higher is better) |"
+        line += "---|---|"
+    head += " Seconds |"
+    line += "---|"
+    rows = [head, line]
+    for r in records:
+        row = f"| {r['label']} | {_number(r.get('iou_predicted'))} | {_number(r.get('pa_predicted'))} |"
+        if truth:
+            row += f" {_number(r.get('iou_truth'))} | {_number(r.get('pa_truth'))} |"
+        if curves:
+            row += f" {_number(r.get('deletion_auc'))} | {_number(r.get('insertion_auc'))} |"
+        row += f" {r['seconds']:.2f} |"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def _number(value) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:.3f}"
+
+
+def method_choices() -> list:
+    """(label, name) of the segmentation methods, in menu order."""
+    return [(SEGMENTATION_METHODS[name].label, name) for name in list_segmentation_methods()]
+
+
+def report_json(records: list) -> str:
+    keep = ("method", "label", "class", "iou_predicted", "pa_predicted", "iou_truth", "pa_truth", "deletion_auc",
+            "insertion_auc", "seconds")
+    return json.dumps([{k: r[k] for k in keep if k in r} for r in records], indent=1)
+
+
+__all__ = ["SegmentationView", "Shown", "segmentation_models", "examples", "example_mask", "scores_markdown",
+           "method_choices", "DEFAULT_METHODS", "RegionError", "ImageError", "report_json"]

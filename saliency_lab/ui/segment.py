@@ -1,0 +1,146 @@
+"""The segmentation view: a segmentation model's prediction as an overlay with a legend; pick a class, click a
+region or draw one; each method's heatmap with its IoU and PA against the predicted region (and the ground truth
+of an example smear), and the region score's deletion and insertion curves.
+
+A tab module (see saliency_lab.ui): `build(ctx)` lays out the view inside whatever container is open, so the
+Explain tab can also embed it (e.g. inside a `gr.Column(visible=...)` shown when a segmentation model is picked)
+by calling `build(ctx)` there; it returns its components by name.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import gradio as gr
+
+from saliency_lab import figures
+from saliency_lab import segmentation as service
+from saliency_lab.errors import is_user_error, user_message
+
+TITLE = "Segment"
+TAB_ID = "segment"
+log = logging.getLogger("saliency_lab")
+
+
+def _friendly(fn):
+    """Every error becomes a plain message (a user error as written; anything else as a bug with a reference)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 - every error becomes a message
+            if is_user_error(error):
+                raise gr.Error(user_message(error)) from error
+            reference = f"{int(time.time()) % 1_000_000:06d}"
+            log.exception("unexpected error %s in %s", reference, fn.__name__)
+            raise gr.Error(f"Something went wrong on our side: this is a bug, not your input. The details are in "
+                           f"the server log (reference {reference}).") from error
+
+    return wrapper
+
+
+def build(ctx) -> dict:
+    names = service.segmentation_models()
+    loader = ctx.services.loader
+    example_names = {path.rsplit("/", 1)[-1].rsplit(".", 1)[0]: (path, mask) for path, mask in service.examples()}
+    shown_state = gr.State(None)  # the Shown of the current image (per session)
+    truth_state = gr.State(None)
+
+    gr.Markdown("Explain a **segmentation model**: the target is a class over a region, scored as the mean class "
+                "logit there. Pick a class, click a coloured region, or draw one.")
+    with gr.Row():
+        with gr.Column(scale=1):
+            model = gr.Dropdown(names, value=names[0] if names else None, label="Segmentation model",
+                                allow_custom_value=True, elem_id="seg-model",
+                                info="The bundled BCCD model, or a SegFormer name from the HuggingFace hub.")
+            image = gr.Image(type="numpy", label="Smear photo", elem_id="seg-image")
+            example = gr.Dropdown(list(example_names), value=None, label="Example smear (with its mask)",
+                                  elem_id="seg-example")
+            segment_button = gr.Button("Segment", variant="primary", elem_id="seg-run")
+        with gr.Column(scale=1):
+            predicted = gr.Image(type="numpy", label="Predicted segmentation (click a region to explain it)",
+                                 interactive=False, format="png", elem_id="seg-prediction")
+            legend = gr.Markdown(elem_id="seg-legend")
+            notes = gr.Markdown(elem_id="seg-notes")
+    with gr.Row():
+        class_name = gr.Dropdown([], label="Class to explain (its predicted region)", elem_id="seg-class")
+        methods = gr.CheckboxGroup(service.method_choices(), value=list(service.DEFAULT_METHODS),
+                                   label="Methods", elem_id="seg-methods")
+    with gr.Row():
+        explain_button = gr.Button("Explain the class's region", elem_id="seg-explain")
+    with gr.Accordion("Draw a region instead", open=False):
+        drawing = gr.ImageMask(label="Paint the region (the class above is explained there)", type="numpy",
+                               elem_id="seg-drawing")
+        drawn_button = gr.Button("Explain the drawn region", elem_id="seg-explain-drawn")
+    target_text = gr.Markdown(elem_id="seg-target")
+    gallery = gr.Gallery(label="Maps (white: the binarised map; black: the explained region)", columns=4,
+                         height="auto", elem_id="seg-maps")
+    table = gr.Markdown(elem_id="seg-scores")
+    curves = gr.Plot(label="Deletion and insertion of the region score", elem_id="seg-curves")
+
+    @_friendly
+    def pick_example(name):
+        if not name:
+            return gr.update(), None
+        path, mask = example_names[name]
+        return path, service.example_mask(path)
+
+    @_friendly
+    def segment(model_name, picture, truth):
+        if picture is None:
+            raise gr.Error("Upload a smear photo or pick an example first.")
+        if not model_name:
+            raise gr.Error("Pick a segmentation model.")
+        view = service.SegmentationView(loader(model_name))
+        shown = view.predict(picture, truth=truth)
+        present = view.classes_present(shown)
+        note = " ".join(shown.notes) or ("The example's derived mask is known: IoU and PA against it are shown too."
+                                         if shown.truth is not None else "")
+        if not present:
+            note = (note + " The model found no object in this image (all background): there is no region to "
+                    "explain; draw one instead.").strip()
+        return (shown, shown.overlay, view.legend_markdown(shown), note,
+                gr.update(choices=present, value=present[0] if present else None), shown.rgb)
+
+    def _explain(model_name, shown, chosen, **region):
+        if shown is None:
+            raise gr.Error("Segment an image first.")
+        view = service.SegmentationView(loader(model_name))
+        target = view.region(shown, **region)
+        records = view.explain(shown, target, chosen)
+        pictures = [(r["overlay"], f"{r['label']}: IoU {r['iou_predicted']:.2f}, PA {r['pa_predicted']:.2f} "
+                                   f"(predicted region)") for r in records]
+        plot = figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
+        text = f"Explaining **{target.describe(view.bundle.class_names)}**."
+        return text, pictures, service.scores_markdown(records), plot
+
+    @_friendly
+    def explain_class(model_name, shown, chosen_class, chosen):
+        return _explain(model_name, shown, chosen, class_name=chosen_class)
+
+    @_friendly
+    def explain_click(model_name, shown, chosen, evt: gr.SelectData):
+        return _explain(model_name, shown, chosen, click=tuple(evt.index))
+
+    @_friendly
+    def explain_drawn(model_name, shown, chosen_class, chosen, painted):
+        layers = (painted or {}).get("layers") or []
+        if not layers:
+            raise gr.Error("The drawn region is empty: paint over the part of the image to explain.")
+        return _explain(model_name, shown, chosen, class_name=chosen_class, drawing=layers[0][..., 3])
+
+    outputs = [target_text, gallery, table, curves]
+    example.change(pick_example, [example], [image, truth_state], **ctx.light)
+    image.upload(lambda: None, None, [truth_state], **ctx.light)
+    segment_button.click(segment, [model, image, truth_state],
+                         [shown_state, predicted, legend, notes, class_name, drawing], api_name="segment", **ctx.heavy)
+    explain_button.click(explain_class, [model, shown_state, class_name, methods], outputs,
+                         api_name="segment_explain", **ctx.heavy)
+    predicted.select(explain_click, [model, shown_state, methods], outputs, **ctx.heavy)
+    drawn_button.click(explain_drawn, [model, shown_state, class_name, methods, drawing], outputs, **ctx.heavy)
+    return {"segment_model": model, "segment_image": image, "segment_prediction": predicted,
+            "segment_maps": gallery, "segment_scores": table, "segment_curves": curves}

@@ -1,0 +1,127 @@
+"""The segmentation view's service layer and tab: prediction overlay and legend, regions from a class, a click or
+a drawing, each method's IoU / PA and curves, and bad input answered in plain words."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from explainers.images import ImageError  # noqa: E402
+from explainers.segmentation.targets import RegionError  # noqa: E402
+from saliency_lab.segmentation import SegmentationView, example_mask, examples, scores_markdown  # noqa: E402
+from test_segmentation import tiny_segformer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def view():
+    return SegmentationView(tiny_segformer("tiny-seg-view", size=(32, 64)))
+
+
+def photo(height=120, width=240, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def test_prediction_overlay_and_legend(view):
+    shown = view.predict(photo())
+    assert shown.image.shape == (1, 3, 32, 64) and shown.overlay.shape == (32, 64, 3)
+    assert [name for name, _, _ in shown.legend] == ["background", "round", "square"]
+    assert abs(sum(share for _, _, share in shown.legend) - 1) < 1e-6
+    assert "round" in view.legend_markdown(shown)
+
+
+def test_a_huge_photo_is_reduced_with_a_note_and_a_giant_one_refused(view):
+    shown = view.predict(photo(1200, 2400))
+    assert any("reduced to 64 x 32" in note for note in shown.notes)
+    with pytest.raises(ImageError, match="too large"):
+        view.predict(np.zeros((7000, 7000, 3), np.uint8))  # 49 MP: over the loader's limit
+
+
+def test_regions_from_a_class_a_click_and_a_drawing(view):
+    shown = view.predict(photo())
+    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
+    shown.prediction[4:12, 8:20] = 2
+    target = view.region(shown, class_name="square")
+    assert int(target.classes[0]) == 2 and int(target.areas[0]) == 96
+    clicked = view.region(shown, click=(10, 6))  # (x, y)
+    assert int(clicked.areas[0]) == 96
+    with pytest.raises(RegionError, match="background"):
+        view.region(shown, click=(50, 30))
+    with pytest.raises(RegionError, match="predicts no round"):
+        view.region(shown, class_name="round")  # an empty predicted region
+    drawing = np.zeros((32, 64), np.uint8)
+    drawing[20:30, 40:60] = 255
+    assert int(view.region(shown, class_name="round", drawing=drawing).areas[0]) == 200
+    with pytest.raises(RegionError, match="empty"):
+        view.region(shown, class_name="round", drawing=np.zeros((32, 64)))
+
+
+def test_explain_gives_maps_scores_and_curves(view):
+    shown = view.predict(photo(), truth=np.full((32, 64), 2, np.uint8))
+    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
+    shown.prediction[8:24, 16:48] = 2
+    target = view.region(shown, class_name="square")
+    records = view.explain(shown, target, ["gradskip", "seggradcam", "random"], curve_steps=4)
+    assert [r["method"] for r in records] == ["gradskip", "seggradcam", "random"]
+    for record in records:
+        assert record["overlay"].shape == (32, 64, 3) and record["map"].shape == (32, 64)
+        assert 0 <= record["iou_predicted"] <= 1 and 0 <= record["pa_predicted"] <= 1
+        assert 0 <= record["iou_truth"] <= 1 and len(record["deletion"]) == 5
+    table = scores_markdown(records)
+    assert "IoU (ground truth)" in table and table.count("\n") == 4
+    with pytest.raises(ValueError, match="at least one"):
+        view.explain(shown, target, [])
+
+
+def test_a_classifier_only_method_is_refused(view):
+    from explainers.methods import MethodNotApplicable
+
+    shown = view.predict(photo())
+    shown.prediction[:] = 1
+    with pytest.raises(MethodNotApplicable, match="classifiers only"):
+        view.explain(shown, view.region(shown, class_name="round"), ["chefer"])
+
+
+def test_a_classifier_is_not_a_segmentation_view():
+    from conftest import tiny_vit
+
+    with pytest.raises(ValueError, match="classifier"):
+        SegmentationView(tiny_vit())
+
+
+def test_examples_ship_with_their_masks():
+    found = examples()
+    assert len(found) >= 3
+    for image_path, mask_path in found:
+        mask = example_mask(image_path)
+        assert mask_path is not None and mask.shape == (240, 320)
+        assert set(np.unique(mask)) <= {0, 1, 2, 3, 255}
+
+
+def test_the_tab_builds_and_segments_through_the_api(tmp_path):
+    gr = pytest.importorskip("gradio")
+    gradio_client = pytest.importorskip("gradio_client")
+    from saliency_lab.ui import TAB_MODULES, TabContext
+    from saliency_lab.ui import segment as tab
+
+    assert "segment" in TAB_MODULES
+    bundle = tiny_segformer("tiny-seg-tab", size=(32, 64))
+
+    class Services:
+        @staticmethod
+        def loader(name):
+            return bundle
+
+    ctx = TabContext(services=Services(), names=[], first_model="", heavy={"concurrency_id": "heavy"},
+                     light={"concurrency_id": "light"})
+    with gr.Blocks() as demo:
+        with gr.Tab(tab.TITLE, id=tab.TAB_ID):
+            parts = tab.build(ctx)
+    assert {"segment_model", "segment_maps", "segment_curves"} <= set(parts)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    try:
+        client = gradio_client.Client(url, verbose=False)
+        image_path, _ = examples()[0]
+        result = client.predict("tiny-seg-tab", gradio_client.handle_file(image_path), api_name="/segment")
+        assert "background" in result[1]  # the legend (session states are not API values)
+    finally:
+        demo.close()
