@@ -25,7 +25,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=2 PYTHONUNBUFFERE
   OPTIONS=$("$PYTHON" -c "import json,sys; from explainers.evaluate import parse_method_spec; print(json.dumps(parse_method_spec('gradskip:' + sys.argv[1])[1]))" "$CHOSEN")
   echo "chosen on val: $CHOSEN"
   "$PYTHON" -m explainers.segmentation.cli evaluate-seg --data "$DATA" --split test \
-    --methods "gradskip:$CHOSEN,$METHODS" --out "$OUT/seg-eval-test.json" --time-budget-s "$BUDGET" $LIMIT_ARGS
+    --methods "gradskip:$CHOSEN,$METHODS" --out "$OUT/seg-eval-test.json" --time-budget-s "$BUDGET" $LIMIT_ARGS \
+    --curve-steps "${CURVE_STEPS:-20}"
   "$PYTHON" bench/seg_cost.py --data "$DATA" --out "$OUT/seg-cost.json" --options "$OPTIONS" ${COST_ARGS:-}
 } 2>&1 | tee "$OUT/seg-eval.log"
 ls -la "$OUT"

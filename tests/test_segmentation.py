@@ -204,3 +204,65 @@ def test_methods_need_a_region_target(seg, images):
 def test_menu_order_puts_gradskip_first_after_aha():
     names = list_segmentation_methods()
     assert names[:3] == ["aha", "gradskip", "seggradcam"] and names[-1] == "random"
+
+
+def test_window_spread_between_stages_keeps_the_total():
+    from explainers.segmentation.capture import to_finer_by_window, window_shares
+
+    conv = torch.nn.Conv2d(4, 6, kernel_size=3, stride=2, padding=1)
+    fine = torch.randn(2, 4, 8, 12)
+    shares = window_shares(fine, conv)  # B x 9 x (4 * 6)
+    assert shares.shape == (2, 9, 24) and torch.allclose(shares.sum(1), torch.ones(2, 24), atol=1e-5)
+    coarse = torch.rand(2, 24)
+    spread = to_finer_by_window(coarse, shares, conv, (8, 12))
+    assert spread.shape == (2, 96) and torch.allclose(spread.sum(1), coarse.sum(1), atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(attention_weighting="gradient_residual"), dict(stage_spread="conv"),
+                                     dict(attention_weighting="attention", key_spread="even", start="region")])
+def test_gradskip_variants_conserve_relevance(seg, images, options):
+    target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
+    state = SegGradSkip().prepare(seg, images[:1], target)
+    assert abs(float(state.relevance(**options).sum()) - 1.0) < 1e-4
+
+
+def test_binarise_rules_and_pa_iou_known_answers():
+    from explainers.segmentation.scoring import binarise, binarise_top, box_energy, box_mask, pa_iou
+
+    heat = torch.tensor([[0.0, 0.2, 0.9], [1.0, 0.4, 0.6]])
+    assert binarise(heat[None])[0].tolist() == [[False, False, True], [True, False, True]]
+    assert binarise_top(heat[None], [2])[0].tolist() == [[False, False, True], [True, False, False]]
+    mask = torch.tensor([[False, False, True], [True, True, False]])
+    pa, iou = pa_iou(binarise_top(heat[None], [3])[0], mask)
+    assert pa == pytest.approx(4 / 6) and iou == pytest.approx(2 / 4)
+    valid = torch.tensor([[True, True, True], [True, False, True]])
+    assert pa_iou(binarise_top(heat[None], [3])[0], mask, valid) == (pytest.approx(4 / 5), pytest.approx(2 / 3))
+    box = box_mask([["WBC", 1, 0, 2, 0], ["RBC", 0, 1, 0, 1]], "WBC", (2, 3))
+    assert box.tolist() == [[False, True, True], [False, False, False]]
+    assert box_energy(heat, box) == pytest.approx(1.1 / 3.1)
+
+
+def test_summary_averages_per_class_then_classes_and_compares_paired():
+    from explainers.segmentation.evaluate import summarise
+
+    records = []
+    for image, (wbc, rbc) in {"a": (0.9, 0.5), "b": (0.7, 0.3), "c": (0.8, 0.4)}.items():
+        records += [{"image": image, "class": "WBC", "method": "gradskip", "iou": wbc, "pa": 0.9, "seconds": 1.0},
+                    {"image": image, "class": "RBC", "method": "gradskip", "iou": rbc, "pa": 0.9, "seconds": 1.0},
+                    {"image": image, "class": "WBC", "method": "rollout", "iou": wbc - 0.1, "pa": 0.8,
+                     "seconds": 2.0}]
+    report = summarise(records, ["gradskip", "rollout"], n_resamples=200)
+    assert report["methods"]["gradskip"]["iou"] == pytest.approx((0.8 + 0.4) / 2)
+    assert report["methods"]["gradskip"]["per_class_iou"] == {"RBC": 0.4, "WBC": 0.8}
+    assert report["methods"]["rollout"]["iou"] == pytest.approx(0.7)
+    lead = report["comparisons"]["gradskip_minus_best_iou"]
+    assert lead["second"] == "rollout" and lead["images"] == 3 and lead["mean"] == pytest.approx(-0.1)
+    assert lead["ci95"][0] <= -0.1 <= lead["ci95"][1]
+
+
+def test_hub_segformer_offline_fails_at_once_in_plain_words(monkeypatch):
+    from explainers.models import ModelUnavailableError, load_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelUnavailableError, match="could not be downloaded"):
+        load_model("nvidia/segformer-b0-finetuned-ade-512-512")
