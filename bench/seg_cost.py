@@ -5,7 +5,8 @@ pytorch-grad-cam's on real smears (Spearman of the two maps).
     python bench/seg_cost.py --data /work/devdata/bccd-seg --out bench/results/seg-cost.json
 
 Per smear (the first N of the split): the target is its largest predicted object class over its predicted region.
-Timing: `--warmup` untimed runs, then the median of `--repeats` timed runs of each, batch 1, CUDA synchronised.
+Timing: `--warmup` untimed rounds, then the median of `--repeats` timed runs of each, the four interleaved round by
+round (on a busy CPU the load falls on all alike), batch 1, CUDA synchronised.
 """
 from __future__ import annotations
 
@@ -29,19 +30,23 @@ from explainers.segmentation.targets import RegionTarget, background_classes  # 
 from explainers.segmentation.train import load_prepared  # noqa: E402
 
 
-def timed(function, device, warmup: int, repeats: int) -> float:
+def timed(functions: dict, device, warmup: int, repeats: int) -> dict:
+    """Median seconds of each function, the functions interleaved round by round (a busy machine's load then
+    falls on all of them alike)."""
     for _ in range(warmup):
-        function()
-    times = []
+        for function in functions.values():
+            function()
+    times = {name: [] for name in functions}
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        function()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for name, function in functions.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            function()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 class _Wrapped(torch.nn.Module):
@@ -92,13 +97,12 @@ def main() -> int:
             target(bundle(x)).sum().backward(inputs=[x])
 
         peer_target = [SemanticSegmentationTarget(class_index, region.float().cpu().numpy())]
-        row = {"image": names[index], "class": bundle.class_names[class_index], "region_pixels": int(region.sum()),
-               "floor_s": timed(floor, device, args.warmup, args.repeats),
-               "gradskip_s": timed(lambda: gradskip.attribute(bundle, image, target), device, args.warmup,
-                                   args.repeats),
-               "seggradcam_s": timed(lambda: ours.attribute(bundle, image, target), device, args.warmup, args.repeats),
-               "pytorch_grad_cam_s": timed(lambda: peer(input_tensor=image, targets=peer_target), device,
-                                           args.warmup, args.repeats)}
+        row = {"image": names[index], "class": bundle.class_names[class_index], "region_pixels": int(region.sum())}
+        row.update(timed({"floor_s": floor,
+                          "gradskip_s": lambda: gradskip.attribute(bundle, image, target),
+                          "seggradcam_s": lambda: ours.attribute(bundle, image, target),
+                          "pytorch_grad_cam_s": lambda: peer(input_tensor=image, targets=peer_target)},
+                         device, args.warmup, args.repeats))
         theirs = torch.from_numpy(peer(input_tensor=image, targets=peer_target)[0])
         row["spearman_vs_pytorch_grad_cam"] = spearman(ours.attribute(bundle, image, target)[0].cpu(), theirs)
         row["gradskip_over_floor"] = row["gradskip_s"] / row["floor_s"]

@@ -222,8 +222,15 @@ def test_window_spread_between_stages_keeps_the_total():
                                      dict(attention_weighting="attention", key_spread="even", start="region")])
 def test_gradskip_variants_conserve_relevance(seg, images, options):
     target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
+    state = SegGradSkip(**options).prepare(seg, images[:1], target)
+    assert abs(float(state.relevance().sum()) - 1.0) < 1e-4
+
+
+def test_a_map_option_the_capture_lacks_is_refused(seg, images):
+    target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
     state = SegGradSkip().prepare(seg, images[:1], target)
-    assert abs(float(state.relevance(**options).sum()) - 1.0) < 1e-4
+    with pytest.raises(ValueError, match="stage_spread='conv'"):
+        state.map(stage_spread="conv")
 
 
 def test_binarise_rules_and_pa_iou_known_answers():

@@ -109,7 +109,8 @@ def test_train_seg_exports_a_loadable_model_and_resumes(tmp_path, monkeypatch):
     assert card["kind"] == "segmentation" and set(card["test"]["iou"]) == {"background", "RBC", "WBC", "Platelets"}
     assert (tmp_path / "out" / "toy-seg.safetensors").exists() and card["training"]["steps"] >= 1
     steps = card["training"]["steps"]
-    again = train_module.train_segformer(tmp_path / "data", tmp_path / "out", budget_s=2.0, **options)
+    again = train_module.train_segformer(tmp_path / "data", tmp_path / "out",
+                                         budget_s=card["training"]["train_seconds"] + 3.0, **options)
     assert again["training"]["steps"] > steps  # resumed from the checkpoint, not started over
     card["segformer_config"] = {**card["segformer_config"], **tiny}
     bundle = load_segformer_bundle("toy-seg", card, tmp_path / "out" / "toy-seg.safetensors")

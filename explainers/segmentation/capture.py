@@ -81,15 +81,18 @@ def reduced_grid(grid: tuple, reduction: int) -> tuple:
     return (grid[0] // reduction, grid[1] // reduction)
 
 
-def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = True) -> Capture:
-    """The forward pass (and, with a region `target`, the backward pass of the sum of its B scores)."""
+def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = True,
+            keep_window_shares: bool = False) -> Capture:
+    """The forward pass (and, with a region `target`, the backward pass of the sum of its B scores, down to the
+    first block's input: the first patch embedding's gradient is not needed). `keep_shares`: the reduced keys'
+    token shares; `keep_window_shares`: the patch embeddings' window shares (`stage_spread="conv"`)."""
     network = bundle.network
     stages = _stage_modules(network)
     if stages is None:
         raise ValueError(f"'{bundle.name}' is not a SegFormer from transformers: no encoder stages to read")
     gradients = target is not None
     blocks, grids, handles = [], [], []
-    embed_shares = {}
+    embed_shares, first_input = {}, []
     decoder_outputs = []
 
     def keep_grad(tensor, record, name):
@@ -99,7 +102,7 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
     for stage_index, stage in enumerate(stages):
         def embed_hook(module, inputs, output, stage_index=stage_index):
             grids.append((int(output[1]), int(output[2])))
-            if keep_shares and stage_index > 0:
+            if keep_window_shares and stage_index > 0:
                 with torch.no_grad():
                     embed_shares[stage_index] = window_shares(inputs[0].detach(), module.proj)
         handles.append(stage.patch_embeddings.register_forward_hook(embed_hook))
@@ -111,6 +114,8 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
 
             def block_pre_hook(_module, args, kwargs, record=record, stage_index=stage_index):
                 hidden = args[0]
+                if not first_input:
+                    first_input.append(hidden)
                 record.grid = grids[stage_index]
                 record.reduced_grid = reduced_grid(record.grid, record.reduction)
                 record._x = hidden
@@ -163,7 +168,7 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
                 scores = None
                 if gradients:
                     scores = target(logits)
-                    scores.sum().backward(inputs=[inputs])
+                    torch.autograd.grad(scores.sum(), first_input[:1])
         finally:
             for handle in handles:
                 handle.remove()

@@ -66,7 +66,10 @@ def propagate(captured, starts: list, block_step, stage_spread: str = "even", ne
     for stage in reversed(range(len(grids))):
         if relevance is None:
             relevance = starts[stage].clone()
-        elif stage_spread == "conv" and (stage + 1) in captured.embed_shares and network is not None:
+        elif stage_spread == "conv":
+            if (stage + 1) not in captured.embed_shares or network is None:
+                raise ValueError("stage_spread='conv' needs the patch embeddings' shares: prepare GradSkip with "
+                                 "stage_spread='conv'")
             conv = network.segformer.segformer.stages[stage + 1].patch_embeddings.proj
             relevance = to_finer_by_window(relevance, captured.embed_shares[stage + 1], conv, grids[stage]) \
                 + starts[stage]
@@ -125,7 +128,7 @@ class SegGradSkipState:
             return mixed
         return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(EPS)
 
-    def starts(self, start: str, target: RegionTarget | None = None) -> list:
+    def starts(self, start: str) -> list:
         captured = self.captured
         if start == "decoder":
             flows = captured.decoder_flow
@@ -197,17 +200,21 @@ class SegGradSkip(SegmentationMethod):
       alpha=0.5            head weights alpha * gradient flow + (1 - alpha) * Gini sparsity (paper's best).
       head_threshold=0.1   (choice, as the classifier's) heads under this share of the block's largest gradient
                            flow get no gradient-flow weight. Stage 1 of B0 has one head: its weight is 1.
-      attention_weighting  (choice) M_q in W~: "gradient" relu(dA * A) (the paper's wording) or "attention" A,
+      attention_weighting="gradient_residual"  (choice, chosen on val smears) M_q in W~: "gradient"
+                           relu(dA * A) (the paper's wording) or "attention" A,
                            rows renormalised; or "gradient_residual": relu(dA * A) |v| mixed by w_q WITHOUT
                            renormalising rows, every block divided by one scale per image (the largest row sum
                            over all blocks), the rest of each row staying on its own token (as the classifier
                            GradSkip's form of that name): a query whose gradients are weak keeps its relevance
                            instead of sending all of it to whichever reduced key happens to lead.
       key_spread="conv"    (choice) how a reduced key's relevance goes back to the tokens it pools (module doc).
-      start="decoder"      (choice) the relevance entering each stage: relu(dP * P) summed over channels, P the
-                           decode head's projection of that stage's tokens (how much each token feeds the region
-                           score directly through the decoder), over all stages summing to 1; "region": the region's
-                           area at every stage, a quarter per stage (no gradient).
+      start="region"       (choice, chosen on val smears) the relevance entering each stage: "region", the region's
+                           area at every stage's grid, a quarter per stage (the region score's own relevance at the
+                           output, d score / d logit being uniform over the region, carried through the decoder,
+                           which is per pixel, with equal shares for the four stages it fuses); "decoder":
+                           relu(dP * P) summed over channels, P the decode head's projection of that stage's tokens
+                           (how much each token feeds the region score directly through the decoder), over all
+                           stages summing to 1.
       stage_spread="even"  (choice) how relevance at a stage's input tokens goes back to the previous stage's output
                            tokens: over the 3 x 3 window the stride-2 patch embedding reads, by each token's
                            |W_(dy,dx) h_t| ("conv"), or evenly over the nearest finer tokens ("even").
@@ -230,8 +237,9 @@ class SegGradSkip(SegmentationMethod):
     def default_for(cls, bundle) -> bool:
         return True
 
-    def __init__(self, alpha: float = 0.5, head_threshold: float = 0.1, attention_weighting: str = "gradient",
-                 key_spread: str = "conv", start: str = "decoder", beta_reduction: str = "token",
+    def __init__(self, alpha: float = 0.5, head_threshold: float = 0.1,
+                 attention_weighting: str = "gradient_residual", key_spread: str = "conv", start: str = "region",
+                 beta_reduction: str = "token",
                  stage_spread: str = "even"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
                   key_spread=key_spread, start=start, beta_reduction=beta_reduction, stage_spread=stage_spread)
@@ -242,7 +250,8 @@ class SegGradSkip(SegmentationMethod):
     def prepare(self, bundle, images, targets) -> SegGradSkipState:
         self.check(bundle)
         target = self._target(images, targets)
-        captured = capture(bundle, images, target, keep_shares=True)
+        captured = capture(bundle, images, target, keep_shares=self.options["key_spread"] == "conv",
+                           keep_window_shares=self.options["stage_spread"] == "conv")
         return SegGradSkipState(captured, tuple(images.shape[-2:]), {**self.options, "_masks": target.masks},
                                 network=bundle.network)
 

@@ -15,7 +15,6 @@ Loaders:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ import torch.nn.functional as F
 SEGMENTATION_FAMILY = "segformer"
 BUNDLED_SEGMENTATION_MODELS = ("bccd-segformer",)
 HUB_SEGMENTATION_MODELS = ("nvidia/segformer-b0-finetuned-ade-512-512",)
-HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/segformer[A-Za-z0-9_.-]*")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 B0_SIZES = dict(hidden_sizes=[32, 64, 160, 256], depths=[2, 2, 2, 2], num_attention_heads=[1, 2, 5, 8],
@@ -182,7 +180,3 @@ def load_hub_segformer(name: str):
 def _hub_input_size(name: str) -> tuple:
     found = re.search(r"(\d{3,4})-(\d{3,4})$", name)
     return (int(found.group(1)), int(found.group(2))) if found else (512, 512)
-
-
-def card_text(card: dict) -> str:
-    return json.dumps(card, indent=2)
