@@ -494,6 +494,7 @@ def add_class_dependence_parser(commands) -> None:
 
 def _registrars() -> tuple:
     """Every command's `add_<command>_parser(commands)`, in the order `--help` lists them."""
+    from .agents.cli import add_agent_parsers  # train-agent, evaluate-agent (explainers/agents/)
     from .aha.output_blur import add_output_blur_parser
     from .aha.train import add_aha_figures_parser, add_train_aha_parser
     from .decoy import add_decoy_parser
@@ -505,7 +506,7 @@ def _registrars() -> tuple:
             add_remove_model_parser, add_gridpg_parser, add_train_grid_parser, add_camal_parser,
             add_review_report_parser, add_train_aha_parser, add_aha_figures_parser, add_output_blur_parser,
             add_familiarity_parser, add_class_dependence_parser, add_bccd_masks_parser, add_decoy_parser,
-            add_segmentation_parsers)
+            add_segmentation_parsers, add_agent_parsers)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,80 @@
+"""Agent files: weights as safetensors, everything else as JSON (nothing is unpickled).
+
+    NAME.safetensors + NAME.json          the trained agent (card: scenario, architecture, lambda, steps, ...)
+    NAME.ckpt.safetensors + NAME.ckpt.json  the resumable state (network, Adam moments, counters, history)
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from .._io import atomic_write_bytes, atomic_write_text
+from .networks import network_from_arch
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+
+
+def check_name(name: str) -> str:
+    if not NAME_PATTERN.match(name) or ".." in name:
+        raise ValueError(f"'{name}' is not a usable agent name: letters, digits, '.', '_' and '-' only")
+    return name
+
+
+def _save_tensors(tensors: dict, path: Path) -> None:
+    from safetensors.torch import save
+
+    atomic_write_bytes(path, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}))
+
+
+def save_agent(net, card: dict, out_dir, name: str) -> Path:
+    out_dir = Path(out_dir)
+    _save_tensors(net.state_dict(), out_dir / f"{check_name(name)}.safetensors")
+    card = {**card, "name": name, "arch": net.arch, "weights_file": f"{name}.safetensors"}
+    atomic_write_text(out_dir / f"{name}.json", json.dumps(card, indent=2))
+    return out_dir / f"{name}.json"
+
+
+def load_agent(card_path, device="cpu") -> tuple:
+    """(network in eval mode, card) from NAME.json with its weights beside it."""
+    from safetensors.torch import load_file
+
+    card_path = Path(card_path)
+    card = json.loads(card_path.read_text())
+    net = network_from_arch(card["arch"])
+    net.load_state_dict(load_file(str(card_path.parent / card["weights_file"])))
+    return net.to(device).eval(), card
+
+
+def save_checkpoint(net, optimizer, state: dict, path_stem) -> None:
+    """Network and Adam moments in one safetensors file, counters and history in JSON beside it."""
+    path_stem = Path(path_stem)
+    tensors = {f"net.{k}": v for k, v in net.state_dict().items()}
+    for index, moments in optimizer.state_dict()["state"].items():
+        for key, value in moments.items():
+            tensors[f"opt.{index}.{key}"] = torch.as_tensor(value)
+    _save_tensors(tensors, path_stem.with_name(path_stem.name + ".safetensors"))
+    atomic_write_text(path_stem.with_name(path_stem.name + ".json"), json.dumps(state))
+
+
+def load_checkpoint(net, optimizer, path_stem) -> dict | None:
+    """Restore network and optimizer in place; returns the saved state, or None when there is no checkpoint."""
+    from safetensors.torch import load_file
+
+    path_stem = Path(path_stem)
+    weights, meta = path_stem.with_name(path_stem.name + ".safetensors"), path_stem.with_name(path_stem.name + ".json")
+    if not (weights.exists() and meta.exists()):
+        return None
+    tensors = load_file(str(weights))
+    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    state = {}
+    for key, value in tensors.items():
+        if key.startswith("opt."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    saved = optimizer.state_dict()
+    saved["state"] = state
+    optimizer.load_state_dict(saved)
+    return json.loads(meta.read_text())

@@ -1,0 +1,85 @@
+"""The agents' commands: `python -m explainers train-agent` and `python -m explainers evaluate-agent`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .._io import atomic_write_text
+
+
+def _device(name: str | None) -> str:
+    import torch
+
+    if name in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def cmd_train_agent(args) -> int:
+    import torch
+
+    from .ppo import PPOConfig
+    from .train import summary_json, train_agent
+
+    torch.set_num_threads(args.threads)
+    config = PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, lr=args.lr)
+    summary = train_agent(scenario_name=args.scenario, out_dir=args.out, name=args.name, seed=args.seed,
+                          lam=args.lam, arch=args.arch, steps=args.steps, budget_s=args.budget_s,
+                          device=_device(args.device), config=config, iou_every=args.iou_every)
+    print(summary_json(summary))
+    return 0
+
+
+def cmd_evaluate_agent(args) -> int:
+    import torch
+
+    from .evaluate import evaluate_agents
+
+    torch.set_num_threads(args.threads)
+    result = evaluate_agents(args.agents, episodes=args.episodes, seed_base=args.seed_base,
+                             device=_device(args.device), max_steps=args.max_steps, curve_every=args.curve_every,
+                             log=lambda text: print(text, file=sys.stderr, flush=True))
+    atomic_write_text(Path(args.out), json.dumps(result))
+    print(f"wrote {args.out}: {len(result['episodes'])} episodes, {result['fidelity_frames']} frames with curves",
+          file=sys.stderr)
+    return 0
+
+
+def add_agent_parsers(commands) -> None:
+    from .envs import SCENARIOS
+    from .evaluate import CURVE_STEPS, MAX_EPISODE_STEPS
+    from .train import DEFAULT_LAMBDA, EVAL_SEED_BASE
+
+    train = commands.add_parser("train-agent", help="train a PPO agent on a ViZDoom scenario, vanilla or with "
+                                                    "CAMAL on the critic (seeded, resumable, time-budgeted)")
+    train.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    train.add_argument("--name", required=True, help="the agent's name: OUT/NAME.safetensors + NAME.json")
+    train.add_argument("--out", default="weights")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--lambda", dest="lam", type=float, default=0.0,
+                       help=f"CAMAL weight per frame (0 = vanilla PPO; the shipped CAMAL agents use {DEFAULT_LAMBDA})")
+    train.add_argument("--arch", choices=["cnn", "vit"], default="cnn")
+    train.add_argument("--steps", type=int, default=None, help="stop after this many environment steps")
+    train.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds")
+    train.add_argument("--num-envs", type=int, default=8)
+    train.add_argument("--rollout-steps", type=int, default=128)
+    train.add_argument("--lr", type=float, default=2.5e-4)
+    train.add_argument("--iou-every", type=int, default=5, help="updates between IoU measurements")
+    train.add_argument("--device", default="auto")
+    train.add_argument("--threads", type=int, default=1)
+    train.set_defaults(handler=cmd_train_agent)
+
+    evaluate = commands.add_parser("evaluate-agent", help="agents on held-out episode seeds: return, V(s)-CAM IoU "
+                                                          "with the masks, deletion/insertion of V(s) (JSON)")
+    evaluate.add_argument("--agents", nargs="+", required=True, help="agent cards (NAME.json), same scenario")
+    evaluate.add_argument("--episodes", type=int, default=10)
+    evaluate.add_argument("--seed-base", type=int, default=EVAL_SEED_BASE,
+                          help="episode k uses reset seed SEED_BASE + k (training never uses these)")
+    evaluate.add_argument("--max-steps", type=int, default=MAX_EPISODE_STEPS)
+    evaluate.add_argument("--curve-every", type=int, default=10,
+                          help=f"every N-th frame gets {CURVE_STEPS}-step deletion/insertion curves")
+    evaluate.add_argument("--out", required=True, help="results JSON (per-episode records)")
+    evaluate.add_argument("--device", default="auto")
+    evaluate.add_argument("--threads", type=int, default=1)
+    evaluate.set_defaults(handler=cmd_evaluate_agent)
