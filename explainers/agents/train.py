@@ -48,10 +48,12 @@ def cam_iou(net, frames: torch.Tensor, masks: torch.Tensor, device, batch: int =
 
 def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: float = 0.0, arch: str = "cnn",
                 steps: int | None = None, budget_s: float | None = None, device: str = "cpu",
-                config: PPOConfig | None = None, iou_every: int = 5, checkpoint_every: int = 10,
+                config: PPOConfig | None = None, net_options: dict | None = None, iou_every: int = 5,
+                checkpoint_every: int = 10,
                 progress=None, cancelled=None, log=None) -> dict:
     """Returns a summary (steps, seconds, history); writes NAME.safetensors + NAME.json when done (the budget or
-    the step cap reached), and the resumable checkpoint whenever it stops (also when cancelled)."""
+    the step cap reached), and the resumable checkpoint whenever it stops (also when cancelled).
+    `net_options`: the architecture's size (e.g. {"width": 8} for tests)."""
     if steps is None and budget_s is None:
         raise ValueError("give a step cap (--steps) or a time budget (--budget-s), or both")
     spec = scenario(scenario_name)
@@ -61,7 +63,7 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
     config.camal_lambda = float(lam)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    net = build_network(arch, _num_actions(scenario_name)).to(device)
+    net = build_network(arch, _num_actions(scenario_name), **(net_options or {})).to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr, eps=1e-5)
     stem = out_dir / f"{name}.ckpt"
     state = load_checkpoint(net, optimizer, stem) or {"steps": 0, "updates": 0, "seconds": 0.0, "history": [],

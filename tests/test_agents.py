@@ -1,0 +1,183 @@
+"""Agents (explainers/agents): mask rule, environments, the V(s)-CAM identity, the CAMAL term, PPO pieces, training
+(a few hundred environment steps), resuming, evaluation caps. ViZDoom-dependent tests skip without ViZDoom."""
+from collections import namedtuple
+
+import numpy as np
+import pytest
+import torch
+
+from explainers.agents import envs
+from explainers.agents.envs import FRAME_HW, ScenarioError, relevant_mask, scenario
+from explainers.agents.networks import build_network, value_cam, value_cam_per_sample
+from explainers.agents.ppo import PPOConfig, Rollout, camal_term, ppo_loss
+
+needs_vizdoom = pytest.mark.skipif(not envs.vizdoom_available(), reason="ViZDoom is not installed")
+Label = namedtuple("Label", "value object_name")
+TINY = dict(num_envs=2, rollout_steps=32, minibatch=32, epochs=1)
+SMALL_NET = {"width": 8, "hidden": 32}  # a quarter of the shipped width: the same code, seconds on a CPU
+
+
+def test_mask_rule_keeps_only_relevant_objects_at_network_resolution():
+    buffer = np.zeros((120, 160), np.uint8)
+    buffer[10:30, 20:40] = 7    # a monster: 20 x 20 source pixels -> 10 x 10 network pixels
+    buffer[60:80, 100:120] = 9  # a bullet puff: not in the rule
+    buffer[100, 0] = 7          # one source pixel: 1/4 of a network pixel, exactly the coverage threshold
+    buffer[110, 0] = 0
+    labels = [Label(7, "Demon"), Label(9, "BulletPuff")]
+    mask = relevant_mask(buffer, labels, scenario("defend_the_center").relevant)
+    assert mask.shape == FRAME_HW
+    assert mask[5:15, 10:20].all() and mask.sum() == 100 + 1
+    assert not mask[30:40, 50:60].any()
+    assert not relevant_mask(buffer, labels, ("Medikit",)).any()
+
+
+def test_unknown_scenario_and_missing_vizdoom_are_plain_sentences(monkeypatch):
+    with pytest.raises(ScenarioError, match="Unknown scenario 'doom3'. Available: defend_the_center"):
+        scenario("doom3")
+    monkeypatch.setattr(envs, "vizdoom_available", lambda: False)
+    with pytest.raises(ScenarioError, match="pip install"):
+        envs.make_env("defend_the_center")
+
+
+@needs_vizdoom
+@pytest.mark.parametrize("name", ["defend_the_center", "health_gathering"])
+def test_environment_frames_and_masks(name):
+    vec = envs.VecEnv(name, 2, seed=5)
+    try:
+        frames, masks = vec.reset()
+        assert frames.shape == (2, 3, *FRAME_HW) and frames.dtype == np.uint8 and masks.shape == (2, *FRAME_HW)
+        seen = masks.any(axis=(1, 2)).sum()
+        rng = np.random.default_rng(0)
+        for _ in range(100):  # 200 environment steps
+            frames, masks, rewards, dones, finished = vec.step(rng.integers(0, vec.num_actions, 2))
+            seen += masks.any(axis=(1, 2)).sum()
+        assert seen > 20, "the relevant objects (monsters, medkits) are in view in many frames"
+        assert 0 < masks.mean() < 0.5
+    finally:
+        vec.close()
+
+
+@needs_vizdoom
+def test_same_seed_same_episode():
+    first, second = envs.make_env("defend_the_center"), envs.make_env("defend_the_center")
+    try:
+        a, b = first.reset(seed=11), second.reset(seed=11)
+        for action in [0, 1, 3, 3, 2] * 6:
+            a, b = first.step(action), second.step(action)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize("arch", ["cnn", "vit"])
+def test_batch_level_value_cam_equals_per_frame(arch):
+    torch.manual_seed(0)
+    net = build_network(arch, 4).eval()
+    frames = torch.randint(0, 256, (6, 3, *FRAME_HW), dtype=torch.uint8)
+    batch = value_cam(net, frames)[0]
+    assert batch.shape == (6, *FRAME_HW) and float(batch.max()) > 0
+    assert torch.allclose(batch, value_cam_per_sample(net, frames), atol=1e-5)
+    assert torch.allclose(batch.flatten(1).amax(1), torch.ones(6))
+
+
+def test_camal_term_known_answer_and_empty_masks_add_nothing():
+    cams = torch.zeros(3, 4, 4)
+    cams[:, :2] = 1.0  # top half hot
+    masks = torch.zeros(3, 4, 4, dtype=torch.bool)
+    masks[0, :2] = True    # mask = hot half: alpha 1, beta 0
+    masks[1, 2:] = True    # mask = cold half: alpha 0, beta 1
+    gap, usable, alpha, beta = camal_term(cams, masks)  # frame 2: empty mask
+    assert usable == 2 and float(gap) == pytest.approx(0.0) and float(alpha) == 1.0 and float(beta) == 1.0
+    full = torch.ones(1, 4, 4, dtype=torch.bool)
+    assert camal_term(cams[:1], full)[1] == 0
+
+
+def test_camal_loss_is_differentiable_and_moves_the_cam_into_the_mask():
+    torch.manual_seed(0)
+    net = build_network("cnn", 4, **SMALL_NET)
+    frames = torch.randint(0, 256, (16, 3, *FRAME_HW), dtype=torch.uint8)
+    masks = torch.zeros(16, *FRAME_HW, dtype=torch.bool)
+    masks[:, 20:40, 50:70] = True
+    masks[3] = False  # an empty mask: no term
+    config = PPOConfig(camal_lambda=10.0)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    actions, zeros = torch.zeros(16, dtype=torch.long), torch.zeros(16)
+
+    def inside_share():
+        cams = value_cam(net, frames)[0].detach()
+        return float((cams * masks).sum() / cams.sum())
+
+    before = inside_share()
+    for _ in range(25):
+        loss, parts = ppo_loss(net, frames, masks, actions, zeros - 1.386, torch.randn(16), zeros, config)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert parts["camal_frames"] == pytest.approx(15 / 16)
+    assert inside_share() > 2 * before
+
+
+def test_gae_matches_a_hand_computation():
+    rollout = Rollout(3, 1, (3, *FRAME_HW), "cpu")
+    rollout.rewards[:, 0] = torch.tensor([1.0, 0.0, 2.0])
+    rollout.values[:, 0] = torch.tensor([0.5, 0.25, 1.0])
+    rollout.dones[:, 0] = torch.tensor([0.0, 1.0, 0.0])  # the episode ends at step 1
+    gamma, lam = 0.9, 0.8
+    advantages, returns = rollout.advantages(torch.tensor([4.0]), gamma, lam)
+    a2 = 2.0 + gamma * 4.0 - 1.0
+    a1 = 0.0 - 0.25  # terminal: no bootstrap, no carry
+    a0 = (1.0 + gamma * 0.25 - 0.5) + gamma * lam * a1
+    assert torch.allclose(advantages[:, 0], torch.tensor([a0, a1, a2]))
+    assert torch.allclose(returns, advantages + rollout.values)
+
+
+@needs_vizdoom
+def test_training_writes_an_agent_and_resumes_after_a_kill(tmp_path):
+    from explainers.agents.checkpoint import load_agent
+    from explainers.agents.train import train_agent
+
+    first = train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name="a", seed=3, lam=1.0,
+                        steps=64, config=PPOConfig(**TINY), net_options=SMALL_NET, iou_every=1)
+    assert first["steps"] == 64 and first["history"][0]["iou"] >= 0 and "camal_gap" in first["history"][0]
+    # a killed job: the checkpoint is there, the next run continues from it
+    again = train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name="a", seed=3, lam=1.0,
+                        steps=128, config=PPOConfig(**TINY), net_options=SMALL_NET, iou_every=1)
+    assert again["steps"] == 128 and again["updates"] == 2 and len(again["history"]) == 2
+    net, card = load_agent(tmp_path / "a.json")
+    assert card["resumes"] == 1 and card["lambda"] == 1.0 and card["steps"] == 128
+    assert card["mask_rule"] == ["MarineChainsawVzd", "Demon"]
+
+
+@needs_vizdoom
+def test_vanilla_and_camal_share_seeds(tmp_path):
+    from explainers.agents.train import train_agent
+
+    runs = [train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name=f"r{lam}", seed=4, lam=lam,
+                        steps=64, config=PPOConfig(**TINY), net_options=SMALL_NET) for lam in (0.0, 1.0)]
+    first = [run["history"][0] for run in runs]
+    # the first rollout is played before any update: same seed, same actions, same episodes
+    assert first[0]["episodes"] == first[1]["episodes"] and first[0]["return"] == first[1]["return"]
+    assert "camal_gap" not in first[0]
+
+
+@needs_vizdoom
+def test_episode_cap_and_value_curves(tmp_path):
+    from explainers.agents.evaluate import fidelity, play_episode, value_curves
+
+    torch.manual_seed(0)
+    net = build_network("cnn", 4, **SMALL_NET).eval()
+    episode = play_episode(net, "defend_the_center", 10_000_001, max_steps=12, keep_frames=True)
+    assert episode["capped"] and episode["length"] == 12 and episode["frames"].shape == (12, 3, *FRAME_HW)
+    again = play_episode(net, "defend_the_center", 10_000_001, max_steps=12)
+    assert again["actions"] == episode["actions"] and again["values"] == episode["values"]
+    frames = torch.from_numpy(episode["frames"][:3])
+    fractions, deletion, insertion = value_curves(net, frames, torch.rand(3, *FRAME_HW))
+    with torch.no_grad():
+        full, black = net(frames)[1], net(torch.zeros_like(frames))[1]
+    assert np.allclose(deletion[:, 0], full.numpy(), atol=1e-5) and np.allclose(deletion[:, -1], black.numpy(),
+                                                                               atol=1e-5)
+    assert np.allclose(insertion[:, 0], black.numpy(), atol=1e-5) and np.allclose(insertion[:, -1], full.numpy(),
+                                                                                 atol=1e-5)
+    scores = fidelity(net, episode["frames"][:4])
+    assert len(scores["deletion_auc"]) == 4
