@@ -79,16 +79,16 @@ def value_curves(net, frames: torch.Tensor, cams: torch.Tensor, *, steps: int = 
     """Deletion and insertion curves of V(s): B x (steps + 1) each, and the fractions. Reference: black."""
     b, _, h, w = frames.shape
     fractions, counts = fraction_counts(steps, h * w)
-    ranks = pixel_ranks(cams.float())
+    ranks = pixel_ranks(cams.float()).cpu()
     points = steps + 1
     total = b * points * 2
     scores = torch.empty(total)
-    images = frames.float()
+    images = frames.float().cpu()
     for start in range(0, total, batch):
         index = torch.arange(start, min(start + batch, total))
         image_index, curve, step = index // (2 * points), (index // points) % 2, index % points
-        top = (ranks[image_index].cpu() < counts[step].unsqueeze(1)).view(-1, 1, h, w).float()
-        original = images[image_index].cpu()
+        top = (ranks[image_index] < counts[step].unsqueeze(1)).view(-1, 1, h, w).float()
+        original = images[image_index]
         kept = torch.where((curve == 1).view(-1, 1, 1, 1), top, 1 - top)  # insertion keeps the top pixels
         perturbed = (original * kept).to(torch.uint8)
         scores[index] = net(perturbed.to(next(net.parameters()).device))[1].float().cpu()
