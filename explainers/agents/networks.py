@@ -1,8 +1,9 @@
 """Actor-critic networks for 3 x 60 x 80 uint8 frames, and the Grad-CAM of the critic's value V(s).
 
 `ActorCriticCNN` (default): a shared convolutional trunk (3 convolutions, the last one `cam` at 15 x 20 is the
-CAM layer), a narrow strided convolution and a linear layer (128), then a policy head (action logits) and a value head V(s).
-`ActorCriticViT`: a small vision transformer (patch 10 -> 6 x 8 tokens, 4 blocks of width 96, written-out attention) with the same
+CAM layer), a narrow strided convolution and a linear layer (128), then a policy head (action logits) and a
+value head V(s).
+`ActorCriticViT`: a small timm vision transformer (patch 10 -> 6 x 8 tokens, 4 blocks of width 96) with the same
 heads; its CAM layer is the last block's first norm's patch tokens, reshaped to the grid (as in the zoo's ViTs).
 
 `value_cam(net, frames)`: the Grad-CAM of V(s), batch-level: ONE gradient of sum_b V_b with respect to the CAM
@@ -54,19 +55,26 @@ class ActorCriticCNN(nn.Module):
 
 
 class ActorCriticViT(nn.Module):
-    cam_layer_name = "blocks.3.norm1"
+    """A small timm ViT (no class token, mean-pooled tokens) with the same heads; timm's module names and
+    attributes (`blocks`, `patch_embed`, `num_prefix_tokens`) let the registry's ViT methods (rollout, GradSkip)
+    explain it. Fused attention is off: CAMAL needs a double backward, which the fused kernels lack."""
+    cam_layer_name = "vit.blocks.3.norm1"
     patch = 10
 
-    def __init__(self, num_actions: int, dim: int = 96, depth: int = 4, heads: int = 3, hidden: int = 256):
+    def __init__(self, num_actions: int, dim: int = 96, depth: int = 4, heads: int = 3, hidden: int = 128):
         super().__init__()
+        from timm.models.vision_transformer import VisionTransformer
+
         self.arch = {"arch": "vit", "num_actions": num_actions, "dim": dim, "depth": depth, "heads": heads,
                      "hidden": hidden}
+        self.cam_layer_name = f"vit.blocks.{depth - 1}.norm1"
         self.grid = (FRAME_HW[0] // self.patch, FRAME_HW[1] // self.patch)
-        self.embed = nn.Conv2d(3, dim, self.patch, stride=self.patch)
-        self.position = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], dim))
-        nn.init.trunc_normal_(self.position, std=0.02)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
+        self.vit = VisionTransformer(img_size=FRAME_HW, patch_size=self.patch, embed_dim=dim, depth=depth,
+                                     num_heads=heads, mlp_ratio=2.0, num_classes=0, class_token=False,
+                                     global_pool="avg")
+        for module in self.vit.modules():
+            if hasattr(module, "fused_attn"):
+                module.fused_attn = False
         self.hidden = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU())
         self.policy = nn.Linear(hidden, num_actions)
         self.value = nn.Linear(hidden, 1)
@@ -74,54 +82,20 @@ class ActorCriticViT(nn.Module):
         nn.init.zeros_(self.policy.bias)
 
     def forward(self, frames: torch.Tensor, return_features: bool = False):
-        tokens = self.embed(frames.float() / 255.0).flatten(2).transpose(1, 2) + self.position
-        captured = None
-        for index, block in enumerate(self.blocks):
-            tokens, normed = block(tokens)
-            if index == len(self.blocks) - 1:
-                captured = normed
-        hidden = self.hidden(self.norm(tokens).mean(dim=1))
+        captured = {}
+        handle = self.get_submodule(self.cam_layer_name).register_forward_hook(
+            lambda _m, _i, output: captured.__setitem__("tokens", output))
+        try:
+            pooled = self.vit(frames.float() / 255.0)
+        finally:
+            handle.remove()
+        hidden = self.hidden(pooled)
         logits, value = self.policy(hidden), self.value(hidden).squeeze(-1)
-        return (logits, value, captured) if return_features else (logits, value)
+        return (logits, value, captured["tokens"]) if return_features else (logits, value)
 
     def features_to_grid(self, features: torch.Tensor) -> torch.Tensor:
         """B x N x D tokens -> B x D x h x w."""
         return features.transpose(1, 2).reshape(features.shape[0], -1, *self.grid)
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block; returns (tokens, the first norm's output: the ViT's CAM layer)."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-
-    def forward(self, tokens: torch.Tensor) -> tuple:
-        normed = self.norm1(tokens)
-        tokens = tokens + self.attn(normed)
-        return tokens + self.mlp(self.norm2(tokens)), normed
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention written out (the fused kernels have no double backward, which CAMAL needs);
-    keeps its last attention weights in `last_weights` (B x heads x N x N) for attention rollout."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.last_weights = None
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        b, n, d = tokens.shape
-        q, k, v = self.qkv(tokens).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        weights = (q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5).softmax(dim=-1)
-        self.last_weights = weights.detach()
-        return self.proj((weights @ v).transpose(1, 2).reshape(b, n, d))
 
 
 def build_network(arch: str, num_actions: int, **kwargs) -> nn.Module:
