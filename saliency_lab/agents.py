@@ -1,0 +1,316 @@
+"""The Agents tab's service layer (no Gradio): list agents, play an episode from a seed, the map of a method on a
+frame with the mask outline, the value and IoU over time, side-by-side episodes, GIF/MP4 export with the overlays,
+and the 'agent-train' job kind (a train-agent run through the app's job runner: progress, cancel, resume).
+
+Agents: shipped ones in weights/agents/, the user's in <data>/models/agents/ (sub-folders, so the classifier
+zoo never lists them). A recorded episode is its agent, seed and cap (JSON): ViZDoom and the seeded policy replay
+it exactly, so nothing but those three numbers is stored.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from explainers.agents.envs import INSTALL_HINT, SCENARIOS, ScenarioError, vizdoom_available
+
+from .jobs import register_job_kind
+
+EPISODE_CAP = 600          # steps; longer episodes are cut (with a note)
+EXPORT_MAX_FRAMES = 600    # frames in one GIF/MP4
+EXPORT_MAX_PIXELS = 400 * 1024 * 1024  # frames x height x width: bounds the file and the memory to build it
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "weights" / "agents"
+_CACHE_SIZE = 6
+_lock = threading.RLock()
+_episodes: OrderedDict = OrderedDict()
+_agents: dict = {}
+
+
+class AgentsError(ValueError):
+    """A plain sentence for the user."""
+
+
+def status() -> dict:
+    """{"available": bool, "message": how to install ViZDoom when it is missing}."""
+    ok = vizdoom_available()
+    return {"available": ok, "message": "" if ok else INSTALL_HINT}
+
+
+def agent_dirs() -> list:
+    from explainers.paths import user_models_dir
+
+    return [SHIPPED_DIR, user_models_dir() / "agents"]
+
+
+def list_agents(scenario: str | None = None) -> list:
+    """Names of the agent cards (kind "agent"), shipped first; only those of `scenario` when given."""
+    names = []
+    for folder in agent_dirs():
+        for card_file in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
+            try:
+                card = json.loads(card_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if card.get("kind") == "agent" and (scenario is None or card.get("scenario") == scenario) \
+                    and card_file.stem not in names:
+                names.append(card_file.stem)
+    return names
+
+
+def card_file(name: str) -> Path:
+    from explainers.agents.checkpoint import check_name
+
+    check_name(name)
+    for folder in agent_dirs():
+        if (Path(folder) / f"{name}.json").exists():
+            return Path(folder) / f"{name}.json"
+    raise AgentsError(f"There is no agent called '{name}'.")
+
+
+def load(name: str):
+    """(network, card), cached."""
+    from explainers.agents.checkpoint import load_agent
+
+    with _lock:
+        if name not in _agents:
+            _agents[name] = load_agent(card_file(name))
+        return _agents[name]
+
+
+@dataclass
+class Episode:
+    agent: str
+    scenario: str
+    seed: int
+    frames: np.ndarray    # T x 3 x 60 x 80 uint8
+    masks: np.ndarray     # T x 60 x 80 bool
+    screens: np.ndarray   # T x 120 x 160 x 3 uint8 (what the player sees)
+    values: list
+    ious: list
+    rewards: list
+    actions: list
+    capped: bool
+    maps: dict = field(default_factory=dict)  # (method, target) -> {frame index: 60 x 80 map}
+
+    @property
+    def length(self) -> int:
+        return len(self.values)
+
+    @property
+    def note(self) -> str:
+        return (f"The episode was cut at {self.length} steps (the cap is {EPISODE_CAP})." if self.capped else "")
+
+    def record(self) -> dict:
+        """What replays this episode exactly."""
+        return {"agent": self.agent, "scenario": self.scenario, "seed": self.seed, "max_steps": self.length
+                if self.capped else EPISODE_CAP}
+
+
+def play(name: str, seed: int, max_steps: int = EPISODE_CAP) -> Episode:
+    """Play (or fetch from the cache) one episode of agent `name` from reset seed `seed`."""
+    if not vizdoom_available():
+        raise AgentsError(INSTALL_HINT)
+    max_steps = int(max(1, min(int(max_steps), EPISODE_CAP)))
+    seed = int(seed)
+    if not 0 <= seed < 2 ** 31:
+        raise AgentsError("The seed must be a whole number from 0 to 2147483647.")
+    key = (name, seed, max_steps)
+    with _lock:
+        if key in _episodes:
+            _episodes.move_to_end(key)
+            return _episodes[key]
+    from explainers.agents.evaluate import play_episode
+
+    net, card = load(name)
+    try:
+        raw = play_episode(net, card["scenario"], seed, max_steps=max_steps, keep_frames=True, keep_screens=True)
+    except ScenarioError as error:
+        raise AgentsError(str(error)) from None
+    episode = Episode(name, card["scenario"], seed, raw["frames"], raw["masks"], raw["screens"], raw["values"],
+                      raw["ious"], raw["rewards"], raw["actions"], raw["capped"])
+    episode.maps[("gradcam", "value")] = dict(enumerate(raw["cams"]))
+    with _lock:
+        _episodes[key] = episode
+        while len(_episodes) > _CACHE_SIZE:
+            _episodes.popitem(last=False)
+    return episode
+
+
+def load_record(text: str) -> Episode:
+    """Replay an episode from its record (JSON text: agent, seed, max_steps)."""
+    try:
+        record = json.loads(text)
+        return play(str(record["agent"]), int(record["seed"]), int(record.get("max_steps", EPISODE_CAP)))
+    except (ValueError, KeyError, TypeError):
+        raise AgentsError("That is not an episode record (it needs an agent, a seed and max_steps).") from None
+
+
+def frame_map(episode: Episode, index: int, method: str = "gradcam", target: str = "value") -> np.ndarray:
+    """The 60 x 80 map of `method` on frame `index` (computed once, then cached with the episode)."""
+    from explainers.agents.saliency import explain_frames
+
+    index = int(np.clip(index, 0, episode.length - 1))
+    cached = episode.maps.setdefault((method, target), {})
+    if index not in cached:
+        net, _ = load(episode.agent)
+        action = [episode.actions[index]] if target == "action" else None
+        options = {"n_masks": 1000} if method == "rise" else {}
+        cached[index] = explain_frames(net, episode.frames[index:index + 1], method, target=target, actions=action,
+                                       options=options)[0].numpy()
+    return cached[index]
+
+
+def frame_iou(episode: Episode, index: int, method: str, target: str) -> float | None:
+    from explainers.metrics import top_pixel_iou
+
+    mask = episode.masks[index]
+    if not mask.any():
+        return None
+    return float(top_pixel_iou(frame_map(episode, index, method, target)[None], mask[None])[0])
+
+
+def outline(mask: np.ndarray) -> np.ndarray:
+    """The mask's edge pixels."""
+    padded = np.pad(mask, 1)
+    interior = padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+    return mask & ~interior
+
+
+def frame_picture(episode: Episode, index: int, method: str = "gradcam", target: str = "value",
+                  scale: int = 2) -> np.ndarray:
+    """The screen with the map as an overlay and the mask's outline (green), upscaled `scale` times."""
+    import cv2
+
+    from explainers.images import overlay
+
+    index = int(np.clip(index, 0, episode.length - 1))
+    screen = episode.screens[index]
+    height, width = screen.shape[0] * scale, screen.shape[1] * scale
+    big = cv2.resize(screen, (width, height), interpolation=cv2.INTER_NEAREST)
+    heat = cv2.resize(frame_map(episode, index, method, target).astype(np.float32), (width, height),
+                      interpolation=cv2.INTER_LINEAR)
+    picture = np.asarray(overlay(big, heat, 0.45)).copy()
+    mask = cv2.resize(episode.masks[index].astype(np.uint8), (width, height), interpolation=cv2.INTER_NEAREST) > 0
+    picture[outline(mask)] = (0, 255, 0)
+    return picture
+
+
+def frame_facts(episode: Episode, index: int, method: str = "gradcam", target: str = "value") -> dict:
+    index = int(np.clip(index, 0, episode.length - 1))
+    return {"step": index, "value": episode.values[index], "iou": frame_iou(episode, index, method, target),
+            "return_so_far": float(sum(episode.rewards[:index])), "action": episode.actions[index],
+            "mask_pixels": int(episode.masks[index].sum())}
+
+
+def episode_summary(episode: Episode) -> dict:
+    ious = [value for value in episode.ious if value is not None]
+    return {"agent": episode.agent, "seed": episode.seed, "steps": episode.length,
+            "return": float(sum(episode.rewards)), "mean_iou": float(np.mean(ious)) if ious else None,
+            "frames_with_mask": len(ious), "note": episode.note}
+
+
+def timeline_figure(episodes: list, index: int):
+    """V(s) over time (solid) and the Grad-CAM IoU per frame (dotted, right axis) of one or two episodes, with
+    the current step marked."""
+    from .figures import FigureSpec, _axis, _layout
+
+    data, colours = [], ("#0072B2", "#D55E00")
+    for number, episode in enumerate(episodes):
+        steps = list(range(episode.length))
+        data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.values,
+                     "name": f"V(s) {episode.agent}", "line": {"color": colours[number % 2]}})
+        data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.ious, "yaxis": "y2",
+                     "name": f"IoU {episode.agent}", "line": {"color": colours[number % 2], "dash": "dot"}})
+    layout = _layout("Value and IoU with the mask over the episode", 300,
+                     xaxis=_axis(title={"text": "step"}), yaxis=_axis(title={"text": "V(s)"}),
+                     yaxis2=_axis(title={"text": "IoU (Grad-CAM of V)"}, overlaying="y", side="right",
+                                  range=[0, 1]),
+                     shapes=[{"type": "line", "x0": index, "x1": index, "yref": "paper", "y0": 0, "y1": 1,
+                              "line": {"color": "#888", "width": 1}}],
+                     legend={"orientation": "h", "y": -0.25})
+    return FigureSpec(data, layout)
+
+
+def export_episode(episodes: list, path, *, method: str = "gradcam", target: str = "value", fmt: str = "gif",
+                   start: int = 0, stop: int | None = None, scale: int = 2, fps: int = 12) -> Path:
+    """The frames [start, stop) of one episode, or of two side by side, with the overlays, as a GIF or MP4."""
+    if fmt not in ("gif", "mp4"):
+        raise AgentsError("Export as 'gif' or 'mp4'.")
+    length = min(episode.length for episode in episodes)
+    stop = length if stop is None else min(int(stop), length)
+    start = max(0, int(start))
+    count = stop - start
+    if count <= 0:
+        raise AgentsError("There are no frames in that range to export.")
+    height, width = episodes[0].screens.shape[1] * scale, episodes[0].screens.shape[2] * scale * len(episodes)
+    if count > EXPORT_MAX_FRAMES or count * height * width > EXPORT_MAX_PIXELS:
+        raise AgentsError(f"That export is too large ({count} frames of {width} x {height} pixels): the limit is "
+                          f"{EXPORT_MAX_FRAMES} frames and {EXPORT_MAX_PIXELS // 2 ** 20} megapixels in all; "
+                          "choose fewer frames or a smaller scale.")
+    pictures = [np.concatenate([frame_picture(episode, index, method, target, scale) for episode in episodes],
+                               axis=1) for index in range(start, stop)]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "gif":
+        from PIL import Image
+
+        images = [Image.fromarray(picture) for picture in pictures]
+        images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    else:
+        import cv2
+
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+        for picture in pictures:
+            writer.write(cv2.cvtColor(picture, cv2.COLOR_RGB2BGR))
+        writer.release()
+    return path
+
+
+# ------------------------------------------------------------------------------------------ the training job
+JOB_PARAMS = ("scenario", "name", "seed", "lambda", "budget_s", "steps", "arch", "num_envs")
+
+
+@register_job_kind("agent-train")
+def agent_train_job(params: dict, context) -> dict:
+    """train-agent as a job: the agent is written to <data>/models/agents/NAME; its checkpoint lives there too,
+    so a job resumed after a restart (or a new job with the same name) continues from it."""
+    from explainers.agents.ppo import PPOConfig
+    from explainers.agents.train import train_agent
+
+    unknown = sorted(set(params) - set(JOB_PARAMS))
+    if unknown:
+        raise AgentsError(f"Unknown settings for an agent training run: {', '.join(unknown)}.")
+    if params.get("scenario") not in SCENARIOS:
+        raise AgentsError(f"Unknown scenario '{params.get('scenario')}'. Available: {', '.join(SCENARIOS)}.")
+    out_dir = agent_dirs()[1]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = getattr(context, "device", "cpu") or "cpu"
+    summary = train_agent(scenario_name=params["scenario"], out_dir=out_dir, name=params["name"],
+                          seed=int(params.get("seed", 0)), lam=float(params.get("lambda", 1.0)),
+                          arch=params.get("arch", "cnn"), steps=params.get("steps"),
+                          budget_s=params.get("budget_s"), device=device,
+                          config=PPOConfig(num_envs=int(params.get("num_envs", 8))),
+                          progress=context.progress, cancelled=context.cancelled)
+    with _lock:
+        _agents.pop(params["name"], None)
+    return {k: v for k, v in summary.items() if k != "history"}
+
+
+def training_curves(history: list):
+    """Return and IoU of a training job's metric points (the job runner's history), as they come."""
+    from .figures import FigureSpec, _axis, _layout
+
+    steps = [point.get("step") for point in history]
+    data = [{"type": "scatter", "mode": "lines+markers", "name": "return (episodes ended in the update)",
+             "x": steps, "y": [point.get("return") for point in history]},
+            {"type": "scatter", "mode": "lines+markers", "name": "IoU of V(s)-CAM with masks", "yaxis": "y2",
+             "x": steps, "y": [point.get("iou") for point in history]}]
+    layout = _layout("Training: return and IoU", 280, xaxis=_axis(title={"text": "environment steps"}),
+                     yaxis=_axis(title={"text": "return"}),
+                     yaxis2=_axis(title={"text": "IoU"}, overlaying="y", side="right", range=[0, 1]),
+                     legend={"orientation": "h", "y": -0.3})
+    return FigureSpec(data, layout)

@@ -1,0 +1,101 @@
+"""The Agents tab's service layer (saliency_lab.agents): play, maps, caps, export bounds, the training job kind."""
+import json
+
+import numpy as np
+import pytest
+
+from explainers.agents import envs
+
+pytestmark = pytest.mark.skipif(not envs.vizdoom_available(), reason="ViZDoom is not installed")
+
+
+@pytest.fixture(scope="module")
+def agent_folder(tmp_path_factory):
+    from explainers.agents.ppo import PPOConfig
+    from explainers.agents.train import train_agent
+
+    folder = tmp_path_factory.mktemp("agents")
+    for name, lam in (("tiny-vanilla", 0.0), ("tiny-camal", 1.0)):
+        train_agent(scenario_name="defend_the_center", out_dir=folder, name=name, seed=2, lam=lam, steps=64,
+                    config=PPOConfig(num_envs=2, rollout_steps=32, minibatch=32, epochs=1),
+                    net_options={"width": 8, "hidden": 32})
+    return folder
+
+
+@pytest.fixture()
+def service(agent_folder, monkeypatch):
+    from saliency_lab import agents
+
+    monkeypatch.setattr(agents, "agent_dirs", lambda: [agent_folder, agent_folder / "user"])
+    agents._agents.clear()
+    agents._episodes.clear()
+    return agents
+
+
+def test_list_play_and_pictures(service):
+    assert set(service.list_agents("defend_the_center")) == {"tiny-vanilla", "tiny-camal"}
+    assert service.list_agents("health_gathering") == []
+    episode = service.play("tiny-camal", 10_000_003, max_steps=8)
+    assert episode.length == 8 and episode.capped and "cut at 8 steps" in episode.note
+    assert service.play("tiny-camal", 10_000_003, max_steps=8) is episode  # cached
+    picture = service.frame_picture(episode, 3, "gradcam", scale=2)
+    assert picture.shape == (240, 320, 3) and picture.dtype == np.uint8
+    facts = service.frame_facts(episode, 3)
+    assert facts["value"] == episode.values[3]
+    if episode.masks[3].any():
+        assert facts["iou"] == pytest.approx(episode.ious[3], abs=1e-6)
+    occlusion = service.frame_map(episode, 3, "occlusion", "action")
+    assert occlusion.shape == (60, 80)
+    figure = service.timeline_figure([episode, service.play("tiny-vanilla", 10_000_003, max_steps=8)], 3)
+    assert len(figure.data) == 4
+    replay = service.load_record(json.dumps(episode.record()))
+    assert replay is episode
+
+
+def test_caps_and_bad_input(service, monkeypatch):
+    monkeypatch.setattr(service, "EPISODE_CAP", 12)
+    episode = service.play("tiny-vanilla", 5, max_steps=10 ** 6)  # asked for more than the cap
+    assert episode.length == 12 and episode.capped and "the cap is 12" in episode.note
+    with pytest.raises(service.AgentsError, match="no agent called"):
+        service.play("nobody", 1)
+    with pytest.raises(service.AgentsError, match="seed"):
+        service.play("tiny-vanilla", -1)
+    with pytest.raises(service.AgentsError, match="not an episode record"):
+        service.load_record("{oops")
+
+
+def test_export_gif_mp4_and_size_bound(service, tmp_path, monkeypatch):
+    pair = [service.play(name, 10_000_004, max_steps=6) for name in ("tiny-vanilla", "tiny-camal")]
+    gif = service.export_episode(pair, tmp_path / "pair.gif", fmt="gif", scale=1)
+    from PIL import Image
+
+    with Image.open(gif) as image:
+        assert image.n_frames == 6 and image.size == (320, 120)
+    mp4 = service.export_episode(pair[:1], tmp_path / "one.mp4", fmt="mp4", scale=1)
+    assert mp4.stat().st_size > 0
+    monkeypatch.setattr(service, "EXPORT_MAX_FRAMES", 4)
+    with pytest.raises(service.AgentsError, match="too large"):
+        service.export_episode(pair, tmp_path / "big.gif")
+
+
+def test_missing_vizdoom_says_how_to_install(service, monkeypatch):
+    monkeypatch.setattr(service, "vizdoom_available", lambda: False)
+    assert service.status() == {"available": False, "message": envs.INSTALL_HINT}
+    with pytest.raises(service.AgentsError, match="pip install"):
+        service.play("tiny-camal", 1)
+
+
+def test_training_job_kind_rejects_unknown_settings(service):
+    class Context:
+        device = "cpu"
+
+        def progress(self, *args, **kwargs):
+            pass
+
+        def cancelled(self):
+            return False
+
+    with pytest.raises(service.AgentsError, match="Unknown scenario"):
+        service.agent_train_job({"scenario": "doom3", "name": "x"}, Context())
+    with pytest.raises(service.AgentsError, match="Unknown settings"):
+        service.agent_train_job({"scenario": "defend_the_center", "name": "x", "epochs": 3}, Context())
