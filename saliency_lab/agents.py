@@ -271,7 +271,7 @@ def export_episode(episodes: list, path, *, method: str = "gradcam", target: str
 
 
 # ------------------------------------------------------------------------------------------ the training job
-JOB_PARAMS = ("scenario", "name", "seed", "lambda", "budget_s", "steps", "arch", "num_envs")
+JOB_PARAMS = ("scenario", "name", "seed", "lambda", "budget_s", "steps", "arch", "num_envs", "rollout_steps")
 
 
 @register_job_kind("agent-train")
@@ -293,7 +293,8 @@ def agent_train_job(params: dict, context) -> dict:
                           seed=int(params.get("seed", 0)), lam=float(params.get("lambda", 1.0)),
                           arch=params.get("arch", "cnn"), steps=params.get("steps"),
                           budget_s=params.get("budget_s"), device=device,
-                          config=PPOConfig(num_envs=int(params.get("num_envs", 8))),
+                          config=PPOConfig(num_envs=int(params.get("num_envs", 8)),
+                                           rollout_steps=int(params.get("rollout_steps", 128))),
                           progress=context.progress, cancelled=context.cancelled)
     with _lock:
         _agents.pop(params["name"], None)

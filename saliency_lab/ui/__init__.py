@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 TAB_MODULES: list[str] = [
     "explain",
     "segment",
+    "agents",
     "masks",
     "review",
     "learn",

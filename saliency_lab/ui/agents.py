@@ -1,0 +1,245 @@
+"""The Agents tab: where a deep-RL agent looks in ViZDoom, vanilla PPO against PPO + CAMAL on the critic.
+
+Play an episode from a seed (or replay a record), scrub its frames: the frame with the chosen method's map of
+V(s) (or of the chosen action's probability) and the outline of the mask of what matters, the value and the IoU
+over time; a second agent on the same seed side by side; export GIF/MP4; launch a CAMAL training run as a job.
+The handlers are plain functions (tests call them); `build` lays the tab out and wires them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import tempfile
+import time
+
+import gradio as gr
+
+from saliency_lab import agents as service
+from saliency_lab.errors import is_user_error, user_message
+
+TITLE = "Agents"
+TAB_ID = "agents"
+log = logging.getLogger(__name__)
+NONE = "(none)"
+METHOD_CHOICES = [("Grad-CAM", "gradcam"), ("Occlusion", "occlusion"), ("RISE", "rise"), ("AHA (per image)", "aha"),
+                  ("GradSkip (ViT)", "gradskip"), ("Attention rollout (ViT)", "rollout")]
+TARGET_CHOICES = [("V(s), the critic's value", "value"), ("the chosen action's probability", "action")]
+ABOUT = ("Each agent plays ViZDoom from the seed you give; the map shows which pixels drive its value V(s) (or its "
+         "chosen action), the green outline marks what matters in the scenario (monsters, medkits) from the game's "
+         "own labels. IoU: the map's top pixels (as many as the mask has) against the mask; higher is better.")
+
+
+def plain(fn):
+    """Errors meant for the user become a gr.Error with their sentence; any other is logged and named a bug."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 - every error becomes a message
+            if is_user_error(error):
+                raise gr.Error(user_message(error)) from error
+            log.exception("agents tab: unexpected error")
+            raise gr.Error("Something went wrong on our side: this is a bug, not your input. The details are in "
+                           "the server log.") from error
+    return wrapper
+
+
+def status_text() -> str:
+    state = service.status()
+    return ABOUT if state["available"] else f"**ViZDoom is not installed here.** {state['message']}"
+
+
+def agent_choices(scenario: str) -> tuple:
+    names = service.list_agents(scenario) if service.status()["available"] else []
+    first = next((n for n in names if "vanilla" in n), names[0] if names else None)
+    second = next((n for n in names if "camal" in n), NONE)
+    return gr.update(choices=names, value=first), gr.update(choices=[NONE, *names], value=second)
+
+
+def _episodes(records: list) -> list:
+    return [service.play(r["agent"], r["seed"], r["max_steps"]) for r in records]
+
+
+def _view(records: list, index: int, method: str, target: str) -> tuple:
+    episodes = _episodes(records)
+    pictures = [service.frame_picture(e, index, method, target) for e in episodes]
+    lines = []
+    for episode in episodes:
+        facts = service.frame_facts(episode, index, method, target)
+        iou = "no relevant object in view" if facts["iou"] is None else f"IoU {facts['iou']:.2f}"
+        summary = service.episode_summary(episode)
+        mean_iou = "n/a" if summary["mean_iou"] is None else f"{summary['mean_iou']:.2f}"
+        lines.append(f"**{episode.agent}**: step {facts['step']}, V(s) {facts['value']:.3f}, {iou}; episode return "
+                     f"{summary['return']:.0f} over {summary['steps']} steps, mean Grad-CAM IoU {mean_iou}. "
+                     f"{episode.note}")
+    second = pictures[1] if len(pictures) > 1 else None
+    return pictures[0], second, "\n\n".join(lines), service.timeline_figure(episodes, index)
+
+
+@plain
+def play(agent_a: str, agent_b: str, seed, max_steps, method: str, target: str) -> tuple:
+    """Play the agent(s) from the seed; returns (records, slider update, picture A, picture B, facts, timeline)."""
+    if not agent_a:
+        raise gr.Error("Pick an agent first (train one below if the list is empty).")
+    names = [agent_a] + ([agent_b] if agent_b and agent_b != NONE else [])
+    records = [service.play(n, int(seed), int(max_steps)).record() for n in names]
+    length = min(e.length for e in _episodes(records))
+    return (records, gr.update(maximum=max(length - 1, 1), value=0), *_view(records, 0, method, target))
+
+
+@plain
+def scrub(records: list, index, method: str, target: str) -> tuple:
+    if not records:
+        return None, None, "Play an episode first.", None
+    return _view(records, int(index), method, target)
+
+
+@plain
+def load_record(text: str, method: str, target: str) -> tuple:
+    """Replay the episode(s) of a record (one record or a list of two)."""
+    try:
+        parsed = json.loads(text or "")
+    except ValueError:
+        raise gr.Error("That is not an episode record (it needs an agent, a seed and max_steps).") from None
+    records = [service.load_record(json.dumps(r)).record() for r in (parsed if isinstance(parsed, list) else [parsed])]
+    length = min(e.length for e in _episodes(records))
+    return (records, gr.update(maximum=max(length - 1, 1), value=0), *_view(records, 0, method, target))
+
+
+def record_text(records: list) -> str:
+    return json.dumps(records) if records else ""
+
+
+@plain
+def export(records: list, fmt: str, start, stop, scale, method: str, target: str) -> str:
+    if not records:
+        raise gr.Error("Play an episode first.")
+    folder = tempfile.mkdtemp(prefix="agents-export-")
+    path = service.export_episode(_episodes(records), f"{folder}/episode.{fmt}", method=method, target=target,
+                                  fmt=fmt, start=int(start), stop=int(stop) + 1, scale=int(scale))
+    return str(path)
+
+
+@plain
+def start_training(services, scenario: str, name: str, seed, lam, budget_minutes) -> str:
+    from explainers.agents.checkpoint import check_name
+
+    if not service.status()["available"]:
+        raise gr.Error(service.status()["message"])
+    check_name(name or "")
+    params = {"scenario": scenario, "name": name, "seed": int(seed), "lambda": float(lam),
+              "budget_s": float(budget_minutes) * 60}
+    return services.runner().submit("agent-train", params)
+
+
+def job_view(services, job_id: str) -> tuple:
+    """(status line with ETA, return/IoU curves) of a training job."""
+    if not job_id:
+        return "No training run started here yet.", None
+    runner = services.runner()
+    job = runner.get(job_id)
+    metrics = json.loads(job["metrics"]) if isinstance(job.get("metrics"), str) else (job.get("metrics") or {})
+    line = f"Job {job_id}: {job['status']}"
+    fraction = metrics.get("budget_fraction")
+    if job["status"] == "running" and fraction and job.get("started"):
+        elapsed = time.time() - job["started"]
+        line += f", {100 * fraction:.0f}% of the time budget, about {max(0, elapsed / fraction - elapsed):.0f} s left"
+    if metrics.get("return_100") is not None:
+        line += f"; mean return of the last 100 episodes {metrics['return_100']:.2f}"
+    if metrics.get("iou") is not None:
+        line += f"; IoU {metrics['iou']:.2f}"
+    if job.get("error"):
+        line += f". {job['error']}"
+    return line, service.training_curves(runner.history(job_id))
+
+
+@plain
+def cancel_training(services, job_id: str) -> str:
+    if job_id:
+        services.runner().cancel(job_id)
+    return job_view(services, job_id)[0]
+
+
+@plain
+def resume_training(services, job_id: str) -> str:
+    if job_id:
+        services.runner().resume(job_id)
+    return job_view(services, job_id)[0]
+
+
+def build(ctx) -> dict:
+    from explainers.agents.envs import SCENARIOS
+    from explainers.agents.train import DEFAULT_LAMBDA
+
+    services = ctx.services
+    scenarios = list(SCENARIOS)
+    gr.Markdown(status_text(), elem_id="agents-status")
+    records = gr.State([])
+    job_id = gr.State("")
+    with gr.Row():
+        scenario = gr.Dropdown(scenarios, value=scenarios[0], label="Scenario", elem_id="agents-scenario")
+        first, second = agent_choices(scenarios[0])
+        agent_a = gr.Dropdown(label="Agent", elem_id="agents-agent-a", **_choices(first))
+        agent_b = gr.Dropdown(label="Side by side with", elem_id="agents-agent-b", **_choices(second))
+        seed = gr.Number(10_000_000, precision=0, label="Episode seed", elem_id="agents-seed")
+        max_steps = gr.Number(300, precision=0, minimum=1, maximum=service.EPISODE_CAP,
+                              label=f"Steps at most (cap {service.EPISODE_CAP})", elem_id="agents-max-steps")
+    with gr.Row():
+        method = gr.Dropdown(METHOD_CHOICES, value="gradcam", label="Map", elem_id="agents-method")
+        target = gr.Radio(TARGET_CHOICES, value="value", label="Explain", elem_id="agents-target")
+        play_button = gr.Button("Play", variant="primary", elem_id="agents-play")
+    with gr.Row():
+        picture_a = gr.Image(label="Agent", format="png", elem_id="agents-frame-a", interactive=False)
+        picture_b = gr.Image(label="Side by side", format="png", elem_id="agents-frame-b", interactive=False)
+    frame = gr.Slider(0, 1, value=0, step=1, label="Frame", elem_id="agents-frame")
+    facts = gr.Markdown(elem_id="agents-facts")
+    timeline = gr.Plot(label="Value and IoU over time", elem_id="agents-timeline")
+    with gr.Accordion("Record, replay and export", open=False):
+        record = gr.Textbox(label="Episode record (agent, seed, steps): paste one to replay it",
+                            elem_id="agents-record")
+        load_button = gr.Button("Replay the record", elem_id="agents-load")
+        with gr.Row():
+            fmt = gr.Radio(["gif", "mp4"], value="gif", label="Format")
+            start = gr.Number(0, precision=0, label="From frame")
+            stop = gr.Number(99, precision=0, label="To frame")
+            scale = gr.Slider(1, 3, value=2, step=1, label="Scale")
+        export_button = gr.Button("Export with the overlays", elem_id="agents-export")
+        exported = gr.File(label="Export", elem_id="agents-export-file")
+    with gr.Accordion("Train an agent with CAMAL (a job)", open=False):
+        with gr.Row():
+            train_scenario = gr.Dropdown(scenarios, value=scenarios[0], label="Scenario")
+            train_name = gr.Textbox("my-camal-agent", label="Name (letters, digits, - and _)")
+            train_seed = gr.Number(0, precision=0, label="Training seed")
+            train_lambda = gr.Number(DEFAULT_LAMBDA, label="lambda (0 = vanilla PPO)")
+            budget = gr.Number(10, label="Time budget (minutes)")
+        with gr.Row():
+            start_button = gr.Button("Start", elem_id="agents-train")
+            cancel_button = gr.Button("Cancel", elem_id="agents-cancel")
+            resume_button = gr.Button("Resume", elem_id="agents-resume")
+        job_status = gr.Markdown(elem_id="agents-job")
+        curves = gr.Plot(label="Return and IoU", elem_id="agents-curves")
+        timer = gr.Timer(2.0, active=False)
+
+    view_outputs = [picture_a, picture_b, facts, timeline]
+    scenario.change(agent_choices, [scenario], [agent_a, agent_b], **ctx.light)
+    play_button.click(play, [agent_a, agent_b, seed, max_steps, method, target],
+                      [records, frame, *view_outputs], **ctx.heavy).then(record_text, [records], [record])
+    gr.on([frame.release, method.change, target.change], scrub, [records, frame, method, target], view_outputs,
+          trigger_mode="always_last", **ctx.heavy)
+    load_button.click(load_record, [record, method, target], [records, frame, *view_outputs], **ctx.heavy)
+    export_button.click(export, [records, fmt, start, stop, scale, method, target], [exported], **ctx.heavy)
+    start_button.click(functools.partial(start_training, services), [train_scenario, train_name, train_seed,
+                                                                     train_lambda, budget], [job_id]).then(
+        lambda: gr.Timer(active=True), None, [timer])
+    timer.tick(functools.partial(job_view, services), [job_id], [job_status, curves], **ctx.light)
+    cancel_button.click(functools.partial(cancel_training, services), [job_id], [job_status])
+    resume_button.click(functools.partial(resume_training, services), [job_id], [job_status]).then(
+        lambda: gr.Timer(active=True), None, [timer])
+    return {"agents_records": records}
+
+
+def _choices(update: dict) -> dict:
+    return {"choices": update.get("choices", []), "value": update.get("value")}

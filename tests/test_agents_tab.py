@@ -1,0 +1,95 @@
+"""The Agents tab (saliency_lab.ui.agents): it builds, its handlers play / scrub / replay / export, the training
+job runs through the app's job runner, and without ViZDoom the tab says how to install it."""
+import json
+
+import gradio as gr
+import pytest
+
+from explainers.agents import envs
+from saliency_lab import agents as service
+from saliency_lab.ui import TAB_MODULES, TabContext
+from saliency_lab.ui import agents as tab
+
+needs_vizdoom = pytest.mark.skipif(not envs.vizdoom_available(), reason="ViZDoom is not installed")
+
+
+class Services:
+    def __init__(self, root):
+        self._runner, self.root = None, root
+
+    def runner(self):
+        from saliency_lab.jobs import JobRunner
+
+        if self._runner is None:
+            self._runner = JobRunner(self.root)
+        return self._runner
+
+
+def context(services):
+    return TabContext(services=services, names=[], first_model="", heavy={}, light={})
+
+
+def test_the_tab_is_listed_and_builds_without_vizdoom(monkeypatch, tmp_path):
+    assert "agents" in TAB_MODULES
+    monkeypatch.setattr(service, "vizdoom_available", lambda: False)
+    with gr.Blocks() as demo:
+        with gr.Tab(tab.TITLE, id=tab.TAB_ID):
+            parts = tab.build(context(Services(tmp_path)))
+    assert "agents_records" in parts
+    assert "pip install" in tab.status_text()
+    with pytest.raises(gr.Error, match="ViZDoom is not installed"):
+        tab.start_training(Services(tmp_path), "defend_the_center", "x", 0, 1.0, 1)
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def agent_folder(tmp_path_factory):
+    from explainers.agents.ppo import PPOConfig
+    from explainers.agents.train import train_agent
+
+    folder = tmp_path_factory.mktemp("tab-agents")
+    for name, lam in (("t-vanilla", 0.0), ("t-camal", 1.0)):
+        train_agent(scenario_name="defend_the_center", out_dir=folder, name=name, seed=1, lam=lam, steps=32,
+                    config=PPOConfig(num_envs=1, rollout_steps=32, minibatch=32, epochs=1),
+                    net_options={"width": 8, "hidden": 32})
+    return folder
+
+
+@needs_vizdoom
+def test_handlers_play_scrub_replay_export(agent_folder, monkeypatch):
+    monkeypatch.setattr(service, "agent_dirs", lambda: [agent_folder, agent_folder / "user"])
+    service._agents.clear()
+    a, b = tab.agent_choices("defend_the_center")
+    assert a["value"] == "t-vanilla" and b["value"] == "t-camal"
+    records, slider, picture_a, picture_b, facts, figure = tab.play("t-vanilla", "t-camal", 10_000_002, 6,
+                                                                    "gradcam", "value")
+    assert len(records) == 2 and slider["maximum"] == 5 and picture_a.shape == picture_b.shape == (240, 320, 3)
+    assert "t-vanilla" in facts and "t-camal" in facts
+    picture_a2, _, facts2, _ = tab.scrub(records, 4, "occlusion", "action")
+    assert "step 4" in facts2 and picture_a2.shape == (240, 320, 3)
+    replayed = tab.load_record(tab.record_text(records), "gradcam", "value")
+    assert replayed[0] == records
+    with pytest.raises(gr.Error, match="not an episode record"):
+        tab.load_record("not json", "gradcam", "value")
+    path = tab.export(records, "gif", 0, 3, 1, "gradcam", "value")
+    assert path.endswith(".gif")
+    with pytest.raises(gr.Error, match="Pick an agent"):
+        tab.play(None, None, 1, 5, "gradcam", "value")
+
+
+@needs_vizdoom
+def test_training_job_runs_through_the_job_runner(tmp_path):
+    services = Services(tmp_path / "jobs")
+    runner = services.runner()
+    try:
+        job_id = runner.submit("agent-train", {"scenario": "defend_the_center", "name": "job-agent", "seed": 0,
+                                               "lambda": 1.0, "steps": 32, "num_envs": 1, "rollout_steps": 32})
+        job = runner.wait(job_id, timeout=240)
+        assert job["status"] == "done", open(job["log"]).read()[-2000:]
+        line, figure = tab.job_view(services, job_id)
+        assert "done" in line and len(figure.data) == 2
+        assert "job-agent" in service.list_agents("defend_the_center")
+        card = json.loads(service.card_file("job-agent").read_text())
+        assert card["lambda"] == 1.0 and card["steps"] == 32
+    finally:
+        runner.shutdown()
