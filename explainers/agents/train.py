@@ -91,7 +91,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                 rollout.frames[t], rollout.masks[t] = torch.from_numpy(frames), torch.from_numpy(masks)
                 rollout.actions[t], rollout.log_probs[t], rollout.values[t] = actions, log_probs, values
                 frames, masks, rewards, dones, ended = envs.step(actions.numpy())
-                rollout.rewards[t], rollout.dones[t] = torch.from_numpy(rewards), torch.from_numpy(dones.astype(np.float32))
+                rollout.rewards[t] = torch.from_numpy(rewards)
+                rollout.dones[t] = torch.from_numpy(dones.astype(np.float32))
                 finished += ended
             last_values = act(net, frames, device, generator)[2]
             net.train()
