@@ -78,7 +78,8 @@ def test_batch_level_value_cam_equals_per_frame(arch):
     batch = value_cam(net, frames)[0]
     assert batch.shape == (6, *FRAME_HW) and float(batch.max()) > 0
     assert torch.allclose(batch, value_cam_per_sample(net, frames), atol=1e-5)
-    assert torch.allclose(batch.flatten(1).amax(1), torch.ones(6))
+    peaks = batch.flatten(1).amax(1)  # each map divided by its maximum (an all-negative CAM stays all zero)
+    assert all(float(p) == pytest.approx(1.0) or float(p) == 0.0 for p in peaks) and float(peaks.max()) == 1.0
 
 
 def test_camal_term_known_answer_and_empty_masks_add_nothing():

@@ -1,0 +1,41 @@
+"""Seed statistics (explainers.agents.stats) against rliable, the field's reference, and known answers."""
+import numpy as np
+import pytest
+
+from explainers.agents.stats import compare_arms, probability_of_improvement, stratified_interval
+
+
+def test_probability_of_improvement_known_answers():
+    assert probability_of_improvement([3, 4, 5], [0, 1, 2]) == 1.0
+    assert probability_of_improvement([0, 1], [2, 3]) == 0.0
+    assert probability_of_improvement([1, 1], [1, 1]) == 0.5
+    # x = [1, 3] vs y = [2, 2]: pairs (1>2 no, 1>2 no, 3>2 yes, 3>2 yes) = 0.5; a tie counts a half
+    assert probability_of_improvement([1, 3], [2, 2]) == 0.5
+    assert probability_of_improvement([2, 3], [2, 1]) == pytest.approx((0.5 + 1 + 1 + 1) / 4)
+
+
+def test_stratified_bootstrap_resamples_within_tasks():
+    scores = np.array([[0.0, 10.0], [1.0, 11.0], [2.0, 12.0]])  # 3 runs x 2 tasks
+    seen = set()
+
+    def record(matrix):
+        seen.update(matrix[:, 0].tolist())
+        assert set(matrix[:, 1].tolist()) <= {10.0, 11.0, 12.0}  # task 2's runs stay in task 2
+        return float(matrix.mean())
+
+    point, (low, high) = stratified_interval(record, scores, reps=200)
+    assert point == pytest.approx(6.0) and low < point < high and seen == {0.0, 1.0, 2.0}
+
+
+def test_agrees_with_rliable():
+    pytest.importorskip("rliable")
+    from explainers.agents.stats import compare_arms_rliable
+
+    rng = np.random.default_rng(3)
+    camal, vanilla = rng.normal(0.30, 0.05, (5, 1)), rng.normal(0.20, 0.06, (5, 1))
+    ours = compare_arms(camal, vanilla, reps=1000)
+    theirs = compare_arms_rliable(camal, vanilla, reps=1000)
+    for key in ("x_mean", "y_mean", "difference", "poi"):
+        assert ours[key] == pytest.approx(theirs[key], abs=1e-12)
+    for key in ("x_ci", "y_ci", "difference_ci", "poi_ci"):  # different random draws: close, not equal
+        assert np.allclose(ours[key], theirs[key], atol=0.025), (key, ours[key], theirs[key])
