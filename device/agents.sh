@@ -8,7 +8,7 @@ PY=${PYTHON:-python}
 TOY=${AGENTS_TOY:-0}
 LAMBDA=${AGENTS_LAMBDA:-1.0}
 DEVICE=${AGENTS_DEVICE:-auto}
-if [ "$TOY" = "1" ]; then BUDGET=20; SEEDS="1"; EPISODES=2; else BUDGET=${AGENTS_BUDGET:-300}; SEEDS="1 2 3 4 5"; EPISODES=10; fi
+if [ "$TOY" = "1" ]; then BUDGET=20; SEEDS="1"; EPISODES=2; else BUDGET=${AGENTS_BUDGET:-270}; SEEDS="1 2 3 4 5"; EPISODES=10; fi
 WORK=$(mktemp -d)/agents
 mkdir -p "$WORK/weights" "$WORK/logs"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
@@ -33,7 +33,7 @@ wait
 echo "evaluated; total $(( $(date +%s) - T0 )) s" >> "$WORK/logs/machine.txt"
 if [ "$TOY" = "1" ]; then COST="--repeats 1 --num-envs 2 --rollout-steps 64"; else COST="--repeats 3"; fi
 BENCH_DEVICE=$DEVICE; [ "$DEVICE" = auto ] && BENCH_DEVICE=$($PY -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
-timeout 60 $PY bench/agents_cost.py --device "$BENCH_DEVICE" $COST --out "$WORK/agents-cost.json" > "$WORK/logs/cost.log" 2>&1
+timeout 45 $PY bench/agents_cost.py --device "$BENCH_DEVICE" $COST --out "$WORK/agents-cost.json" > "$WORK/logs/cost.log" 2>&1
 echo "cost bench rc=$?; total $(( $(date +%s) - T0 )) s" >> "$WORK/logs/machine.txt"
 rm -f "$WORK"/weights/*.ckpt.safetensors  # the Adam moments triple the size; the final weights are kept
 tar cf "$OUT/agents-results.tar" -C "$WORK" .
