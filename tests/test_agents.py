@@ -182,3 +182,23 @@ def test_episode_cap_and_value_curves(tmp_path):
                                                                                  atol=1e-5)
     scores = fidelity(net, episode["frames"][:4])
     assert len(scores["deletion_auc"]) == 4
+
+
+@pytest.mark.parametrize("arch,options", [("cnn", SMALL_NET), ("vit", {"dim": 32, "depth": 2, "heads": 2,
+                                                                       "hidden": 32})])
+def test_registry_methods_on_agents(arch, options):
+    from explainers.agents.saliency import agent_methods, explain_frames
+
+    torch.manual_seed(0)
+    net = build_network(arch, 4, **options).eval()
+    frames = torch.randint(0, 256, (2, 3, *FRAME_HW), dtype=torch.uint8)
+    methods = agent_methods(net)
+    expected = {"gradcam", "occlusion", "rise", "aha"} | ({"gradskip", "rollout", "chefer"} if arch == "vit" else set())
+    assert set(methods) == expected
+    grad = explain_frames(net, frames, "gradcam", target="value")
+    assert torch.allclose(grad, value_cam(net, frames)[0].detach(), atol=1e-5)  # class 0 of [V, 0] is V(s)
+    for number, method in enumerate(methods):  # each method once, the two targets in turn
+        target = ("value", "action")[number % 2]
+        options_ = {"n_masks": 64} if method == "rise" else {}
+        maps = explain_frames(net, frames, method, target=target, options=options_)
+        assert maps.shape == (2, *FRAME_HW) and torch.isfinite(maps).all(), (method, target)
