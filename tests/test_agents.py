@@ -202,3 +202,17 @@ def test_registry_methods_on_agents(arch, options):
         options_ = {"n_masks": 64} if method == "rise" else {}
         maps = explain_frames(net, frames, method, target=target, options=options_)
         assert maps.shape == (2, *FRAME_HW) and torch.isfinite(maps).all(), (method, target)
+
+
+def test_no_pygame_needed_headless(monkeypatch):
+    """The GPU machine had no pygame, which ViZDoom's Gymnasium wrapper imports (for windows only)."""
+    import importlib.util
+    import sys
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pygame"
+                        else real_find_spec(name, *a))
+    monkeypatch.delitem(sys.modules, "pygame", raising=False)
+    envs._allow_headless_wrapper()
+    assert not hasattr(sys.modules["pygame"], "__file__")  # the empty stand-in
+    monkeypatch.delitem(sys.modules, "pygame")

@@ -23,10 +23,14 @@ def cmd_train_agent(args) -> int:
     from .train import summary_json, train_agent
 
     torch.set_num_threads(args.threads)
-    config = PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, lr=args.lr)
+    config = PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, lr=args.lr,
+                       minibatch=args.minibatch, epochs=args.epochs)
+    net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden))
+                   if value is not None}
     summary = train_agent(scenario_name=args.scenario, out_dir=args.out, name=args.name, seed=args.seed,
                           lam=args.lam, arch=args.arch, steps=args.steps, budget_s=args.budget_s,
-                          device=_device(args.device), config=config, iou_every=args.iou_every)
+                          device=_device(args.device), config=config, net_options=net_options,
+                          iou_every=args.iou_every)
     print(summary_json(summary))
     return 0
 
@@ -65,6 +69,10 @@ def add_agent_parsers(commands) -> None:
     train.add_argument("--num-envs", type=int, default=8)
     train.add_argument("--rollout-steps", type=int, default=128)
     train.add_argument("--lr", type=float, default=2.5e-4)
+    train.add_argument("--minibatch", type=int, default=256)
+    train.add_argument("--epochs", type=int, default=4, help="PPO epochs per update")
+    train.add_argument("--width", type=int, default=None, help="CNN width (default 32; 8 for a CPU-sized agent)")
+    train.add_argument("--hidden", type=int, default=None, help="width of the last hidden layer (default 128)")
     train.add_argument("--iou-every", type=int, default=5, help="updates between IoU measurements")
     train.add_argument("--device", default="auto")
     train.add_argument("--threads", type=int, default=1)

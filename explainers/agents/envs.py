@@ -57,10 +57,22 @@ def scenario(name: str) -> Scenario:
 def vizdoom_available() -> bool:
     try:
         import vizdoom  # noqa: F401
+        _allow_headless_wrapper()
         import vizdoom.gymnasium_wrapper  # noqa: F401  (registers the Gymnasium ids)
     except ImportError:
         return False
     return True
+
+
+def _allow_headless_wrapper() -> None:
+    """ViZDoom's Gymnasium wrapper imports pygame at the top but uses it only to draw a window (render_mode
+    "human", never used here): without pygame an empty module stands in, so a headless machine needs no pygame."""
+    import importlib.util
+    import sys
+    import types
+
+    if "pygame" not in sys.modules and importlib.util.find_spec("pygame") is None:
+        sys.modules["pygame"] = types.ModuleType("pygame")
 
 
 def downscale(screen: np.ndarray) -> np.ndarray:
