@@ -19,6 +19,23 @@ for seed in 1 2 3 4 5; do
 done
 wait
 echo "trained $(date -u)" >> "$WORK/logs/machine.txt"
+# the time budget may stop the two arms of a seed at different steps (a CAMAL update costs more): the one behind
+# resumes from its checkpoint up to the other's steps, so both arms of a seed train for the same steps
+for seed in 1 2 3 4 5; do
+  target=$($PY -c "import json,sys; print(max(json.load(open(f'$WORK/weights/dtc-{a}-s$seed.json'))['steps'] for a in ('vanilla','camal')))")
+  for arm in vanilla camal; do
+    have=$($PY -c "import json; print(json.load(open('$WORK/weights/dtc-$arm-s$seed.json'))['steps'])")
+    lam=0; [ "$arm" = camal ] && lam=$LAMBDA
+    if [ "$have" -lt "$target" ]; then
+      nice -n 10 $PY -m explainers train-agent --scenario defend_the_center --seed "$seed" --lambda "$lam" \
+        --steps "$target" --num-envs 4 --rollout-steps 128 --minibatch 128 --width 8 --hidden 64 --device cpu \
+        --out "$WORK/weights" --name "dtc-$arm-s$seed" >> "$WORK/logs/train-$arm-s$seed.json" \
+        2>> "$WORK/logs/train-$arm-s$seed.log" &
+    fi
+  done
+done
+wait
+echo "topped up $(date -u)" >> "$WORK/logs/machine.txt"
 for seed in 1 2 3 4 5; do
   nice -n 10 $PY -m explainers evaluate-agent --agents "$WORK/weights/dtc-vanilla-s$seed.json" \
     "$WORK/weights/dtc-camal-s$seed.json" --episodes 10 --device cpu --out "$WORK/eval-s$seed.json" \
