@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..methods import MethodNotApplicable, available_methods, explain, ordered
+from ..methods import available_methods, explain, ordered
 from ..models import ModelBundle
+from .envs import FRAME_HW
 
 TARGETS = ("value", "action")
 
@@ -48,7 +49,7 @@ def agent_bundle(net: nn.Module, target: str = "value", name: str = "agent") -> 
     classes = ["V(s)", "0"] if target == "value" else [f"action {i}" for i in range(net.arch["num_actions"])]
     cam_layer = net.cam_layer_name.removeprefix("vit.") if is_vit else f"net.{net.cam_layer_name}"
     return ModelBundle(name=name, network=network, mean=(0.0, 0.0, 0.0), std=(1 / 255,) * 3,
-                       input_size=tuple(int(v) for v in (60, 80)), class_names=classes,
+                       input_size=FRAME_HW, class_names=classes,
                        family="vit" if is_vit else "cnn", reference_color=(0.0, 0.0, 0.0),
                        cam_layer_name=cam_layer, card={"kind": "agent"})
 
@@ -73,8 +74,5 @@ def explain_frames(net: nn.Module, frames, method: str, *, target: str = "value"
         targets = torch.as_tensor(actions).view(-1)
     else:
         targets = torch.zeros(frames.shape[0], dtype=torch.long)
-    try:
-        maps = explain(bundle, images, targets.to(device), method, **(options or {}))
-    except MethodNotApplicable:
-        raise
+    maps = explain(bundle, images, targets.to(device), method, **(options or {}))
     return maps.detach().float().cpu()
