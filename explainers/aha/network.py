@@ -36,6 +36,10 @@ from ..smoothing import gaussian_smooth
 
 DEFAULT_ARCH = {"levels": 4, "width": 32, "embed_dim": 64, "gain_init": 10.0}
 PRIORS = ("cam", "rollout", "none")
+# A class-specific input beside a class-blind prior (rollout): "token_logits" reads every final patch token through
+# the classifier's own head row (log-softmax over the classes, so it says which class each token looks like) from
+# the same pass; "none" (explainers saved before it) has no such input.
+CLASS_INPUTS = ("none", "token_logits")
 
 
 @dataclass
@@ -46,10 +50,12 @@ class Encoded:
     levels: list  # of B x C_l x h_l x w_l
     final_grid: torch.Tensor | None  # B x C x h x w, the features the classifier head pools
     image_hw: tuple
+    class_tokens: torch.Tensor | None = None  # B x C x h x w final patch tokens, for the class input
 
     def select(self, index: torch.Tensor) -> "Encoded":
         return Encoded(self.logits[index], [level[index] for level in self.levels],
-                       None if self.final_grid is None else self.final_grid[index], self.image_hw)
+                       None if self.final_grid is None else self.final_grid[index], self.image_hw,
+                       None if self.class_tokens is None else self.class_tokens[index])
 
 
 class ResidualConvUnit(nn.Module):
@@ -176,7 +182,7 @@ class AHAExplainer(nn.Module):
 
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
                  class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
-                 fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0):
+                 fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0, class_input: str = "none"):
         super().__init__()
         # a Gaussian blur (sigma in input pixels) of the output map, chosen after training on held-out images
         # (`python -m explainers aha-output-blur`); 0 = none. No parameter: the weights do not change.
@@ -248,6 +254,20 @@ class AHAExplainer(nn.Module):
         self.class_bias = nn.Linear(embed_dim, width)  # additive class embedding at the coarsest level
         if self.use_cam:
             self.cam_proj = nn.Conv2d(1, width, 1)
+        if class_input not in CLASS_INPUTS:
+            raise ValueError(f"class_input must be one of {', '.join(CLASS_INPUTS)}, got {class_input!r}")
+        if class_input == "token_logits" and self._final_channels is None:
+            raise ValueError(f"a token_logits class input needs a linear classifier head over patch tokens; "
+                             f"'{bundle.name}' has none")
+        self.class_input = class_input
+        self.arch["class_input"] = class_input
+        if class_input != "none":
+            # zero-initialised: a warm start from an explainer without this input begins with its maps unchanged
+            self.class_inputs = nn.ModuleList(nn.Conv2d(1, width, 1) for _ in channels)
+            for conv in self.class_inputs:
+                nn.init.zeros_(conv.weight)
+                nn.init.zeros_(conv.bias)
+            self.class_mix = nn.Parameter(torch.tensor(0.0))  # its weight in the output skip beside the prior
         self.fusions = nn.ModuleList(FusionBlock(width, fusion_units) for _ in channels)
         self.arch["fusion_units"] = int(fusion_units)
         self.arch["output_blur"] = self.output_blur
@@ -291,7 +311,11 @@ class AHAExplainer(nn.Module):
             logits = self.bundle.network.forward_head(final)
             if self.prior == "cam":
                 grid = self._final_to_grid(final, tuple(inter[-1].shape[-2:]), self._final_channels)
-        return Encoded(logits=logits, levels=list(inter), final_grid=grid, image_hw=tuple(images.shape[-2:]))
+            tokens = None
+            if self.class_input == "token_logits":
+                tokens = self._final_to_grid(final, tuple(inter[-1].shape[-2:]), self._final_channels)
+        return Encoded(logits=logits, levels=list(inter), final_grid=grid, image_hw=tuple(images.shape[-2:]),
+                       class_tokens=tokens)
 
     # --- the decoder ---------------------------------------------------------------------------------
     def class_vectors(self, targets: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -320,6 +344,19 @@ class AHAExplainer(nn.Module):
         cam = (cam - flat.mean(1).view(-1, 1, 1)) / spread.clamp_min(1e-6).view(-1, 1, 1)
         return cam
 
+    def class_token_map(self, encoded: Encoded, targets: torch.Tensor) -> torch.Tensor | None:
+        """The class input (B x h x w, standardised): each final patch token read by the classifier's head (weight
+        row and bias), log-softmax over the classes, at the target class. Class-specific by construction, from
+        the same pass (no gradient), so it costs a matrix product."""
+        if self.class_input == "none" or encoded.class_tokens is None:
+            return None
+        head = self.bundle.network.get_classifier()
+        logits = torch.einsum("bchw,kc->bkhw", encoded.class_tokens.float(), head.weight.detach().float())
+        if head.bias is not None:
+            logits = logits + head.bias.detach().float().view(1, -1, 1, 1)
+        chosen = logits.log_softmax(dim=1).gather(1, targets.view(-1, 1, 1, 1).expand(-1, 1, *logits.shape[-2:]))
+        return standardise(chosen[:, 0])
+
     def trunk(self, encoded: Encoded, targets: torch.Tensor, class_rows: torch.Tensor | None = None):
         """Everything before the output head: (fused finest features, CAM at input size or None)."""
         if class_rows is not None and self.prior == "cam":
@@ -328,6 +365,7 @@ class AHAExplainer(nn.Module):
             raise ValueError("class_rows needs the head class embedding (this explainer learnt a table of classes)")
         embedding = self.class_vectors(targets, class_rows)
         cam = self.class_activation(encoded, targets)
+        class_map = self.class_token_map(encoded, targets)
         projected = []
         for index, (level, projection, film, scale) in enumerate(
                 zip(encoded.levels, self.projections, self.films, self.scales)):
@@ -337,6 +375,8 @@ class AHAExplainer(nn.Module):
                 x = F.adaptive_avg_pool2d(x, size) if scale < 1 else resize_bilinear(x, size)
             gamma, beta = film(embedding).chunk(2, dim=1)
             x = x * (1 + gamma[..., None, None]) + beta[..., None, None]
+            if class_map is not None:
+                x = x + self.class_inputs[index](F.adaptive_avg_pool2d(class_map.unsqueeze(1), x.shape[-2:]))
             projected.append(x)
         coarsest = projected[-1] + self.class_bias(embedding)[..., None, None]
         if cam is not None:
@@ -349,6 +389,9 @@ class AHAExplainer(nn.Module):
         cam_full = None
         if cam is not None:
             cam_full = resize_bilinear(cam, encoded.image_hw)
+        if class_map is not None:  # the output skip: the prior plus the class input, weighed by training
+            class_full = self.class_mix * resize_bilinear(class_map, encoded.image_hw)
+            cam_full = class_full if cam_full is None else cam_full + class_full
         return fused, cam_full
 
     def smooth(self, maps: torch.Tensor, sigma: float | None = None) -> torch.Tensor:

@@ -125,9 +125,37 @@ def cell_masks_to_image(cell_masks: torch.Tensor, grid: int, image_hw, sigma: fl
     return masks.view(b, f, *image_hw)
 
 
+SCORES = ("prob", "logprob", "margin")
+
+
+def target_scores(logits: torch.Tensor, targets: torch.Tensor, score: str = "prob") -> torch.Tensor:
+    """The curve's score of each target: the softmax probability (ref), its log, or the logit margin (the target's
+    logit minus the largest other logit). Where a class's probability is flat near 0 (a runner-up, a class absent
+    from the image) the probability gives almost no gradient; the other two keep one."""
+    logits = logits.float()
+    column = targets.view(-1, 1)
+    if score == "prob":
+        return logits.softmax(dim=1).gather(1, column).squeeze(1)
+    if score == "logprob":
+        return logits.log_softmax(dim=1).gather(1, column).squeeze(1)
+    if score == "margin":
+        own = logits.gather(1, column).squeeze(1)
+        others = logits.scatter(1, column, float("-inf")).amax(dim=1)
+        return own - others
+    raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+
+
 def target_probabilities(classify, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = classify(images)
     return logits.float().softmax(dim=1).gather(1, targets.view(-1, 1)).squeeze(1)
+
+
+def mixed_scores(logits: torch.Tensor, targets: torch.Tensor, score: str, use_score: torch.Tensor | None):
+    """Per row the probability, or `score` where `use_score` is true (rows of a batch of curves)."""
+    probs = target_scores(logits, targets, "prob")
+    if use_score is None or score == "prob" or not bool(use_score.any()):
+        return probs
+    return torch.where(use_score, target_scores(logits, targets, score), probs)
 
 
 @dataclass
@@ -155,8 +183,19 @@ def soft_curves(classify, images: torch.Tensor, maps: torch.Tensor, targets: tor
                 references: torch.Tensor, *, grid: int, tau: float, fractions=None, noise: bool = True,
                 noise_scale: float = 1.0, smooth_sigma: float = 1.0, fraction_samples: int | None = None,
                 generator: torch.Generator | None = None, rng: random.Random | None = None,
-                endpoint_probs: tuple | None = None) -> SoftCurves:
-    """Soft deletion and insertion curves of B (image, map, target) triples, one batched forward pass."""
+                endpoint_probs: tuple | None = None, score: str = "prob",
+                score_rows: torch.Tensor | None = None) -> SoftCurves:
+    """Soft deletion and insertion curves of B (image, map, target) triples, one batched forward pass.
+    `score` (with `score_rows`, B bool: which triples use it; all when None) replaces the softmax probability
+    by another score (`target_scores`) for those triples, divided per triple by the gap between its clean and
+    reference scores (at least 1, no gradient) so that its curves stay on the probability's scale."""
+    alternative = score != "prob"
+    if alternative:
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        score_rows = (torch.ones(images.shape[0], dtype=torch.bool, device=images.device) if score_rows is None
+                      else score_rows.to(images.device).bool())
+        endpoint_probs = None  # the end points in the same scores, below
     b, _, h, w = images.shape
     fractions = default_fractions() if fractions is None else torch.as_tensor(fractions, dtype=torch.float64)
     weights = trapezoid_weights(fractions)
@@ -179,7 +218,11 @@ def soft_curves(classify, images: torch.Tensor, maps: torch.Tensor, targets: tor
     inserted = ref + masks * (x - ref)  # only the top-p cells kept
     batch = torch.cat([deleted, inserted], dim=1).reshape(-1, 3, h, w)
     count = len(interior)
-    probs = target_probabilities(classify, batch, targets.repeat_interleave(2 * count)).view(b, 2, count)
+    if alternative:
+        rows = score_rows.repeat_interleave(2 * count)
+        probs = mixed_scores(classify(batch), targets.repeat_interleave(2 * count), score, rows).view(b, 2, count)
+    else:
+        probs = target_probabilities(classify, batch, targets.repeat_interleave(2 * count)).view(b, 2, count)
 
     deletion = torch.full((b, len(fractions)), float("nan"), device=images.device)
     insertion = torch.full_like(deletion, float("nan"))
@@ -189,7 +232,11 @@ def soft_curves(classify, images: torch.Tensor, maps: torch.Tensor, targets: tor
     if is_endpoint.any():
         if endpoint_probs is None:
             with torch.no_grad():
-                endpoints = target_probabilities(classify, torch.cat([images, references]), targets.repeat(2))
+                if alternative:
+                    endpoints = mixed_scores(classify(torch.cat([images, references])), targets.repeat(2), score,
+                                             score_rows.repeat(2))
+                else:
+                    endpoints = target_probabilities(classify, torch.cat([images, references]), targets.repeat(2))
             clean, blank = endpoints[:b], endpoints[b:]
         else:
             clean, blank = endpoint_probs
@@ -197,6 +244,14 @@ def soft_curves(classify, images: torch.Tensor, maps: torch.Tensor, targets: tor
             at_zero = float(fractions[index]) <= 0
             deletion[:, index] = clean if at_zero else blank
             insertion[:, index] = blank if at_zero else clean
+    if alternative:
+        if not is_endpoint.any():
+            with torch.no_grad():
+                ends = mixed_scores(classify(torch.cat([images, references])), targets.repeat(2), score,
+                                    score_rows.repeat(2))
+            clean, blank = ends[:b], ends[b:]
+        scale = torch.where(score_rows, (clean - blank).abs().clamp_min(1.0), torch.ones_like(clean)).detach()
+        deletion, insertion = deletion / scale.view(-1, 1), insertion / scale.view(-1, 1)
     return SoftCurves(fractions=fractions, weights=weights, deletion=deletion, insertion=insertion)
 
 
@@ -212,13 +267,14 @@ def aha_loss(classify, images, maps, targets, references, *, grid: int, tau: flo
              noise: bool = True, noise_scale: float = 1.0, peak_weight: float = PEAK_WEIGHT,
              smooth_sigma: float = 1.0, fraction_samples: int | None = None,
              generator: torch.Generator | None = None, rng: random.Random | None = None,
-             endpoint_probs: tuple | None = None, reduce: bool = True, deletion_weight: float = 1.0) -> LossTerms:
+             endpoint_probs: tuple | None = None, reduce: bool = True, deletion_weight: float = 1.0,
+             score: str = "prob", score_rows: torch.Tensor | None = None) -> LossTerms:
     """deletion_weight * deletion AUC + (1 - insertion AUC) + peak_weight * peak penalty, averaged over the batch.
     (deletion_weight > 1 trades insertion for deletion where a model's baseline is strong on deletion.)"""
     curves = soft_curves(classify, images, maps, targets, references, grid=grid, tau=tau, fractions=fractions,
                          noise=noise, noise_scale=noise_scale, smooth_sigma=smooth_sigma,
                          fraction_samples=fraction_samples, generator=generator, rng=rng,
-                         endpoint_probs=endpoint_probs)
+                         endpoint_probs=endpoint_probs, score=score, score_rows=score_rows)
     deletion_auc, insertion_auc = curves.deletion_auc, curves.insertion_auc
     peak = peak_penalty(standardise_maps(maps.float()))  # on the standardised map: scale-free like the sort
     per_sample = deletion_weight * deletion_auc + (1 - insertion_auc) + peak_weight * peak

@@ -31,11 +31,12 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .network import AHAExplainer, DEFAULT_ARCH, pools_class_token
-from .objective import (NUM_FRACTIONS, PEAK_WEIGHT, REFERENCE_KINDS, TAU_END, TAU_START, aha_loss,
+from .objective import (NUM_FRACTIONS, PEAK_WEIGHT, REFERENCE_KINDS, SCORES, TAU_END, TAU_START, aha_loss,
                         default_fractions, grid_range, reference_batch, tau_at)
 from .store import explainer_stem, load_explainer, save_explainer, stem_from_out
 
-TARGET_MODES = ("top1+second", "top1")
+TARGET_MODES = ("top1+second", "top1", "varied")
+SELECT_RULES = ("ins-del", "class-following")
 AUGMENTS = ("auto", "photo", "cells", "none")
 
 
@@ -199,7 +200,8 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
     torch.manual_seed(seed)
     untrained = AHAExplainer(bundle, **{k: explainer.arch[k] for k in ("width", "embed_dim", "gain_init",
                                                                       "class_embedding", "use_cam", "indices", "scales",
-                                                                      "fusion_units", "prior") if k in explainer.arch})
+                                                                      "fusion_units", "prior", "class_input")
+                                  if k in explainer.arch})
     untrained.to(device).eval()
     rows = {"aha": [], "aha_untrained": []}
     rows.update({name: [] for name in compare})
@@ -257,14 +259,96 @@ def validation_scores(explainer: AHAExplainer, images: torch.Tensor, *, batch_si
             "ins_minus_del": round(float((insertion - deletion).mean()), 5)}
 
 
+def mosaic_cell_size(bundle) -> tuple:
+    """The cell size of the 2 x 2 mosaics a model is trained and validated on: the card's `grid_cell_size` (a model
+    fine-tuned on mosaics), half the input size for class-token ViTs (their native input: a class-token ViT does not
+    read an input twice its size), else the input size (a globally pooled network reads a mosaic twice its size)."""
+    named = (getattr(bundle, "card", None) or {}).get("grid_cell_size")
+    if named:
+        return tuple(int(v) for v in named)
+    if pools_class_token(bundle.network):
+        return tuple(max(1, int(v) // 2) for v in bundle.input_size)
+    return tuple(bundle.input_size)
+
+
 def validation_mosaics(bundle, data, count: int, split: str = "val") -> tuple:
-    """(mosaics, classes): `count` fixed 2 x 2 mosaics of four classes of `data` (seed 0, as `gridpg` draws them)."""
+    """(mosaics, classes): `count` fixed 2 x 2 mosaics of four classes of `data` (seed 0, as `gridpg` draws them),
+    cells at `mosaic_cell_size`."""
     from ..data import open_dataset
     from ..gridpg import build_mosaics, plan_mosaics
 
     dataset = open_dataset(data, split=split)
     plan = plan_mosaics(dataset.labels, count, 0)
-    return build_mosaics(dataset, plan, tuple(bundle.input_size), bundle)
+    mosaics, classes = build_mosaics(dataset, plan, mosaic_cell_size(bundle), bundle)
+    return to_input_size(mosaics, bundle), classes
+
+
+def to_input_size(images: torch.Tensor, bundle) -> torch.Tensor:
+    """Mosaics bigger than a class-token ViT's input are shrunk to it (antialiased); others are left as they are."""
+    if tuple(images.shape[-2:]) == tuple(bundle.input_size) or not pools_class_token(bundle.network):
+        return images
+    return F.interpolate(images, size=tuple(bundle.input_size), mode="bilinear", align_corners=False,
+                         antialias=True).clamp(0, 1)
+
+
+def validation_class_dependence(explainer: AHAExplainer, images: torch.Tensor, batch_size: int = 32) -> float:
+    """Mean Spearman rho (scipy's, average ranks for ties) between the explainer's one-pass maps for the top class
+    and for the runner-up of each image: 1 = the same map whatever the class."""
+    from scipy.stats import spearmanr
+
+    was_training = explainer.training
+    explainer.eval()
+    rhos = []
+    try:
+        for start in range(0, len(images), batch_size):
+            x = images[start:start + batch_size].to(explainer.bundle.device)
+            with torch.no_grad():
+                logits = explainer.encode(x).logits
+                top2 = logits.topk(2, dim=1).indices
+                first = explainer.predict_and_explain(x, top2[:, 0])[1].float().cpu().numpy()
+                second = explainer.predict_and_explain(x, top2[:, 1])[1].float().cpu().numpy()
+            for a, b in zip(first, second):
+                if np.ptp(a) > 0 and np.ptp(b) > 0:
+                    rhos.append(float(spearmanr(a.ravel(), b.ravel())[0]))
+    finally:
+        explainer.train(was_training)
+    return round(float(np.mean(rhos)), 5) if rhos else float("nan")
+
+
+def baseline_validation(bundle, images: torch.Tensor, method: str, batch_size: int = 32, steps: int = 20) -> dict:
+    """The same validation metric as `validation_scores` for a baseline method's top-1 maps (the floor the
+    class-following rule asks a checkpoint to keep)."""
+    from ..methods import get_method
+    from ..metrics import deletion_insertion
+
+    explain = get_method(method)
+    deletion, insertion = [], []
+    for start in range(0, len(images), batch_size):
+        x = images[start:start + batch_size].to(bundle.device)
+        with torch.no_grad():
+            targets = bundle(x).argmax(1)
+        maps = explain.attribute(bundle, x, targets).detach().float()
+        curves = deletion_insertion(bundle, x, maps, targets, steps=steps, reference="mean")
+        deletion.append(np.asarray(curves.deletion_auc))
+        insertion.append(np.asarray(curves.insertion_auc))
+    deletion, insertion = np.concatenate(deletion), np.concatenate(insertion)
+    return {"method": method, "deletion_auc": round(float(deletion.mean()), 5),
+            "insertion_auc": round(float(insertion.mean()), 5), "ins_minus_del": round(float((insertion - deletion).mean()), 5)}
+
+
+def class_following_key(scores: dict, *, floor: float, rho_max: float | None, gridpg_min: float | None,
+                        primary: str) -> tuple:
+    """The rule (docs/aha-explainers.md, written before the runs) that ranks validation checkpoints: `follows` =
+    class dependence at most `rho_max` and GridPG at least `gridpg_min` (each where set), `faithful` = ins-del at
+    least the baseline's `floor` on the same images; a checkpoint meeting both beats one meeting only `follows`,
+    which beats one meeting only `faithful`; ties are broken by `primary` ("ins_minus_del" or "gridpg")."""
+    follows = True
+    if rho_max is not None:
+        follows = follows and bool(np.isfinite(scores.get("class_rho", np.nan))) and scores["class_rho"] <= rho_max
+    if gridpg_min is not None:
+        follows = follows and scores.get("gridpg", -1.0) >= gridpg_min
+    faithful = scores["ins_minus_del"] >= floor
+    return (follows and faithful, follows, faithful, float(scores[primary]))
 
 
 def validation_gridpg(explainer: AHAExplainer, mosaics: torch.Tensor, classes: torch.Tensor,
@@ -312,27 +396,90 @@ def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 2
 
 # --- training -----------------------------------------------------------------------------------------
 
-def mosaic_batch(cells: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple:
+def mosaic_batch(cells: torch.Tensor, labels: torch.Tensor, generator: torch.Generator, all_labels: bool = False) -> tuple:
     """B cells -> B // 4 mosaics (cells 4i..4i+3 as TL, TR, BL, BR) at twice the size, and for each the label of
-    one quadrant drawn at random."""
+    one quadrant drawn at random (`all_labels`: the four quadrants' labels, M x 4)."""
     count = cells.shape[0] // 4
     quads = cells[:4 * count].view(count, 4, *cells.shape[1:])
     mosaics = torch.cat([torch.cat([quads[:, 0], quads[:, 1]], dim=3), torch.cat([quads[:, 2], quads[:, 3]], dim=3)],
                         dim=2)
+    if all_labels:
+        return mosaics, labels[:4 * count].view(count, 4)
     which = torch.randint(0, 4, (count,), generator=generator).to(labels.device)
     return mosaics, labels[:4 * count].view(count, 4)[torch.arange(count, device=labels.device), which]
 
 
-def _targets(logits: torch.Tensor, labels: torch.Tensor, mode: str):
-    """(pair index into the batch, target) pairs: top-1, plus the runner-up if top-1 is correct, else the label."""
+def warm_start(bundle, init, class_input: str = "none") -> tuple:
+    """(explainer for `bundle`, card facts) from the explainer at stem `init`: its architecture (without its output
+    blur) and weights. It may explain another model whose decoder shapes match (e.g. the single-cell ViT's explainer
+    for the mosaic ViT) and may lack the class input, whose weights then start at zero; any other mismatch is an
+    error."""
+    from safetensors.torch import load_file
+
+    stem = stem_from_out(init)
+    card_file, weights_file = Path(str(stem) + ".json"), Path(str(stem) + ".safetensors")
+    if not card_file.exists() or not weights_file.exists():
+        raise ValueError(f"no explainer to start from at {stem} (its .json and .safetensors)")
+    card = json.loads(card_file.read_text())
+    arch = dict(card["architecture"])
+    keys = ("width", "embed_dim", "gain_init", "class_embedding", "use_cam", "indices", "scales", "fusion_units",
+            "prior")
+    explainer = AHAExplainer(bundle, **{k: arch[k] for k in keys if k in arch},
+                             class_input=class_input if class_input != "none" else arch.get("class_input", "none"))
+    try:
+        missing, unexpected = explainer.load_state_dict(load_file(str(weights_file)), strict=False)
+    except RuntimeError as error:  # shapes differ
+        raise ValueError(f"{weights_file} does not fit this explainer ({str(error)[:300]})") from None
+    allowed = ("class_inputs.", "class_mix")
+    if unexpected or any(not name.startswith(allowed) for name in missing):
+        raise ValueError(f"{weights_file} does not fit this explainer (missing {missing[:4]}, unexpected "
+                         f"{unexpected[:4]})")
+    facts = {"stem": str(init), "base_model": card.get("base_model"), "exported_step": card.get("exported_step"),
+             "trained_at": card.get("trained_at"), "its_output_blur_px": arch.get("output_blur", 0.0),
+             "new_weights_at_zero": sorted(missing)}
+    return explainer, facts
+
+
+def schedule_factor(done: float, warmup: float) -> float:
+    """The learning-rate factor at `done` (0..1) of a run: linear warm-up over the `warmup` share, then cosine to 0."""
+    done = min(1.0, max(0.0, done))
+    if done < warmup:
+        return max(done / warmup, 1e-3)
+    return 0.5 * (1 + math.cos(math.pi * (done - warmup) / max(1e-9, 1 - warmup)))
+
+
+def mosaic_targets(labels: torch.Tensor, generator: torch.Generator, per_mosaic: int = 1) -> tuple:
+    """(mosaic index, target) pairs: for each mosaic (M x 4 quadrant labels) the labels of `per_mosaic` different
+    quadrants drawn at random (classes present in the mosaic)."""
+    count = labels.shape[0]
+    order = torch.rand(count, 4, generator=generator).argsort(dim=1)[:, :per_mosaic].to(labels.device)
+    index = torch.arange(count, device=labels.device).repeat_interleave(per_mosaic)
+    return index, labels.gather(1, order).reshape(-1)
+
+
+def _targets(logits: torch.Tensor, labels: torch.Tensor, mode: str, generator: torch.Generator | None = None):
+    """(pair index into the batch, target, which pairs are not the top class) triples: top-1, plus the runner-up if
+    top-1 is correct, else the label; "varied": top-1, the runner-up, and a random other class."""
     b = logits.shape[0]
     top2 = logits.topk(2, dim=1).indices
     first = top2[:, 0]
     index = torch.arange(b, device=logits.device)
     if mode == "top1":
-        return index, first
+        return index, first, torch.zeros(b, dtype=torch.bool, device=logits.device)
+    if mode == "varied":
+        classes = logits.shape[1]
+        if classes < 3:
+            raise ValueError("varied targets need at least 3 classes")
+        offset = torch.randint(1, classes - 1, (b,), generator=generator).to(logits.device)
+        # a class other than the top two: step from the runner-up past the top class, wrapping around
+        other = (top2[:, 1] + offset) % classes
+        other = torch.where(other == first, (other + 1) % classes, other)
+        other = torch.where(other == top2[:, 1], (other + 1) % classes, other)
+        other = torch.where(other == first, (other + 1) % classes, other)
+        not_top = torch.cat([torch.zeros(b, dtype=torch.bool), torch.ones(2 * b, dtype=torch.bool)]).to(logits.device)
+        return torch.cat([index, index, index]), torch.cat([first, top2[:, 1], other]), not_top
     second = torch.where(first == labels, top2[:, 1], labels)
-    return torch.cat([index, index]), torch.cat([first, second])
+    return torch.cat([index, index]), torch.cat([first, second]), torch.cat([first != first, second != first])
 
 
 def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | None = None,
@@ -348,7 +495,10 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
               val_every: int = 0, val_track: int = 64, progress: bool = True, command: str | None = None,
               val_holdout: float | None = None, checkpoint=None, report=None, cancelled=None,
               card_extra: dict | None = None, mosaic_every: int = 0, deletion_weight: float = 1.0,
-              init: str | None = None, val_gridpg_min: float | None = None, val_mosaics: int = 16) -> dict:
+              init: str | None = None, val_gridpg_min: float | None = None, val_mosaics: int = 16,
+              score: str = "prob", class_input: str = "none", select_rule: str = "ins-del",
+              val_rho_max: float | None = None, val_baseline: str | None = None, mosaic_classes: int = 1,
+              time_schedule: bool = False, class_input_lr_scale: float = 1.0) -> dict:
     """Train (or resume) an explainer for `model` and export weights + card. Returns the card (rank 0).
     `init`: an explainer stem of the same model to start from (its architecture and weights; a new optimiser and
     schedule, and no output blur: the exported card has none, choose it again with `aha-output-blur`).
@@ -363,6 +513,17 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
     every that many steps, logs it, and exports the best checkpoint by ins-del instead of the last.
     `deletion_weight` w weighs the deletion AUC in the loss (w * deletion + 1 - insertion); the best checkpoint is
     then the one with the highest insertion - w * deletion (ins-del when w = 1, the default).
+    Class-following options: `score` ("logprob" or "margin") scores every target other than the top class (the
+    runner-up, random classes, every mosaic target) where the probability is flat (`objective.target_scores`);
+    `targets="varied"` explains the top class, the runner-up and a random other class of every image;
+    `mosaic_classes` quadrants' classes are explained per mosaic; `class_input="token_logits"` gives the explainer
+    its class-specific input (`network.CLASS_INPUTS`); `select_rule="class-following"` ranks validation checkpoints
+    by `class_following_key`: class dependence (`val_rho_max`) and GridPG (`val_gridpg_min`) where set, ins-del at
+    least `val_baseline`'s (rollout on class-token ViTs, Grad-CAM otherwise) on the same val images.
+    `time_schedule` (with `time_budget_minutes`): tau and the learning rate follow the share of the budget spent
+    when it is ahead of the share of the steps done (a run whose speed is not known beforehand).
+    `init` may name an explainer of another model with the same decoder shapes, or one without the class input:
+    the missing class-input weights start at zero (its maps unchanged).
 
     `val_holdout` (a fraction, only without `val_data`): hold that share of `data` out of training (spread evenly
     over the file) and validate on it. `checkpoint`: the resume file (default `<out>.ckpt`). The job runner's
@@ -383,7 +544,10 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
                    val_track=val_track, progress=progress, command=command, val_holdout=val_holdout,
                    checkpoint=checkpoint, report=report, cancelled=cancelled, card_extra=card_extra,
                    mosaic_every=mosaic_every, deletion_weight=deletion_weight, init=init,
-                   val_gridpg_min=val_gridpg_min, val_mosaics=val_mosaics)
+                   val_gridpg_min=val_gridpg_min, val_mosaics=val_mosaics, score=score, class_input=class_input,
+                   select_rule=select_rule, val_rho_max=val_rho_max, val_baseline=val_baseline,
+                   mosaic_classes=mosaic_classes, time_schedule=time_schedule,
+                   class_input_lr_scale=class_input_lr_scale)
 
     if not 0.0 < float(deletion_weight) <= 10.0:
         raise ValueError(f"deletion_weight must be in (0, 10], got {deletion_weight}")
@@ -391,6 +555,12 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
         raise ValueError(f"targets must be one of {TARGET_MODES}")
     if augment not in AUGMENTS:
         raise ValueError(f"augment must be one of {AUGMENTS}")
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}")
+    if select_rule not in SELECT_RULES:
+        raise ValueError(f"select_rule must be one of {SELECT_RULES}")
+    if not 1 <= int(mosaic_classes) <= 4:
+        raise ValueError(f"mosaic_classes must be 1-4 quadrants, got {mosaic_classes}")
     if val_holdout is not None and val_data:
         raise ValueError("give either validation data or a held-out fraction of the training data, not both")
     rank, world, device, started_group = distributed_setup()
@@ -414,27 +584,31 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                   grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
                   fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
                   progress, command, val_holdout, checkpoint, report, cancelled, card_extra, mosaic_every,
-                  deletion_weight, init, val_gridpg_min, val_mosaics) -> dict:
+                  deletion_weight, init, val_gridpg_min, val_mosaics, score, class_input, select_rule, val_rho_max,
+                  val_baseline, mosaic_classes, time_schedule, class_input_lr_scale) -> dict:
     model = bundle.name
     stem = stem_from_out(out) if out else explainer_stem(model)
     checkpoint_path = Path(checkpoint) if checkpoint else Path(str(stem) + ".ckpt")
     if rank == 0:
         checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     image_hw = tuple(bundle.input_size)
-    mode = augment if augment != "auto" else ("photo" if min(image_hw) >= 128 else "cells")
+    mosaic_reader = bool((getattr(bundle, "card", None) or {}).get("grid_cell_size"))  # a model trained on cells
+    mode = augment if augment != "auto" else ("photo" if min(image_hw) >= 128 and not mosaic_reader else "cells")
     low, high = grid_range(image_hw)
     low, high = grid_min or low, grid_max or high
     mosaic_every = int(mosaic_every or 0)
-    if mosaic_every and (pools_class_token(bundle.network) or batch_size // world < 4):
-        raise ValueError("mosaic steps need a globally pooled network (a class-token ViT does not read a mosaic "
-                         "at twice its input size) and at least 4 images per process and step")
+    class_token = pools_class_token(bundle.network)
+    # cells are held at the mosaic cell size: single steps bring them to the input size, mosaic steps join four
+    # (a class-token ViT gets its mosaics at its own input size, a globally pooled network at twice it)
+    cell_hw = mosaic_cell_size(bundle) if mode == "cells" else image_hw
+    if mosaic_every and batch_size // world < 1:
+        raise ValueError("mosaic steps need at least 1 image per process and step")
+    if mosaic_every and mode != "cells":
+        raise ValueError("mosaic steps are for cell images (augment 'cells')")
 
     if val_gridpg_min is not None:
         if not (val_data and val_every):
             raise ValueError("--val-gridpg-min needs --val-data and --val-every (it scores val mosaics at each validation)")
-        if pools_class_token(bundle.network):
-            raise ValueError("--val-gridpg-min needs a globally pooled network (a class-token ViT does not read a "
-                             "mosaic at twice its input size)")
         if not 0.0 <= float(val_gridpg_min) <= 1.0 or int(val_mosaics) < 1:
             raise ValueError(f"val_gridpg_min must be a share in [0, 1] and val_mosaics >= 1, got {val_gridpg_min}, "
                              f"{val_mosaics}")
@@ -444,7 +618,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
 
         train_indices, held_indices = holdout_indices(len(open_dataset(data, split="train")), float(val_holdout))
         val_data, val_split = data, "train"  # the held-out images of the training file
-    images, labels = load_train_images(data, image_hw, photo=mode == "photo", subset=subset, seed=seed,
+    images, labels = load_train_images(data, cell_hw, photo=mode == "photo", subset=subset, seed=seed,
                                        indices=train_indices)
     check_labels(labels, bundle, data)
     per_rank = max(1, batch_size // world)
@@ -455,22 +629,23 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
 
     torch.manual_seed(seed)
     init_from = None
-    if init:  # warm start: the architecture and weights of an explainer of this model, without its blur
-        explainer = load_explainer(bundle, stem_from_out(init)).to(device)  # a fresh copy, not the shared one
-        init_from = {"stem": str(init), "exported_step": explainer.card.get("exported_step"),
-                     "trained_at": explainer.card.get("trained_at"), "its_output_blur_px": explainer.output_blur}
-        explainer.output_blur = 0.0
-        explainer.arch["output_blur"] = 0.0
+    if init:  # warm start: the architecture and weights of an explainer, without its blur
+        explainer, init_from = warm_start(bundle, init, class_input)
+        explainer.to(device)
     else:
         explainer = AHAExplainer(bundle, width=width, embed_dim=embed_dim, gain_init=gain_init,
-                                 fusion_units=fusion_units).to(device)
+                                 fusion_units=fusion_units, class_input=class_input).to(device)
     explainer.train()
     model_ddp = explainer
     if world > 1:
         model_ddp = torch.nn.parallel.DistributedDataParallel(
             explainer, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=not explainer.use_cam)
-    optimizer = torch.optim.AdamW(explainer.parameters(), lr=lr, weight_decay=weight_decay)
+    # the class input's weights (new, at zero in a warm start) may learn faster than the rest (`class_input_lr_scale`)
+    fresh = [p for name, p in explainer.named_parameters() if name.startswith(("class_inputs.", "class_mix"))]
+    rest = [p for name, p in explainer.named_parameters() if not name.startswith(("class_inputs.", "class_mix"))]
+    groups = [{"params": rest, "lr": lr}] + ([{"params": fresh, "lr": lr * class_input_lr_scale}] if fresh else [])
+    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) * (
         1.0 if s < warmup_steps else 0.5 * (1 + math.cos(math.pi * (s - warmup_steps) / max(1, total_steps - warmup_steps)))))
 
@@ -480,8 +655,13 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
     if val_every and val_data and rank == 0:
         x_track, _ = load_eval_images(bundle, val_data, val_track, split=val_split, indices=held_indices)
     track_mosaics = None
-    if val_gridpg_min is not None and rank == 0:
+    if (val_gridpg_min is not None or (select_rule == "class-following" and mosaic_every)) and rank == 0 and val_data:
         track_mosaics = validation_mosaics(bundle, val_data, int(val_mosaics), split=val_split)
+    baseline = None
+    if select_rule == "class-following" and x_track is not None:
+        baseline = baseline_validation(bundle, x_track, val_baseline or ("rollout" if class_token else "gradcam"))
+        bar_note = f"validation floor: {baseline['method']} ins-del {baseline['ins_minus_del']:.4f}"
+        print(bar_note, file=sys.stderr, flush=True)
     if checkpoint_path.exists():
         state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
         if state["total_steps"] != total_steps:
@@ -493,8 +673,9 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         step, elapsed_before, history = state["step"], state["elapsed"], json.loads(state["history"])
         validation = json.loads(state.get("validation", "[]"))
         if "best_state" in state:
+            kept = state.get("best_eligible", True)
             best = {"step": int(state["best_step"]), "ins_minus_del": float(state["best_score"]),
-                    "eligible": bool(state.get("best_eligible", True)),
+                    "eligible": tuple(kept) if isinstance(kept, (list, tuple)) else bool(kept),
                     "state": state["best_state"]}
         if rank == 0:
             print(f"Resuming aha-{model} at step {step}/{total_steps}", file=sys.stderr)
@@ -525,10 +706,18 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         eligible = True
         if track_mosaics is not None:
             scores["gridpg"] = validation_gridpg(explainer, *track_mosaics)
-            eligible = scores["gridpg"] >= float(val_gridpg_min)
+            if val_gridpg_min is not None:
+                eligible = scores["gridpg"] >= float(val_gridpg_min)
+        if select_rule == "class-following":
+            scores["class_rho"] = validation_class_dependence(explainer, x_track)
+            key = class_following_key(scores, floor=baseline["ins_minus_del"], rho_max=val_rho_max,
+                                      gridpg_min=val_gridpg_min,
+                                      primary="gridpg" if "gridpg" in scores and val_rho_max is None else "ins_minus_del")
+            eligible, selection = key[:3], key[3]
+        else:
+            selection = scores["insertion_auc"] - deletion_weight * scores["deletion_auc"]  # ins-del when w = 1
         scores.update(step=step, seconds=round(elapsed_before + time.time() - started, 1))
         validation.append(scores)
-        selection = scores["insertion_auc"] - deletion_weight * scores["deletion_auc"]  # ins-del when w = 1
         # a checkpoint at the GridPG floor beats any below it; among equals the higher selection score wins
         if best is None or (eligible, selection) > (best.get("eligible", True), best["ins_minus_del"]):
             best = {"step": step, "ins_minus_del": selection, "eligible": eligible,
@@ -537,6 +726,7 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             report(step, total_steps, val_deletion_auc=scores["deletion_auc"], val_insertion_auc=scores["insertion_auc"],
                    val_ins_minus_del=scores["ins_minus_del"], best_step=best["step"])
         gridpg = f" GridPG {scores['gridpg']:.3f}" if "gridpg" in scores else ""
+        gridpg += f" class rho {scores['class_rho']:.3f}" if "class_rho" in scores else ""
         bar.write(f"step {step}: validation deletion {scores['deletion_auc']:.4f} insertion "
                   f"{scores['insertion_auc']:.4f} ins-del {scores['ins_minus_del']:.4f}{gridpg} (best at step {best['step']})")
 
@@ -550,30 +740,47 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         chosen = order[position * global_batch + rank * per_rank: position * global_batch + (rank + 1) * per_rank]
         generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 97 + rank)
         rng = random.Random(seed * 7919 + step)  # same on every rank: one grid, reference, fraction draw
-        x = augment_batch(images[chosen], mode, image_hw, generator).to(device)
-        y = labels[chosen].to(device)
         grid = rng.randint(low, high)
         mosaic_step = bool(mosaic_every) and step % mosaic_every == mosaic_every - 1
-        if mosaic_step:  # 2 x 2 mosaics of the batch's cells, each explained for one quadrant's label
-            x, y = mosaic_batch(x, y, generator)
-            grid = min(2 * grid, grid_range(tuple(x.shape[-2:]))[1])
+        if mosaic_step and class_token:  # four random cells per mosaic: as many mosaics as a batch has images
+            chosen = torch.randint(0, len(images), (4 * per_rank,), generator=generator)
+        x = augment_batch(images[chosen], mode, image_hw, generator).to(device)
+        y = labels[chosen].to(device)
+        if mosaic_step:  # 2 x 2 mosaics of the batch's cells, each explained for present quadrants' labels
+            x, y4 = mosaic_batch(x, y, generator, all_labels=True)
+            x = to_input_size(x, bundle)
+            mosaic_index, y = mosaic_targets(y4, generator, int(mosaic_classes))
+            if not class_token:
+                grid = min(2 * grid, grid_range(tuple(x.shape[-2:]))[1])
+        elif tuple(x.shape[-2:]) != image_hw:  # cells held at the mosaic cell size, brought to the input size
+            x = F.interpolate(x, size=image_hw, mode="bilinear", align_corners=False).clamp(0, 1)
         reference = references[rng.randrange(len(references))]
         tau = tau_at(step, total_steps, tau_start, tau_end)
+        if time_schedule and time_budget_minutes:
+            # the schedule follows whichever is further along, the steps or the time budget, so a run cut by its
+            # budget still ends at tau_end with the learning rate at 0
+            done = max(step / max(1, total_steps - 1),
+                       (elapsed_before + time.time() - started) / (60 * float(time_budget_minutes)))
+            tau = tau_start + (tau_end - tau_start) * min(1.0, done)
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * schedule_factor(done, warmup)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             encoded = explainer.encode(x)  # one classifier pass: features, and logits for the targets
             if mosaic_step:
-                index, target = torch.arange(len(y), device=y.device), y
+                index, target = mosaic_index, y
+                not_top = target != encoded.logits.argmax(1)[index]
             else:
-                index, target = _targets(encoded.logits, y, targets)
+                index, target, not_top = _targets(encoded.logits, y, targets, generator)
             with torch.no_grad():
                 refs = reference_batch(x, reference, bundle.reference_color)
                 clean = encoded.logits.float().softmax(1)[index, target]
                 blank = bundle(refs).float().softmax(1)[index, target]
             maps = model_ddp(encoded.select(index), target)
+            # the probability for the top class (ref); `score` for the others, where the probability is flat
+            scored = dict(score=score, score_rows=not_top) if score != "prob" else dict(endpoint_probs=(clean, blank))
             terms = aha_loss(bundle, x[index], maps.float(), target, refs[index], grid=grid, tau=tau,
                              fractions=fraction_grid, fraction_samples=fraction_samples, peak_weight=peak_weight,
-                             generator=generator, rng=rng, endpoint_probs=(clean, blank),
-                             deletion_weight=deletion_weight)
+                             generator=generator, rng=rng, deletion_weight=deletion_weight, **scored)
         optimizer.zero_grad(set_to_none=True)
         terms.loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(explainer.parameters(), clip)
@@ -613,6 +820,8 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             if over.item() and step < total_steps:
                 stopped_early = True
                 break
+    if x_track is not None and stopped_early and (not validation or validation[-1]["step"] != step):
+        track_validation()  # the last steps before the budget ran out are a candidate too
     bar.close()
     save_checkpoint()
     train_seconds = elapsed_before + time.time() - started
@@ -638,7 +847,11 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
             "batch_size_global": global_batch, "world_size": world, "device": str(device),
             "autocast": "bf16" if amp else None, "targets": targets, "fractions": fractions,
             "fraction_samples_per_step": fraction_samples, "grid_range": [low, high],
-            "mosaic_every": mosaic_every,
+            "mosaic_every": mosaic_every, "mosaic_classes": int(mosaic_classes),
+            "mosaic_cell_size": list(cell_hw) if mosaic_every else None, "score_of_other_targets": score,
+            "class_input": explainer.class_input, "select_rule": select_rule, "val_rho_max": val_rho_max,
+            "validation_floor": baseline, "time_schedule": bool(time_schedule),
+            "class_input_lr_scale": float(class_input_lr_scale),
             "references": list(references), "tau": [tau_start, tau_end], "optimizer": "AdamW",
             "lr": lr, "weight_decay": weight_decay, "warmup_fraction": warmup, "schedule": "linear warm-up, cosine",
             "grad_clip": clip, "peak_weight": peak_weight, "seed": seed, "deletion_weight": deletion_weight,
@@ -646,7 +859,12 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
         }
         if val_gridpg_min is not None:
             recipe["val_gridpg"] = {"min": float(val_gridpg_min), "mosaics": int(val_mosaics), "seed": 0,
-                                    "exported_meets_min": bool(best is not None and best.get("eligible", False))}
+                                    "exported_meets_min": bool(best is not None and (
+                                        best.get("eligible") if not isinstance(best.get("eligible"), tuple)
+                                        else best["eligible"][1]))}
+        if select_rule == "class-following" and best is not None:
+            recipe["exported_meets_rule"] = dict(zip(("follows_and_faithful", "follows", "faithful"),
+                                                     [bool(v) for v in best["eligible"]]))
         if held_indices is not None:
             recipe["validation_data"] = (f"held out of {data}: {len(held_indices)} of {len(held_indices) + len(images)} "
                                          f"images ({val_holdout:g}), spread evenly over the file, never trained on")
@@ -662,6 +880,13 @@ def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit
                                               f"insertion - {deletion_weight:g} x deletion (the loss's weighting)")
                                            + (f", among the checkpoints whose GridPG on {val_mosaics} val mosaics is "
                                               f"at least {val_gridpg_min:g}" if val_gridpg_min is not None else ""))
+            if select_rule == "class-following":
+                recipe["validation_metric"] += (
+                    "; ranked instead by the class-following rule (docs/aha-explainers.md): class rho (top class vs "
+                    f"runner-up, scipy Spearman) <= {val_rho_max} where set, GridPG on {val_mosaics} val mosaics >= "
+                    f"{val_gridpg_min} where set, ins-del >= {baseline['method']}'s on the same images "
+                    f"({baseline['ins_minus_del']:.4f}); ties by "
+                    + ("GridPG" if track_mosaics is not None and val_rho_max is None else "ins-del"))
         card = {"base_model": model, "recipe": recipe, "train_seconds": round(train_seconds, 1),
                 "exported_step": exported_step, "validation": validation,
                 "training_command": command or " ".join(["python -m explainers"] + sys.argv[1:]),
@@ -820,6 +1045,21 @@ def add_train_aha_parser(commands) -> None:
                    help="export only checkpoints whose grid pointing game on --val-mosaics val mosaics is at least this "
                         "(globally pooled networks; e.g. Grad-CAM's share there)")
     p.add_argument("--val-mosaics", type=int, default=16)
+    p.add_argument("--score", choices=SCORES, default="prob",
+                   help="score of targets other than the top class (runner-up, random classes, mosaic targets)")
+    p.add_argument("--class-input", choices=["none", "token_logits"], default="none",
+                   help="a class-specific input beside a class-blind prior (class-token ViTs)")
+    p.add_argument("--select-rule", choices=SELECT_RULES, default="ins-del")
+    p.add_argument("--val-rho-max", type=float, default=None,
+                   help="class-following rule: the largest class dependence (top vs runner-up rho) that follows the class")
+    p.add_argument("--val-baseline", default=None, help="class-following rule: the method whose val ins-del is the floor")
+    p.add_argument("--mosaic-classes", type=int, default=1, help="quadrants' classes explained per mosaic (1-4)")
+    p.add_argument("--time-schedule", action="store_true",
+                   help="tau and the learning rate follow the time budget where it runs out before the steps")
+    p.add_argument("--compare", default="gradcam,random", help="methods beside AHA in the card's held-out figures")
+    p.add_argument("--log-every", type=int, default=5, help="steps between the card's history rows")
+    p.add_argument("--class-input-lr-scale", type=float, default=1.0,
+                   help="learning rate of the class input's weights, as a multiple of --lr")
     p.add_argument("--init", default=None, help="start from this explainer stem of the same model (warm start; "
                    "its architecture, a new schedule, no output blur)")
     p.add_argument("--push-to", default=None, help=argparse.SUPPRESS)  # an HF Jobs run: the explainer goes back
@@ -836,7 +1076,11 @@ def cmd_train_aha(args) -> int:
                      checkpoint_every=args.checkpoint_every, seed=args.seed, val_every=args.val_every,
                      val_track=args.val_track, val_holdout=args.val_holdout, mosaic_every=args.mosaic_every,
                      deletion_weight=args.deletion_weight, init=args.init, val_gridpg_min=args.val_gridpg_min,
-                     val_mosaics=args.val_mosaics)
+                     val_mosaics=args.val_mosaics, score=args.score, class_input=args.class_input,
+                     select_rule=args.select_rule, val_rho_max=args.val_rho_max, val_baseline=args.val_baseline,
+                     mosaic_classes=args.mosaic_classes, time_schedule=args.time_schedule,
+                     log_every=args.log_every, class_input_lr_scale=args.class_input_lr_scale,
+                     compare=tuple(m for m in args.compare.split(",") if m))
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")
