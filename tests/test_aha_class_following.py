@@ -208,3 +208,28 @@ def test_class_following_training_on_native_size_mosaics_exports_the_rule_s_choi
     assert card["exported_step"] == max(keys, key=lambda step: (keys[step], -step))
     assert card["architecture"]["class_input"] == "token_logits"
     assert math.isfinite(card["held_out"]["rollout_deletion_auc"])
+
+
+def test_class_boost_adds_the_class_input_to_the_standardised_map_and_is_saved(tmp_path):
+    from explainers.aha.network import standardise
+    from explainers.resize import resize_bilinear
+
+    bundle = tiny_vit("tiny-boost")
+    torch.manual_seed(0)
+    plain = AHAExplainer(bundle, width=8, embed_dim=8, class_input="token_logits")
+    with torch.no_grad():
+        plain.head.conv2.weight.normal_()
+    save_explainer(plain, tmp_path / "aha-p", {"base_model": "tiny-boost"})
+    card = json.loads((tmp_path / "aha-p.json").read_text())
+    card["architecture"]["class_boost"] = 0.5
+    (tmp_path / "aha-p.json").write_text(json.dumps(card))
+    boosted = load_explainer(bundle, tmp_path / "aha-p")
+    assert boosted.class_boost == 0.5
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    targets = torch.tensor([1, 2])
+    _, base, _ = plain.predict_and_explain(images, targets)
+    _, maps, _ = boosted.predict_and_explain(images, targets)
+    extra = resize_bilinear(plain.class_token_map(plain.encode(images), targets), (32, 32))
+    assert torch.allclose(maps, standardise(base + 0.5 * extra), atol=1e-5)
+    with pytest.raises(ValueError, match="needs a class input"):
+        AHAExplainer(bundle, width=8, embed_dim=8, class_boost=1.0)

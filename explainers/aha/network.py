@@ -182,7 +182,8 @@ class AHAExplainer(nn.Module):
 
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
                  class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
-                 fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0, class_input: str = "none"):
+                 fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0, class_input: str = "none",
+                 class_boost: float = 0.0):
         super().__init__()
         # a Gaussian blur (sigma in input pixels) of the output map, chosen after training on held-out images
         # (`python -m explainers aha-output-blur`); 0 = none. No parameter: the weights do not change.
@@ -261,6 +262,14 @@ class AHAExplainer(nn.Module):
                              f"'{bundle.name}' has none")
         self.class_input = class_input
         self.arch["class_input"] = class_input
+        # the weight of the class input added to the standardised one-pass map, chosen after training on validation
+        # data (bench/aha_class_mix_val.py); no parameter, 0 = none
+        self.class_boost = float(class_boost)
+        if self.class_boost and class_input == "none":
+            raise ValueError("class_boost needs a class input")
+        if not 0.0 <= self.class_boost <= 10.0:
+            raise ValueError(f"class_boost must lie in [0, 10], got {class_boost}")
+        self.arch["class_boost"] = self.class_boost
         if class_input != "none":
             # zero-initialised: a warm start from an explainer without this input begins with its maps unchanged
             self.class_inputs = nn.ModuleList(nn.Conv2d(1, width, 1) for _ in channels)
@@ -423,7 +432,11 @@ class AHAExplainer(nn.Module):
         """(logits, standardised maps, targets) from one classifier pass; targets default to the top-1 classes."""
         encoded = self.encode(images)
         targets = resolve_targets(encoded.logits, targets)
-        return encoded.logits, standardise(self.forward(encoded, targets, output_blur)), targets
+        maps = standardise(self.forward(encoded, targets, output_blur))
+        if self.class_boost:
+            boost = resize_bilinear(self.class_token_map(encoded, targets), encoded.image_hw)
+            maps = standardise(maps + self.class_boost * boost)
+        return encoded.logits, maps, targets
 
     def head_parameters(self) -> dict:
         return dict(self.head.named_parameters())
