@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explainers._io import atomic_write_text  # noqa: E402
+from explainers.atomic import atomic_write_text  # noqa: E402
 from explainers.scoreboard import comparisons, display_name, scoreboard_markdown, summary_line  # noqa: E402
 
 MODEL_ORDER = ("bloodmnist-vit", "bloodmnist-cnn", "efficientnet-lite0")

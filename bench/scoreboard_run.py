@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explainers._io import atomic_write_text  # noqa: E402
+from explainers.atomic import atomic_write_text  # noqa: E402
 from explainers.data import UNLABELLED, item_names, model_batches, open_dataset, spread_indices  # noqa: E402
 from explainers.evaluate import build_methods, split_method_specs  # noqa: E402
 from explainers.methods import MethodNotApplicable  # noqa: E402

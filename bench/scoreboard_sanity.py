@@ -21,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explainers._io import atomic_write_text  # noqa: E402
+from explainers.atomic import atomic_write_text  # noqa: E402
 from explainers.data import item_names, model_batches, open_dataset  # noqa: E402
 from explainers.evaluate import build_methods, split_method_specs  # noqa: E402
 from explainers.metrics import spearman  # noqa: E402

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from explainers._io import atomic_write_text  # noqa: E402
+from explainers.atomic import atomic_write_text  # noqa: E402
 from explainers.metrics import spearman  # noqa: E402
 from explainers.models import load_model  # noqa: E402
 from explainers.segmentation.methods import SegGradCAM, SegGradSkip  # noqa: E402

@@ -6,7 +6,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from explainers.methods import MethodNotApplicable, explain  # noqa: E402
+from explainers.engine import explain  # noqa: E402
+from explainers.methods import MethodNotApplicable  # noqa: E402
 from explainers.metrics import spearman  # noqa: E402
 from explainers.segmentation.capture import (BlockRecord, capture, key_shares, spread_keys,  # noqa: E402
                                              to_finer_grid)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .._io import atomic_write_bytes, atomic_write_text
+from ..atomic import atomic_write_bytes, atomic_write_text
 from .networks import network_from_arch
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")

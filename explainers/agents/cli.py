@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from .._io import atomic_write_text
+from ..atomic import atomic_write_text
 
 
 def _device(name: str | None) -> str:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..methods import available_methods, explain, ordered
+from ..engine import explain
+from ..methods import available_methods, ordered
 from ..models import ModelBundle
 from .envs import FRAME_HW
 

@@ -212,7 +212,7 @@ def prepare(source, out, size=(320, 240), quality: int = 90, limit: int | None =
     import cv2
     from PIL import Image
 
-    from .._io import atomic_write_text
+    from ..atomic import atomic_write_text
 
     source, out = Path(source), Path(out)
     splits = read_splits(source)

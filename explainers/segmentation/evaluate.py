@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._io import atomic_write_text
+from ..atomic import atomic_write_text
 from ..statistics import N_RESAMPLES
 from .scoring import BINARY_THRESHOLD, binarise, binarise_top, box_energy, box_mask, pa_iou, region_curves
 

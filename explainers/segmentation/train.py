@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._io import atomic_torch_save, atomic_write_bytes, atomic_write_text
+from ..atomic import atomic_torch_save, atomic_write_bytes, atomic_write_text
 from .bccd import IGNORE_INDEX
 from .model import IMAGENET_MEAN, IMAGENET_STD, build_segformer, segformer_config
 

@@ -6,7 +6,7 @@ import gradio as gr
 
 from explainers.import_model import PICKLE_SUFFIXES
 from saliency_lab import aha_train, datasets, models_tab
-from saliency_lab.ui.common import friendly, named, refusal_in_status
+from saliency_lab.ui.common import named, refusal_in_status
 from saliency_lab.ui.jobs import JobPanel, api_names
 
 TITLE = "Models"
