@@ -7,11 +7,11 @@ AHA loss), every `--mosaic-every`-th step keeping instead the shipped explainer'
 training cells for each quadrant's class (without this the grid pointing game fell from 0.79 to 0.57 on val),
 logging hard deletion / insertion on validation cells and GridPG on validation mosaics, and exporting the best
 ins-del among the checkpoints at or above `--gridpg-min`. Training cells for (1) and (2), validation data for
-the choice; the test split is never read here. It made the shipped `aha-bloodmnist-cnn` (session 11; the card's
+the choice; the test split is never read here. It made the shipped `aha-bloodmnist-cnn` (2026-12-02; the card's
 `distillation` holds the commands and the validation trace). Two teachers: `--teacher head` (rounds 1-2) refines the
 explainer's output head per image; `--teacher correction` runs the method's own T steps (a G x G correction of the
-one-pass map, with the card's refinement settings), a stronger teacher at grid 16 (session 14).
-Photos (efficientnet-lite0, session 20): `targets --holdout 0.1` and `train --val-holdout 0.1 --hflip --cache-encoded`
+one-pass map, with the card's refinement settings), a stronger teacher at grid 16 (2026-12-02).
+Photos (efficientnet-lite0, 2026-12-03): `targets --holdout 0.1` and `train --val-holdout 0.1 --hflip --cache-encoded`
 keep the 40 photos the explainer's training held out for validation and mirror the photos instead of turning them.
 `ship` replaces the shipped explainer by a student that passed the validation rule and records the round in the card.
 

@@ -1,4 +1,4 @@
-"""Issue #15, the one lever not tried before session 22: how much torch.compile (inductor, CPU) takes off GradSkip's
+"""Issue #15, the one lever not tried before 2026-12-04: how much torch.compile (inductor, CPU) takes off GradSkip's
 map from a kept state (a new alpha), batch 1, one thread. A measurement, not used by the method.
 
     python bench/gradskip_compiled_map.py

@@ -1,8 +1,8 @@
 """Bounded load test on loopback: N concurrent gradio_client sessions explaining at once.
 
-    python bench/load_test.py                                   # 20 sessions, bloodmnist-vit (AHA T=0 + GradSkip)
+    python bench/load_test.py                                   # 20 users, bloodmnist-vit (AHA T=0 + GradSkip)
     python bench/load_test.py --model bloodmnist-cnn --methods aha,gradcam
-    python bench/load_test.py --tiny --sessions 5               # tiny in-memory models (a smoke run)
+    python bench/load_test.py --tiny --users 5                  # tiny in-memory models (a smoke run)
 
 The server runs in its own process (`app.build_app()` as `python app.py` builds it, on a free port); every
 session is a separate gradio_client Client (its own session hash and state) that explains a different shipped
@@ -240,7 +240,7 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--users", type=int, default=20, help="concurrent gradio_client users")
     parser.add_argument("--model", default=None, help="default: bloodmnist-vit (tiny-vit with --tiny)")
     parser.add_argument("--methods", default="aha,gradskip")
     parser.add_argument("--tiny", action="store_true", help="tiny in-memory models (no weights needed)")
@@ -298,7 +298,7 @@ def main(argv=None) -> int:
                 time.sleep(0.5)
         idle_rss, _ = rss_mb(server.pid)
         results, lock = [], threading.Lock()
-        barrier = threading.Barrier(args.sessions)
+        barrier = threading.Barrier(args.users)
         peak = {"rss": 0.0}
         stop = threading.Event()
 
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
             config = httpx.get(url + "config").json()
         threads = [threading.Thread(target=session, args=(url, i, model, methods, results, lock, barrier, alpha_moves,
                                                           args.client, config))
-                   for i in range(args.sessions)]
+                   for i in range(args.users)]
         server_cpu_before = cpu_seconds(server.pid)
         client_cpu_before = time.process_time()
         started = time.perf_counter()
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
                 "what": "from the click to the last curve: maps + curves, as a user waits"}
     all_seconds = [r["seconds"] for r in results if r.get("seconds") is not None]
     summary = {
-        "model": model, "methods": methods, "sessions": args.sessions, "requests": len(results),
+        "model": model, "methods": methods, "sessions": args.users, "requests": len(results),
         "failures": len(failures), "failure_examples": failures[:5],
         "latency_all": {"p50_s": percentile(all_seconds, 50), "p95_s": percentile(all_seconds, 95),
                         "max_s": max(all_seconds) if all_seconds else None},

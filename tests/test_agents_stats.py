@@ -37,5 +37,7 @@ def test_agrees_with_rliable():
     theirs = compare_arms_rliable(camal, vanilla, reps=1000)
     for key in ("x_mean", "y_mean", "difference", "poi"):
         assert ours[key] == pytest.approx(theirs[key], abs=1e-12)
-    for key in ("x_ci", "y_ci", "difference_ci", "poi_ci"):  # different random draws: close, not equal
+    for key in ("x_ci", "y_ci", "difference_ci"):  # different random draws: close, not equal
         assert np.allclose(ours[key], theirs[key], atol=0.025), (key, ours[key], theirs[key])
+    # POI over 5 x 5 runs moves in steps of 1/25: the two draws' quantiles may sit one step apart
+    assert np.allclose(ours["poi_ci"], theirs["poi_ci"], atol=1 / 25 + 0.01), (ours["poi_ci"], theirs["poi_ci"])

@@ -482,7 +482,7 @@ def test_gradient_residual_lets_a_weak_layer_pass_relevance_on():
 
 
 def test_class_gated_is_attention_relevance_times_the_blurred_residual_gate():
-    """gate_reference="none" (session 6's gate): attention's relevance times the evidence over its maximum, to the
+    """gate_reference="none" (the 2026-12-01 gate): attention's relevance times the evidence over its maximum, to the
     power; the default reference divides by attention first (its own test below)."""
     state = _two_layer_state("class_gated")
     attention = state.token_relevance(attention_weighting="attention")[:, 1:]

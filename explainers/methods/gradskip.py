@@ -19,8 +19,8 @@ From the captured statistics (all alpha-independent):
   the row-normalised "gradient" form reaches only 0.311 (a layer with weak gradients still spreads all of its
   relevance); "gradient_residual" keeps the gradient magnitudes across layers (0.470) and the default,
   "class_gated", multiplies attention's relevance by that class evidence, blurred, taken relative to attention's
-  own relevance nearby (`gate_reference="attention"`, session 10: 0.444 on val mosaics, ins-del 0.394 on val
-  cells; the evidence alone, session 6's gate, was 0.466 / 0.390);
+  own relevance nearby (`gate_reference="attention"`, 2026-12-02: 0.444 on val mosaics, ins-del 0.394 on val
+  cells; the evidence alone, the 2026-12-01 gate, was 0.466 / 0.390);
 - start  R_L over the last block's tokens from the target's gradient there (`start`: |dz_j| for a class-token
   head, relu(dz_j . z_j) for a pooling head), summing to 1;
 - skip-aware propagation  R_{l-1} = W~^T (b_main * R_l) + b_skip * R_l, b_main = |sum do*o| /
@@ -77,11 +77,11 @@ ATTENTION_WEIGHTINGS = ("gradient", "attention", "gradient_per_head", "blend", "
 # pointing game on 64 bloodmnist-vit-grid val mosaics is at least Chefer's and rollout's + 0.15, and whose ins-del
 # on 256 BloodMNIST val cells lies inside rollout's 95% interval, the highest ins-del. Val figures (alpha 0.5;
 # bench/results/gradskip-weightings-gates-val.json, gridpg-gradskip-gates-val.json), ins-del / GridPG:
-# class_gated sigma 3 power 1.5: 0.390 / 0.466 (chosen in session 6); sigma 2 power 1: 0.390 / 0.441; sigma 3
+# class_gated sigma 3 power 1.5: 0.390 / 0.466 (chosen on 2026-12-01); sigma 2 power 1: 0.390 / 0.441; sigma 3
 # power 2: 0.385 / 0.514; "attention" 0.401 / 0.249 (near chance: class-agnostic); the paper's "gradient" 0.374 /
 # 0.311; "gradient_residual" 0.306 / 0.470; rollout 0.411 [0.381, 0.441] / 0.250; Chefer 0.331 / 0.427.
-# Session 10, the same rule and data: the gate relative to attention (gate_reference="attention") at sigma 3
-# power 1.25: 0.394 / 0.444 (chosen: +0.0039 [0.0018, 0.0063] ins-del over session 6's default on the same
+# 2026-12-02, the same rule and data: the gate relative to attention (gate_reference="attention") at sigma 3
+# power 1.25: 0.394 / 0.444 (chosen: +0.0039 [0.0018, 0.0063] ins-del over the 2026-12-01 default on the same
 # cells); at sigma 3 power 1.5 0.391 / 0.475; sigma 4 power 1.5 0.395 / 0.421 (below Chefer)
 # (bench/results/gradskip-gate-reference-val.json).
 DEFAULT_ATTENTION_WEIGHTING = "class_gated"
@@ -564,7 +564,7 @@ def capture(bundle, images: torch.Tensor, targets: torch.Tensor, *, value_norm: 
     - unfused (`rebuild_attention=False`; "auto" on a CPU; the fallback for other attention modules): fused
       attention is switched off for the pass and A is read at `attn_drop`'s output; no assumption about the
       module's insides. On the bundled 64 px ViT on a CPU it measured as fast or faster at batch 1 (four quiet
-      runs: 13.96-15.81 vs 14.23-16.57 ms, bench/results/gradskip-cost-session7-quiet-*.json), equal at batch 16.
+      runs: 13.96-15.81 vs 14.23-16.57 ms, bench/results/gradskip-cost-2026-12-01-quiet-*.json), equal at batch 16.
     Only activation gradients are asked for (`torch.autograd.grad`), never parameter gradients. Each hooked module
     costs a forward at batch 1 about 10 us (measured: 36 no-op hooks on the bundled ViT added 0.34 ms to an 11 ms
     pass), so each block gets the fewest hooks that see everything: its own forward hook (x, and z after the last
@@ -704,7 +704,7 @@ class GradSkip(Method):
                          (both summing to 1, plus GATE_REFERENCE_FLOOR of its maximum), so the gate is the
                          evidence per unit of attention and stays nearly flat where the evidence only repeats where
                          the object is (attention then ranks the object's own patches); "none", the evidence
-                         itself (session 6's gate, which also re-ranks inside a single object).
+                         itself (the 2026-12-01 gate, which also re-ranks inside a single object).
       gate_knee=1        (choice; "class_gated" only) the gate is min(1, g / gate_knee) ** gate_power, g the blurred
                          evidence over its maximum: below 1 the patches with at least that share of the maximum are
                          ranked by attention alone. Measured on validation data, it moves along the same trade-off
