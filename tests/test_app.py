@@ -122,12 +122,13 @@ def test_explain_two_methods_side_by_side(running):
         with Image.open(item["image"]) as picture:
             assert min(picture.size) >= 256  # the 64 px cell is shown enlarged
     traces = plot_traces(plot)
-    assert len(traces) == 4  # deletion + insertion per method, one set of axes
+    assert len(traces) == 4  # deletion + insertion per method, a panel per method (small multiples)
     assert all("AUC" in t["name"] for t in traces)
-    shown = [t for t in traces if t.get("showlegend", True)]  # one legend entry per method, with both AUCs
-    assert len(shown) == 2 and all("deletion AUC" in t["name"] and "↓" in t["name"] and "↑" in t["name"]
-                                   for t in shown)
+    assert [t["xaxis"] for t in traces] == ["x", "x", "x2", "x2"]  # each method's pair on its own axes
+    assert any("↓" in t["name"] and "↑" in t["name"] for t in traces)
     assert any("higher is better" in t["name"] for t in traces)
+    titles = [note["text"] for note in json.loads(plot["plot"])["layout"]["annotations"]]
+    assert any("AHA" in t for t in titles) and any("Grad-CAM" in t for t in titles)
     assert [row[0] for row in table["data"]] == ["AHA (amortized)", "Grad-CAM"]
     assert "tiny-cnn" in status
 
@@ -245,7 +246,8 @@ def test_redraw_and_downloads(running):
         files = files["value"]
     files = [f if isinstance(f, str) else f["path"] for f in files]
     names = sorted(Path(f).name for f in files)
-    assert names == ["curves.csv", "overlay-aha.png", "overlay-gradcam.png", "report.json"]
+    prefix = f"{Path(CELL).stem}-tiny-cnn-"  # the image's and the model's names: a second download keeps the first
+    assert names == [prefix + n for n in ("curves.csv", "overlay-aha.png", "overlay-gradcam.png", "report.json")]
     report = json.loads(Path(next(f for f in files if f.endswith("report.json"))).read_text())
     assert report["model"] == "tiny-cnn" and report["seed"] == 0 and "torch" in report["versions"]
     assert {m["method"] for m in report["methods"]} == {"aha", "gradcam"}
@@ -739,11 +741,14 @@ def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_read
 
     path, expected = _upload_kinds(tmp_path)[kind]
     if expected is not None:
-        for api in ("/explain", "/explain_new_image"):
-            with pytest.raises(AppError) as caught:
-                client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis",
-                               api_name=api)
-            message = str(caught.value)
+        with pytest.raises(AppError) as caught:  # the API: an error in our words
+            client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis",
+                           api_name="/explain")
+        # the upload event: the refused picture leaves the image box and a note beside it says why (no toast)
+        out = client.predict(handle_file(str(path)), "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis",
+                             api_name="/explain_new_image")
+        assert out[0] is None and out[1]["visible"] is True and "not explained" in out[1]["value"]
+        for message in (str(caught.value), out[1]["value"]):
             assert __import__("re").search(expected, message), message
             assert " at 0x" not in message and "178" not in message and "Traceback" not in message
         return
@@ -761,14 +766,14 @@ def test_every_kind_of_upload_is_refused_clearly_or_explained_as_load_image_read
     shown = out[0]
     if shown is None:  # shown as is: a plain RGB PNG/JPEG, explained at once
         assert kind not in ("gray16", "cmyk", "rgba", "gray", "animated", "exif6")
-        assert [c["label"] for c in out[1]["confidences"]] == [name for _, name, _ in wanted]
+        assert [c["label"] for c in out[2]["confidences"]] == [name for _, name, _ in wanted]
         return
     shown_path = shown if isinstance(shown, str) else shown["path"]
     with Image.open(shown_path) as preview:
         assert preview.format == "PNG" and preview.mode == "RGB"
         assert np.array_equal(np.asarray(preview), np.asarray(picture))
     label = client.predict(handle_file(shown_path), "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis",
-                           api_name="/explain_new_image")[1]
+                           api_name="/explain_new_image")[2]
     assert [c["label"] for c in label["confidences"]] == [name for _, name, _ in wanted]
 
 
@@ -837,8 +842,9 @@ def test_data_sets_by_name_and_enlarged_downloads(running):
     files = client.predict(0.5, "cividis", "enlarged", api_name="/downloads")
     files = files["value"] if isinstance(files, dict) else files
     files = [f if isinstance(f, str) else f["path"] for f in files]
-    assert sorted(Path(f).name for f in files) == ["curves.csv", "overlay-aha-1024x1024.png",
-                                                   "overlay-gradcam-1024x1024.png", "report.json"]
+    prefix = f"{Path(CELL).stem}-tiny-cnn-"
+    assert sorted(Path(f).name for f in files) == [prefix + n for n in ("curves.csv", "overlay-aha-1024x1024.png",
+                                                                        "overlay-gradcam-1024x1024.png", "report.json")]
     with Image.open(next(f for f in files if "overlay-aha" in f)) as picture:
         assert picture.size == (1024, 1024)
 

@@ -110,7 +110,9 @@ def explain_stream_handler(services):
         for state, image in explain.explain_stream(services, image_path, model_name, methods, target_choice,
                                                    slider_values(values), warn=gr.Warning):
             state = explain.set_outline(state, outline)
-            outputs = stream_outputs(services, state, image, opacity, colormap, previous)
+            done = previous is not None and "pending" not in state
+            # the last message is whole (nothing skipped): it is what an API caller (gradio_client) receives
+            outputs = stream_outputs(services, state, image, opacity, colormap, None if done else previous)
             if previous is None:
                 target_update = gr.update(choices=explain.target_choices(state["prediction"]),
                                           value=state["target_choice"])
@@ -119,8 +121,10 @@ def explain_stream_handler(services):
                 yield gr.skip(), gr.skip(), *outputs, gr.skip()
             else:  # done: the details panel (GradSkip's head weights) of the final state
                 diagnostics = explain.head_weights(services, state, None, image)
-                heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
-                yield gr.skip(), gr.skip(), *outputs, heads
+                heads = None if diagnostics is None else figures.head_weights_figure(diagnostics)
+                target_update = gr.update(choices=explain.target_choices(state["prediction"]),
+                                          value=state["target_choice"])
+                yield explain.label_value(state["prediction"]), target_update, *outputs, heads
             previous = state
 
     return named(explain_stream, EXPLAIN_PARAMETERS)
@@ -267,9 +271,9 @@ def step_viewer(services, state, light, prefix: str) -> None:
                                buttons=["download"])
     handler = friendly(step_view_handler(services))
     outputs = [method, shown, plot]
-    state.change(handler, [state, method, step], outputs, api_visibility="private", show_progress="hidden", **light)
-    method.input(handler, [state, method, step], outputs, api_visibility="private", show_progress="hidden", **light)
-    step.change(handler, [state, method, step], outputs, api_visibility="private", show_progress="hidden",
+    state.change(handler, [state, method, step], outputs, api_visibility="private", **light)
+    method.input(handler, [state, method, step], outputs, api_visibility="private", **light)
+    step.change(handler, [state, method, step], outputs, api_visibility="private",
                 trigger_mode="always_last", **light)
 
 

@@ -247,5 +247,5 @@ def _wire_results(ctx, ui) -> None:
                      ui.export_file, api_name="review_study_export_csv", **light)
     ui.export_json.click(friendly(lambda name, code: studies.export_study(services, name, code, "json")), [ui.study_name, ui.owner_code],
                       ui.export_file, api_name="review_study_export_json", **light)
-    ui.close_button.click(friendly(lambda n, c: studies.close_study(services, n, c)), [ui.study_name, ui.owner_code],
+    ui.close_button.click(friendly(lambda name, code: studies.close_study(services, name, code)), [ui.study_name, ui.owner_code],
                           ui.results_md, api_name="review_study_close", **light)
