@@ -16,7 +16,7 @@ import time
 import gradio as gr
 
 from saliency_lab import agents as service
-from saliency_lab.errors import is_user_error, user_message
+from saliency_lab.ui.common import friendly
 
 TITLE = "Agents"
 TAB_ID = "agents"
@@ -29,22 +29,6 @@ ABOUT = ("Each agent plays ViZDoom from the seed you give; the map shows which p
          "chosen action), the green outline marks what matters in the scenario (monsters, medkits) from the game's "
          "own labels. IoU: the map's top pixels (as many as the mask has) against the mask; higher is better.")
 
-
-def plain(fn):
-    """Errors meant for the user become a gr.Error with their sentence; any other is logged and named a bug."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 - every error becomes a message
-            if is_user_error(error):
-                raise gr.Error(user_message(error)) from error
-            log.exception("agents tab: unexpected error")
-            raise gr.Error("Something went wrong on our side: this is a bug, not your input. The details are in "
-                           "the server log.") from error
-    return wrapper
 
 
 def status_text() -> str:
@@ -79,7 +63,7 @@ def _view(records: list, index: int, method: str, target: str) -> tuple:
     return pictures[0], second, "\n\n".join(lines), service.timeline_figure(episodes, index)
 
 
-@plain
+@friendly
 def play(agent_a: str, agent_b: str, seed, max_steps, method: str, target: str) -> tuple:
     """Play the agent(s) from the seed; returns (records, slider update, picture A, picture B, facts, timeline)."""
     if not agent_a:
@@ -90,14 +74,14 @@ def play(agent_a: str, agent_b: str, seed, max_steps, method: str, target: str) 
     return (records, gr.update(maximum=max(length - 1, 1), value=0), *_view(records, 0, method, target))
 
 
-@plain
+@friendly
 def scrub(records: list, index, method: str, target: str) -> tuple:
     if not records:
         return None, None, "Play an episode first.", None
     return _view(records, int(index), method, target)
 
 
-@plain
+@friendly
 def load_record(text: str, method: str, target: str) -> tuple:
     """Replay the episode(s) of a record (one record or a list of two)."""
     try:
@@ -113,7 +97,7 @@ def record_text(records: list) -> str:
     return json.dumps(records) if records else ""
 
 
-@plain
+@friendly
 def export(records: list, fmt: str, start, stop, scale, method: str, target: str) -> str:
     if not records:
         raise gr.Error("Play an episode first.")
@@ -123,7 +107,7 @@ def export(records: list, fmt: str, start, stop, scale, method: str, target: str
     return str(path)
 
 
-@plain
+@friendly
 def start_training(services, scenario: str, name: str, seed, lam, budget_minutes) -> str:
     from explainers.agents.checkpoint import check_name
 
@@ -156,14 +140,14 @@ def job_view(services, job_id: str) -> tuple:
     return line, service.training_curves(runner.history(job_id))
 
 
-@plain
+@friendly
 def cancel_training(services, job_id: str) -> str:
     if job_id:
         services.runner().cancel(job_id)
     return job_view(services, job_id)[0]
 
 
-@plain
+@friendly
 def resume_training(services, job_id: str) -> str:
     if job_id:
         services.runner().resume(job_id)

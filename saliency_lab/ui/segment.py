@@ -8,39 +8,18 @@ by calling `build(ctx)` there; it returns its components by name.
 """
 from __future__ import annotations
 
-import functools
 import logging
-import time
 
 import gradio as gr
 
 from saliency_lab import figures
 from saliency_lab import segmentation as service
-from saliency_lab.errors import is_user_error, user_message
+from saliency_lab.ui.common import friendly
 
 TITLE = "Segment"
 TAB_ID = "segment"
 log = logging.getLogger("saliency_lab")
 
-
-def _friendly(fn):
-    """Every error becomes a plain message (a user error as written; anything else as a bug with a reference)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 - every error becomes a message
-            if is_user_error(error):
-                raise gr.Error(user_message(error)) from error
-            reference = f"{int(time.time()) % 1_000_000:06d}"
-            log.exception("unexpected error %s in %s", reference, fn.__name__)
-            raise gr.Error(f"Something went wrong on our side: this is a bug, not your input. The details are in "
-                           f"the server log (reference {reference}).") from error
-
-    return wrapper
 
 
 def build(ctx) -> dict:
@@ -82,14 +61,14 @@ def build(ctx) -> dict:
     table = gr.Markdown(elem_id="seg-scores")
     curves = gr.Plot(label="Deletion and insertion of the region score", elem_id="seg-curves")
 
-    @_friendly
+    @friendly
     def pick_example(name):
         if not name:
             return gr.update(), None
         path, mask = example_names[name]
         return path, service.example_mask(path)
 
-    @_friendly
+    @friendly
     def segment(model_name, picture, truth):
         if picture is None:
             raise gr.Error("Upload a smear photo or pick an example first.")
@@ -118,15 +97,15 @@ def build(ctx) -> dict:
         text = f"Explaining **{target.describe(view.bundle.class_names)}**."
         return text, pictures, service.scores_markdown(records), plot
 
-    @_friendly
+    @friendly
     def explain_class(model_name, shown, chosen_class, chosen):
         return _explain(model_name, shown, chosen, class_name=chosen_class)
 
-    @_friendly
+    @friendly
     def explain_click(model_name, shown, chosen, evt: gr.SelectData):
         return _explain(model_name, shown, chosen, click=tuple(evt.index))
 
-    @_friendly
+    @friendly
     def explain_drawn(model_name, shown, chosen_class, chosen, painted):
         layers = (painted or {}).get("layers") or []
         if not layers:
