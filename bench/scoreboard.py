@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "docs" / "scoreboard.md"))
     args = parser.parse_args(argv)
     results = ROOT / "bench" / "results"
-    paths = [Path(p) for p in args.reports] if args.reports is not None else sorted(results.glob("scoreboard-*.json"))
+    paths = [Path(p).resolve() for p in args.reports] if args.reports is not None else sorted(results.glob("scoreboard-*.json"))
     reports = [(p, json.loads(p.read_text())) for p in paths]
     reports.sort(key=lambda item: MODEL_ORDER.index(item[1]["model"]) if item[1]["model"] in MODEL_ORDER else 99)
     if not reports:
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         if "ties" in report or args.class_dependence is not None:  # older reports broke ties by one shared order
             dependence.append({**report, "file": path.name})
     sanity = [{**json.loads(path.read_text()), "file": path.name} for path in sorted(results.glob("sanity-*.json"))]
-    shown = [str(p.relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p, _ in reports]
+    shown = [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p, _ in reports]
     board = scoreboard_markdown([r for _, r in reports], sources=shown)
     summary = [summary_line(r, m, rows) for _, r in reports for m in ("aha", "gradskip")
                if (rows := comparisons(r, m))]

@@ -177,7 +177,7 @@ def test_an_unfamiliar_upload_is_said_in_the_app_state_status_report_and_cli(tin
         assert again["familiarity"]["unfamiliar"] and len(warnings) == 1
         state, _ = explain.explain_curves(services, state)
         paths = explain.write_downloads(services, state, 0.5, "cividis")
-        report = json.loads(next(p for p in paths if p.name == "report.json").read_text())
+        report = json.loads(next(p for p in paths if p.name.endswith("-report.json")).read_text())  # <image>-<model>-report.json
         assert report["familiarity"] == state["familiarity"]
         lowest = min(range(6), key=lambda i: familiarity.get_stats(bundle).score(familiarity.logits_and_features(
             bundle, engine.prepare_input(Image.open(tiny_folder / f"cell_{i}.jpg").convert("RGB"),

@@ -796,10 +796,10 @@ def test_downloads_at_the_original_size_or_enlarged(tmp_path, cnn_bundle):
         assert explain.download_choices(state)[0] == (f"Original size ({original[0]}×{original[1]})", "original")
         for size, expected in (("original", original), ("enlarged", engine.download_size(original, "enlarged"))):
             files = explain.write_downloads(services, state, 0.5, "cividis", size)
-            png = next(f for f in files if f.name.startswith("overlay-gradcam"))
+            png = next(f for f in files if "-overlay-gradcam" in f.name)  # <image>-<model>-overlay-gradcam.png
             with Image.open(png) as picture:
                 assert picture.size == expected
-            report = json.loads(next(f for f in files if f.name == "report.json").read_text())
+            report = json.loads(next(f for f in files if f.name.endswith("-report.json")).read_text())
             assert report["overlay"]["size"] == list(expected) and report["overlay"]["original_size"] == list(original)
     assert explain.download_choices()[1][1] == "enlarged"  # before any explanation: the choice is still offered
 
