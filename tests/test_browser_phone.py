@@ -17,7 +17,16 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 ROOT = Path(__file__).resolve().parent.parent
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
-TABS = ["Explain", "Masks & fine-tune", "Review", "Learn", "Models"]
+
+def _tab_titles() -> list:
+    import importlib
+
+    from saliency_lab.ui import TAB_MODULES
+
+    return [importlib.import_module(f"saliency_lab.ui.{name}").TITLE for name in TAB_MODULES]
+
+
+TABS = _tab_titles()  # every tab of the registry, in its order
 # what a person must never read: Python's exception names and tracebacks
 PYTHON_WORDS = ("Traceback", "Error:", "SafetensorError", "ValueError", "KeyError", "Exception", "Invalid file type")
 
