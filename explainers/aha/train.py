@@ -23,6 +23,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -579,337 +580,448 @@ def train_aha(*, model: str | None = None, bundle=None, data: str, out: str | No
             dist.destroy_process_group()
 
 
-def _train_frozen(bundle, *, rank, world, device, data, out, val_data, val_limit, steps, epochs, batch_size, lr,
-                  weight_decay, warmup, clip, targets, fractions, fraction_samples, peak_weight, tau_start, tau_end,
-                  grid_min, grid_max, references, augment, subset, seed, width, embed_dim, gain_init,
-                  fusion_units, time_budget_minutes, checkpoint_every, log_every, compare, val_every, val_track,
-                  progress, command, val_holdout, checkpoint, report, cancelled, card_extra, mosaic_every,
-                  deletion_weight, init, val_gridpg_min, val_mosaics, score, class_input, select_rule, val_rho_max,
-                  val_baseline, mosaic_classes, time_schedule, class_input_lr_scale) -> dict:
-    model = bundle.name
-    stem = stem_from_out(out) if out else explainer_stem(model)
-    checkpoint_path = Path(checkpoint) if checkpoint else Path(str(stem) + ".ckpt")
-    if rank == 0:
-        checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-    image_hw = tuple(bundle.input_size)
+class _Run(SimpleNamespace):
+    """One `_train_frozen` run: its options, what setup derives from them, and what changes step by step (step,
+    history, validation, best). The helpers below share it instead of closures over some forty names."""
+
+
+def _train_frozen(bundle, *, rank, world, device, **options) -> dict:
+    """`train_aha` with the classifier frozen: set up, resume, step to the end (or a stop), export (rank 0)."""
+    run = _Run(bundle=bundle, rank=rank, world=world, device=device, model=bundle.name, **options)
+    _setup_data(run)
+    torch.manual_seed(run.seed)  # after the data, before the explainer: its initial weights as before
+    _setup_explainer(run)
+    _setup_validation(run)
+    _resume(run)
+    run.fraction_grid = default_fractions(run.fractions)
+    run.amp = device.type == "cuda"
+    run.started = time.time()
+    run.bar = tqdm(total=run.total_steps, initial=run.step, desc=f"aha-{run.model}", file=sys.stderr,
+                   disable=not run.progress or rank)
+    run.running = None
+    run.stopped_early = run.stopped_by_cancel = False
+    if run.x_track is not None and run.step == 0:
+        _track_validation(run)  # the untrained explainer (its prior) is a candidate too
+    if run.report is not None and rank == 0:
+        run.report(run.step, run.total_steps, phase="start", resumed_from=run.step,
+                   elapsed_s=round(run.elapsed_before, 1))
+    while run.step < run.total_steps:
+        _train_step(run)
+        _after_step(run)
+        if _stop_requested(run):
+            break
+    return _finish(run)
+
+
+def _elapsed(run) -> float:
+    """Training seconds so far, the runs before a resume included (the time budget and the schedule count them)."""
+    return run.elapsed_before + time.time() - run.started
+
+
+def _setup_data(run) -> None:
+    """Paths, augmentation mode, grid range, the validation split and the training images: all that fixes the step
+    count, checked before anything is built."""
+    bundle = run.bundle
+    run.stem = stem_from_out(run.out) if run.out else explainer_stem(run.model)
+    run.checkpoint_path = Path(run.checkpoint) if run.checkpoint else Path(str(run.stem) + ".ckpt")
+    if run.rank == 0:
+        run.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+    image_hw = run.image_hw = tuple(bundle.input_size)
     mosaic_reader = bool((getattr(bundle, "card", None) or {}).get("grid_cell_size"))  # a model trained on cells
-    mode = augment if augment != "auto" else ("photo" if min(image_hw) >= 128 and not mosaic_reader else "cells")
+    run.mode = run.augment if run.augment != "auto" else (
+        "photo" if min(image_hw) >= 128 and not mosaic_reader else "cells")
     low, high = grid_range(image_hw)
-    low, high = grid_min or low, grid_max or high
-    mosaic_every = int(mosaic_every or 0)
-    class_token = pools_class_token(bundle.network)
+    run.low, run.high = run.grid_min or low, run.grid_max or high
+    run.mosaic_every = int(run.mosaic_every or 0)
+    run.class_token = pools_class_token(bundle.network)
     # cells are held at the mosaic cell size: single steps bring them to the input size, mosaic steps join four
     # (a class-token ViT gets its mosaics at its own input size, a globally pooled network at twice it)
-    cell_hw = mosaic_cell_size(bundle) if mode == "cells" else image_hw
-    if mosaic_every and batch_size // world < 1:
+    run.cell_hw = mosaic_cell_size(bundle) if run.mode == "cells" else image_hw
+    if run.mosaic_every and run.batch_size // run.world < 1:
         raise ValueError("mosaic steps need at least 1 image per process and step")
-    if mosaic_every and mode != "cells":
+    if run.mosaic_every and run.mode != "cells":
         raise ValueError("mosaic steps are for cell images (augment 'cells')")
 
-    if val_gridpg_min is not None:
-        if not (val_data and val_every):
+    if run.val_gridpg_min is not None:
+        if not (run.val_data and run.val_every):
             raise ValueError("--val-gridpg-min needs --val-data and --val-every (it scores val mosaics at each validation)")
-        if not 0.0 <= float(val_gridpg_min) <= 1.0 or int(val_mosaics) < 1:
-            raise ValueError(f"val_gridpg_min must be a share in [0, 1] and val_mosaics >= 1, got {val_gridpg_min}, "
-                             f"{val_mosaics}")
-    train_indices, held_indices, val_split = None, None, "val"
-    if val_holdout is not None:
+        if not 0.0 <= float(run.val_gridpg_min) <= 1.0 or int(run.val_mosaics) < 1:
+            raise ValueError(f"val_gridpg_min must be a share in [0, 1] and val_mosaics >= 1, got "
+                             f"{run.val_gridpg_min}, {run.val_mosaics}")
+    train_indices, run.held_indices, run.val_split = None, None, "val"
+    if run.val_holdout is not None:
         from ..data import open_dataset
 
-        train_indices, held_indices = holdout_indices(len(open_dataset(data, split="train")), float(val_holdout))
-        val_data, val_split = data, "train"  # the held-out images of the training file
-    images, labels = load_train_images(data, cell_hw, photo=mode == "photo", subset=subset, seed=seed,
-                                       indices=train_indices)
-    check_labels(labels, bundle, data)
-    per_rank = max(1, batch_size // world)
-    global_batch = per_rank * world
-    steps_per_epoch = max(1, len(images) // global_batch)
-    total_steps = int(steps) if steps else max(1, int(round(epochs * steps_per_epoch)))
-    warmup_steps = max(1, int(round(warmup * total_steps)))
+        train_indices, run.held_indices = holdout_indices(len(open_dataset(run.data, split="train")),
+                                                          float(run.val_holdout))
+        run.val_data, run.val_split = run.data, "train"  # the held-out images of the training file
+    run.images, run.labels = load_train_images(run.data, run.cell_hw, photo=run.mode == "photo", subset=run.subset,
+                                               seed=run.seed, indices=train_indices)
+    check_labels(run.labels, bundle, run.data)
+    run.per_rank = max(1, run.batch_size // run.world)
+    run.global_batch = run.per_rank * run.world
+    run.steps_per_epoch = max(1, len(run.images) // run.global_batch)
+    run.total_steps = int(run.steps) if run.steps else max(1, int(round(run.epochs * run.steps_per_epoch)))
+    run.warmup_steps = max(1, int(round(run.warmup * run.total_steps)))
 
-    torch.manual_seed(seed)
-    init_from = None
-    if init:  # warm start: the architecture and weights of an explainer, without its blur
-        explainer, init_from = warm_start(bundle, init, class_input)
-        explainer.to(device)
+
+def _setup_explainer(run) -> None:
+    """The explainer (new, or warm-started), its DDP wrapper, the AdamW optimiser and the warm-up + cosine schedule."""
+    bundle, device = run.bundle, run.device
+    run.init_from = None
+    if run.init:  # warm start: the architecture and weights of an explainer, without its blur
+        run.explainer, run.init_from = warm_start(bundle, run.init, run.class_input)
+        run.explainer.to(device)
     else:
-        explainer = AHAExplainer(bundle, width=width, embed_dim=embed_dim, gain_init=gain_init,
-                                 fusion_units=fusion_units, class_input=class_input).to(device)
+        run.explainer = AHAExplainer(bundle, width=run.width, embed_dim=run.embed_dim, gain_init=run.gain_init,
+                                     fusion_units=run.fusion_units, class_input=run.class_input).to(device)
+    explainer = run.explainer
     explainer.train()
-    model_ddp = explainer
-    if world > 1:
-        model_ddp = torch.nn.parallel.DistributedDataParallel(
+    run.model_ddp = explainer
+    if run.world > 1:
+        run.model_ddp = torch.nn.parallel.DistributedDataParallel(
             explainer, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=not explainer.use_cam)
     # the class input's weights (new, at zero in a warm start) may learn faster than the rest (`class_input_lr_scale`)
+    lr = run.lr
     fresh = [p for name, p in explainer.named_parameters() if name.startswith(("class_inputs.", "class_mix"))]
     rest = [p for name, p in explainer.named_parameters() if not name.startswith(("class_inputs.", "class_mix"))]
-    groups = [{"params": rest, "lr": lr}] + ([{"params": fresh, "lr": lr * class_input_lr_scale}] if fresh else [])
-    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) * (
+    groups = [{"params": rest, "lr": lr}] + ([{"params": fresh, "lr": lr * run.class_input_lr_scale}] if fresh else [])
+    run.optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=run.weight_decay)
+    warmup_steps, total_steps = run.warmup_steps, run.total_steps
+    run.schedule = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) * (
         1.0 if s < warmup_steps else 0.5 * (1 + math.cos(math.pi * (s - warmup_steps) / max(1, total_steps - warmup_steps)))))
 
-    step, elapsed_before, history = 0, 0.0, []
-    validation, best = [], None  # best: {"step", "ins_minus_del", "state"} by the fixed validation metric
-    x_track = None
-    if val_every and val_data and rank == 0:
-        x_track, _ = load_eval_images(bundle, val_data, val_track, split=val_split, indices=held_indices)
-    track_mosaics = None
-    if (val_gridpg_min is not None or (select_rule == "class-following" and mosaic_every)) and rank == 0 and val_data:
-        track_mosaics = validation_mosaics(bundle, val_data, int(val_mosaics), split=val_split)
-    baseline = None
-    if select_rule == "class-following" and x_track is not None:
-        baseline = baseline_validation(bundle, x_track, val_baseline or ("rollout" if class_token else "gradcam"))
-        bar_note = f"validation floor: {baseline['method']} ins-del {baseline['ins_minus_del']:.4f}"
+
+def _setup_validation(run) -> None:
+    """What each validation measures (rank 0): the tracked val images, the val mosaics for GridPG, and the
+    class-following rule's ins-del floor (a baseline method on the same images)."""
+    bundle = run.bundle
+    run.x_track = None
+    if run.val_every and run.val_data and run.rank == 0:
+        run.x_track, _ = load_eval_images(bundle, run.val_data, run.val_track, split=run.val_split,
+                                          indices=run.held_indices)
+    run.track_mosaics = None
+    if ((run.val_gridpg_min is not None or (run.select_rule == "class-following" and run.mosaic_every))
+            and run.rank == 0 and run.val_data):
+        run.track_mosaics = validation_mosaics(bundle, run.val_data, int(run.val_mosaics), split=run.val_split)
+    run.baseline = None
+    if run.select_rule == "class-following" and run.x_track is not None:
+        run.baseline = baseline_validation(bundle, run.x_track,
+                                           run.val_baseline or ("rollout" if run.class_token else "gradcam"))
+        bar_note = f"validation floor: {run.baseline['method']} ins-del {run.baseline['ins_minus_del']:.4f}"
         print(bar_note, file=sys.stderr, flush=True)
-    if checkpoint_path.exists():
-        state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-        if state["total_steps"] != total_steps:
-            raise ValueError(f"{checkpoint_path} was made for {state['total_steps']} steps, not {total_steps}; "
-                             "use the same options or delete the checkpoint")
-        explainer.load_state_dict(state["explainer"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        step, elapsed_before, history = state["step"], state["elapsed"], json.loads(state["history"])
-        validation = json.loads(state.get("validation", "[]"))
-        if "best_state" in state:
-            kept = state.get("best_eligible", True)
-            best = {"step": int(state["best_step"]), "ins_minus_del": float(state["best_score"]),
+
+
+def _resume(run) -> None:
+    """The starting state: step 0, or the checkpoint's (weights, optimiser, schedule, history, the best so far)."""
+    run.step, run.elapsed_before, run.history = 0, 0.0, []
+    run.validation, run.best = [], None  # best: {"step", "ins_minus_del", "state"} by the fixed validation metric
+    checkpoint_path, total_steps = run.checkpoint_path, run.total_steps
+    if not checkpoint_path.exists():
+        return
+    state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    if state["total_steps"] != total_steps:
+        raise ValueError(f"{checkpoint_path} was made for {state['total_steps']} steps, not {total_steps}; "
+                         "use the same options or delete the checkpoint")
+    run.explainer.load_state_dict(state["explainer"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.schedule.load_state_dict(state["schedule"])
+    run.step, run.elapsed_before, run.history = state["step"], state["elapsed"], json.loads(state["history"])
+    run.validation = json.loads(state.get("validation", "[]"))
+    if "best_state" in state:
+        kept = state.get("best_eligible", True)
+        run.best = {"step": int(state["best_step"]), "ins_minus_del": float(state["best_score"]),
                     "eligible": tuple(kept) if isinstance(kept, (list, tuple)) else bool(kept),
                     "state": state["best_state"]}
-        if rank == 0:
-            print(f"Resuming aha-{model} at step {step}/{total_steps}", file=sys.stderr)
+    if run.rank == 0:
+        print(f"Resuming aha-{run.model} at step {run.step}/{total_steps}", file=sys.stderr)
 
-    fraction_grid = default_fractions(fractions)
-    amp = device.type == "cuda"
-    started = time.time()
-    bar = tqdm(total=total_steps, initial=step, desc=f"aha-{model}", file=sys.stderr, disable=not progress or rank)
-    running = None
-    stopped_early = stopped_by_cancel = False
 
-    def save_checkpoint():
-        if rank == 0:
-            from ..atomic import atomic_torch_save
+def _save_checkpoint(run) -> None:
+    """The resume file (rank 0, atomic): everything `_resume` reads back."""
+    if run.rank == 0:
+        from ..atomic import atomic_torch_save
 
-            state = {"explainer": explainer.state_dict(), "optimizer": optimizer.state_dict(),
-                     "schedule": schedule.state_dict(), "step": step, "total_steps": total_steps,
-                     "elapsed": elapsed_before + time.time() - started, "history": json.dumps(history),
-                     "validation": json.dumps(validation)}
-            if best is not None:
-                state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"],
-                             best_eligible=best.get("eligible", True))
-            atomic_torch_save(state, checkpoint_path)
+        state = {"explainer": run.explainer.state_dict(), "optimizer": run.optimizer.state_dict(),
+                 "schedule": run.schedule.state_dict(), "step": run.step, "total_steps": run.total_steps,
+                 "elapsed": _elapsed(run), "history": json.dumps(run.history),
+                 "validation": json.dumps(run.validation)}
+        best = run.best
+        if best is not None:
+            state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"],
+                         best_eligible=best.get("eligible", True))
+        atomic_torch_save(state, run.checkpoint_path)
 
-    def track_validation():
-        nonlocal best
-        scores = validation_scores(explainer, x_track)
-        eligible = True
-        if track_mosaics is not None:
-            scores["gridpg"] = validation_gridpg(explainer, *track_mosaics)
-            if val_gridpg_min is not None:
-                eligible = scores["gridpg"] >= float(val_gridpg_min)
-        if select_rule == "class-following":
-            scores["class_rho"] = validation_class_dependence(explainer, x_track)
-            key = class_following_key(scores, floor=baseline["ins_minus_del"], rho_max=val_rho_max,
-                                      gridpg_min=val_gridpg_min,
-                                      primary="gridpg" if "gridpg" in scores and val_rho_max is None else "ins_minus_del")
-            eligible, selection = key[:3], key[3]
+
+def _track_validation(run) -> None:
+    """Measure the validation metric now (rank 0), log it, and keep the weights if they rank best so far."""
+    explainer, x_track, best = run.explainer, run.x_track, run.best
+    scores = validation_scores(explainer, x_track)
+    eligible = True
+    if run.track_mosaics is not None:
+        scores["gridpg"] = validation_gridpg(explainer, *run.track_mosaics)
+        if run.val_gridpg_min is not None:
+            eligible = scores["gridpg"] >= float(run.val_gridpg_min)
+    if run.select_rule == "class-following":
+        scores["class_rho"] = validation_class_dependence(explainer, x_track)
+        primary = "gridpg" if "gridpg" in scores and run.val_rho_max is None else "ins_minus_del"
+        key = class_following_key(scores, floor=run.baseline["ins_minus_del"], rho_max=run.val_rho_max,
+                                  gridpg_min=run.val_gridpg_min, primary=primary)
+        eligible, selection = key[:3], key[3]
+    else:
+        selection = scores["insertion_auc"] - run.deletion_weight * scores["deletion_auc"]  # ins-del when w = 1
+    scores.update(step=run.step, seconds=round(_elapsed(run), 1))
+    run.validation.append(scores)
+    # a checkpoint at the GridPG floor beats any below it; among equals the higher selection score wins
+    if best is None or (eligible, selection) > (best.get("eligible", True), best["ins_minus_del"]):
+        best = run.best = {"step": run.step, "ins_minus_del": selection, "eligible": eligible,
+                           "state": {k: v.detach().clone().cpu() for k, v in explainer.state_dict().items()}}
+    if run.report is not None and run.rank == 0:
+        run.report(run.step, run.total_steps, val_deletion_auc=scores["deletion_auc"],
+                   val_insertion_auc=scores["insertion_auc"], val_ins_minus_del=scores["ins_minus_del"],
+                   best_step=best["step"])
+    gridpg = f" GridPG {scores['gridpg']:.3f}" if "gridpg" in scores else ""
+    gridpg += f" class rho {scores['class_rho']:.3f}" if "class_rho" in scores else ""
+    run.bar.write(f"step {run.step}: validation deletion {scores['deletion_auc']:.4f} insertion "
+                  f"{scores['insertion_auc']:.4f} ins-del {scores['ins_minus_del']:.4f}{gridpg} "
+                  f"(best at step {best['step']})")
+
+
+def _step_images(run, generator: torch.Generator, mosaic_step: bool) -> tuple:
+    """This rank's share of the step's batch (augmented, on the device) and its labels. The order is a function
+    of (seed, epoch), so every rank and a resumed run agree on it."""
+    step, per_rank, global_batch, images = run.step, run.per_rank, run.global_batch, run.images
+    epoch, position = divmod(step, run.steps_per_epoch)
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(run.seed * 1000 + epoch))
+    chosen = order[position * global_batch + run.rank * per_rank: position * global_batch + (run.rank + 1) * per_rank]
+    if mosaic_step and run.class_token:  # four random cells per mosaic: as many mosaics as a batch has images
+        chosen = torch.randint(0, len(images), (4 * per_rank,), generator=generator)
+    x = augment_batch(images[chosen], run.mode, run.image_hw, generator).to(run.device)
+    return x, run.labels[chosen].to(run.device)
+
+
+def _mosaic_inputs(run, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator, grid: int) -> tuple:
+    """A mosaic step's inputs: 2 x 2 mosaics of the batch's cells at the input size, the (mosaic index, target)
+    pairs for `mosaic_classes` present quadrants' labels, and the grid (doubled for a larger, pooled mosaic)."""
+    x, y4 = mosaic_batch(x, y, generator, all_labels=True)
+    x = to_input_size(x, run.bundle)
+    mosaic_index, y = mosaic_targets(y4, generator, int(run.mosaic_classes))
+    if not run.class_token:
+        grid = min(2 * grid, grid_range(tuple(x.shape[-2:]))[1])
+    return x, y, mosaic_index, grid
+
+
+def _step_tau(run) -> float:
+    """This step's tau; with `time_schedule`, also the learning rate set from the share of the budget spent."""
+    tau = tau_at(run.step, run.total_steps, run.tau_start, run.tau_end)
+    if run.time_schedule and run.time_budget_minutes:
+        # the schedule follows whichever is further along, the steps or the time budget, so a run cut by its
+        # budget still ends at tau_end with the learning rate at 0
+        done = max(run.step / max(1, run.total_steps - 1), _elapsed(run) / (60 * float(run.time_budget_minutes)))
+        tau = run.tau_start + (run.tau_end - run.tau_start) * min(1.0, done)
+        for group in run.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * schedule_factor(done, run.warmup)
+    return tau
+
+
+def _train_step(run) -> None:
+    """One optimisation step: draw the batch (a mosaic step every `mosaic_every`), the loss, the update, the log.
+    Every random draw is a function of (seed, step, rank), so a resumed run continues the same sequence."""
+    bundle, explainer, step = run.bundle, run.explainer, run.step
+    generator = torch.Generator().manual_seed(run.seed * 1_000_003 + step * 97 + run.rank)
+    rng = random.Random(run.seed * 7919 + step)  # same on every rank: one grid, reference, fraction draw
+    grid = rng.randint(run.low, run.high)
+    mosaic_step = bool(run.mosaic_every) and step % run.mosaic_every == run.mosaic_every - 1
+    x, y = _step_images(run, generator, mosaic_step)
+    if mosaic_step:  # 2 x 2 mosaics of the batch's cells, each explained for present quadrants' labels
+        x, y, mosaic_index, grid = _mosaic_inputs(run, x, y, generator, grid)
+    elif tuple(x.shape[-2:]) != run.image_hw:  # cells held at the mosaic cell size, brought to the input size
+        x = F.interpolate(x, size=run.image_hw, mode="bilinear", align_corners=False).clamp(0, 1)
+    reference = run.references[rng.randrange(len(run.references))]
+    tau = _step_tau(run)
+    with torch.autocast(device_type=run.device.type, dtype=torch.bfloat16, enabled=run.amp):
+        encoded = explainer.encode(x)  # one classifier pass: features, and logits for the targets
+        if mosaic_step:
+            index, target = mosaic_index, y
+            not_top = target != encoded.logits.argmax(1)[index]
         else:
-            selection = scores["insertion_auc"] - deletion_weight * scores["deletion_auc"]  # ins-del when w = 1
-        scores.update(step=step, seconds=round(elapsed_before + time.time() - started, 1))
-        validation.append(scores)
-        # a checkpoint at the GridPG floor beats any below it; among equals the higher selection score wins
-        if best is None or (eligible, selection) > (best.get("eligible", True), best["ins_minus_del"]):
-            best = {"step": step, "ins_minus_del": selection, "eligible": eligible,
-                    "state": {k: v.detach().clone().cpu() for k, v in explainer.state_dict().items()}}
-        if report is not None and rank == 0:
-            report(step, total_steps, val_deletion_auc=scores["deletion_auc"], val_insertion_auc=scores["insertion_auc"],
-                   val_ins_minus_del=scores["ins_minus_del"], best_step=best["step"])
-        gridpg = f" GridPG {scores['gridpg']:.3f}" if "gridpg" in scores else ""
-        gridpg += f" class rho {scores['class_rho']:.3f}" if "class_rho" in scores else ""
-        bar.write(f"step {step}: validation deletion {scores['deletion_auc']:.4f} insertion "
-                  f"{scores['insertion_auc']:.4f} ins-del {scores['ins_minus_del']:.4f}{gridpg} (best at step {best['step']})")
-
-    if x_track is not None and step == 0:
-        track_validation()  # the untrained explainer (its prior) is a candidate too
-    if report is not None and rank == 0:
-        report(step, total_steps, phase="start", resumed_from=step, elapsed_s=round(elapsed_before, 1))
-    while step < total_steps:
-        epoch, position = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-        chosen = order[position * global_batch + rank * per_rank: position * global_batch + (rank + 1) * per_rank]
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 97 + rank)
-        rng = random.Random(seed * 7919 + step)  # same on every rank: one grid, reference, fraction draw
-        grid = rng.randint(low, high)
-        mosaic_step = bool(mosaic_every) and step % mosaic_every == mosaic_every - 1
-        if mosaic_step and class_token:  # four random cells per mosaic: as many mosaics as a batch has images
-            chosen = torch.randint(0, len(images), (4 * per_rank,), generator=generator)
-        x = augment_batch(images[chosen], mode, image_hw, generator).to(device)
-        y = labels[chosen].to(device)
-        if mosaic_step:  # 2 x 2 mosaics of the batch's cells, each explained for present quadrants' labels
-            x, y4 = mosaic_batch(x, y, generator, all_labels=True)
-            x = to_input_size(x, bundle)
-            mosaic_index, y = mosaic_targets(y4, generator, int(mosaic_classes))
-            if not class_token:
-                grid = min(2 * grid, grid_range(tuple(x.shape[-2:]))[1])
-        elif tuple(x.shape[-2:]) != image_hw:  # cells held at the mosaic cell size, brought to the input size
-            x = F.interpolate(x, size=image_hw, mode="bilinear", align_corners=False).clamp(0, 1)
-        reference = references[rng.randrange(len(references))]
-        tau = tau_at(step, total_steps, tau_start, tau_end)
-        if time_schedule and time_budget_minutes:
-            # the schedule follows whichever is further along, the steps or the time budget, so a run cut by its
-            # budget still ends at tau_end with the learning rate at 0
-            done = max(step / max(1, total_steps - 1),
-                       (elapsed_before + time.time() - started) / (60 * float(time_budget_minutes)))
-            tau = tau_start + (tau_end - tau_start) * min(1.0, done)
-            for group in optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * schedule_factor(done, warmup)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            encoded = explainer.encode(x)  # one classifier pass: features, and logits for the targets
-            if mosaic_step:
-                index, target = mosaic_index, y
-                not_top = target != encoded.logits.argmax(1)[index]
-            else:
-                index, target, not_top = _targets(encoded.logits, y, targets, generator)
-            with torch.no_grad():
-                refs = reference_batch(x, reference, bundle.reference_color)
-                clean = encoded.logits.float().softmax(1)[index, target]
-                blank = bundle(refs).float().softmax(1)[index, target]
-            maps = model_ddp(encoded.select(index), target)
-            # the probability for the top class (ref); `score` for the others, where the probability is flat
-            scored = dict(score=score, score_rows=not_top) if score != "prob" else dict(endpoint_probs=(clean, blank))
-            terms = aha_loss(bundle, x[index], maps.float(), target, refs[index], grid=grid, tau=tau,
-                             fractions=fraction_grid, fraction_samples=fraction_samples, peak_weight=peak_weight,
-                             generator=generator, rng=rng, deletion_weight=deletion_weight, **scored)
-        optimizer.zero_grad(set_to_none=True)
-        terms.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(explainer.parameters(), clip)
-        optimizer.step()
-        schedule.step()
-        step += 1
-        loss = float(terms.loss.detach())
-        running = loss if running is None else 0.9 * running + 0.1 * loss
-        bar.update(1)
-        bar.set_postfix(loss=f"{running:.3f}", tau=f"{tau:.2f}", G=grid, lr=f"{schedule.get_last_lr()[0]:.1e}")
-        if step % log_every == 0 or step == total_steps:
-            history.append({"step": step, "loss": round(running, 5), "deletion_auc": round(float(terms.deletion_auc.mean()), 5),
+            index, target, not_top = _targets(encoded.logits, y, run.targets, generator)
+        with torch.no_grad():
+            refs = reference_batch(x, reference, bundle.reference_color)
+            clean = encoded.logits.float().softmax(1)[index, target]
+            blank = bundle(refs).float().softmax(1)[index, target]
+        maps = run.model_ddp(encoded.select(index), target)
+        # the probability for the top class (ref); `score` for the others, where the probability is flat
+        scored = (dict(score=run.score, score_rows=not_top) if run.score != "prob"
+                  else dict(endpoint_probs=(clean, blank)))
+        terms = aha_loss(bundle, x[index], maps.float(), target, refs[index], grid=grid, tau=tau,
+                         fractions=run.fraction_grid, fraction_samples=run.fraction_samples,
+                         peak_weight=run.peak_weight, generator=generator, rng=rng,
+                         deletion_weight=run.deletion_weight, **scored)
+    run.optimizer.zero_grad(set_to_none=True)
+    terms.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(explainer.parameters(), run.clip)
+    run.optimizer.step()
+    run.schedule.step()
+    step = run.step = step + 1
+    loss = float(terms.loss.detach())
+    running = run.running = loss if run.running is None else 0.9 * run.running + 0.1 * loss
+    run.bar.update(1)
+    run.bar.set_postfix(loss=f"{running:.3f}", tau=f"{tau:.2f}", G=grid, lr=f"{run.schedule.get_last_lr()[0]:.1e}")
+    if step % run.log_every == 0 or step == run.total_steps:
+        run.history.append({"step": step, "loss": round(running, 5),
+                            "deletion_auc": round(float(terms.deletion_auc.mean()), 5),
                             "insertion_auc": round(float(terms.insertion_auc.mean()), 5),
                             "peak": round(float(terms.peak.mean()), 4), "tau": round(tau, 4), "grid": grid,
-                            "grad_norm": round(float(grad_norm), 4),
-                            "seconds": round(elapsed_before + time.time() - started, 1)})
-        if report is not None and rank == 0:
-            if step % log_every == 0 or step == total_steps:
-                report(step, total_steps, loss=round(running, 5))
-            else:
-                report(step, total_steps)  # the step alone: an exact progress bar, a cheap write
-        if x_track is not None and (step % val_every == 0 or step == total_steps):
-            track_validation()
-        if step % checkpoint_every == 0:
-            save_checkpoint()
-        if cancelled is not None:
-            stop = torch.tensor(float(bool(cancelled()) if rank == 0 else 0.0))
-            if world > 1:
-                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-            if stop.item() and step < total_steps:
-                stopped_by_cancel = True
-                break
-        if time_budget_minutes is not None:
-            over = torch.tensor(float(elapsed_before + time.time() - started > 60 * time_budget_minutes))
-            if world > 1:
-                dist.all_reduce(over, op=dist.ReduceOp.MAX)
-            if over.item() and step < total_steps:
-                stopped_early = True
-                break
-    if x_track is not None and stopped_early and (not validation or validation[-1]["step"] != step):
-        track_validation()  # the last steps before the budget ran out are a candidate too
-    bar.close()
-    save_checkpoint()
-    train_seconds = elapsed_before + time.time() - started
-    if stopped_by_cancel:
-        if rank == 0:
-            print(f"aha-{model}: cancelled at step {step}/{total_steps}; checkpoint {checkpoint_path}", file=sys.stderr)
-        return {"cancelled": True, "step": step, "total_steps": total_steps, "checkpoint": str(checkpoint_path),
-                "train_seconds": round(train_seconds, 1)}
-    identical = replicas_identical(explainer)
+                            "grad_norm": round(float(grad_norm), 4), "seconds": round(_elapsed(run), 1)})
+
+
+def _after_step(run) -> None:
+    """After each step: the job runner's progress report, validation every `val_every`, a checkpoint every
+    `checkpoint_every`."""
+    step, total_steps = run.step, run.total_steps
+    if run.report is not None and run.rank == 0:
+        if step % run.log_every == 0 or step == total_steps:
+            run.report(step, total_steps, loss=round(run.running, 5))
+        else:
+            run.report(step, total_steps)  # the step alone: an exact progress bar, a cheap write
+    if run.x_track is not None and (step % run.val_every == 0 or step == total_steps):
+        _track_validation(run)
+    if step % run.checkpoint_every == 0:
+        _save_checkpoint(run)
+
+
+def _stop_requested(run) -> bool:
+    """Whether to stop before the last step: cancelled (asked on rank 0) or the time budget spent. Every rank
+    takes the maximum, so all stop at the same step."""
+    if run.cancelled is not None:
+        stop = torch.tensor(float(bool(run.cancelled()) if run.rank == 0 else 0.0))
+        if run.world > 1:
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item() and run.step < run.total_steps:
+            run.stopped_by_cancel = True
+            return True
+    if run.time_budget_minutes is not None:
+        over = torch.tensor(float(_elapsed(run) > 60 * run.time_budget_minutes))
+        if run.world > 1:
+            dist.all_reduce(over, op=dist.ReduceOp.MAX)
+        if over.item() and run.step < run.total_steps:
+            run.stopped_early = True
+            return True
+    return False
+
+
+def _finish(run) -> dict:
+    """After the last step (or a stop): a last validation if the budget cut the run, the checkpoint, then either
+    the cancelled summary or the exported explainer's card (rank 0; None on the other ranks)."""
+    if run.x_track is not None and run.stopped_early and (not run.validation or run.validation[-1]["step"] != run.step):
+        _track_validation(run)  # the last steps before the budget ran out are a candidate too
+    run.bar.close()
+    _save_checkpoint(run)
+    train_seconds = _elapsed(run)
+    if run.stopped_by_cancel:
+        if run.rank == 0:
+            print(f"aha-{run.model}: cancelled at step {run.step}/{run.total_steps}; checkpoint {run.checkpoint_path}",
+                  file=sys.stderr)
+        return {"cancelled": True, "step": run.step, "total_steps": run.total_steps,
+                "checkpoint": str(run.checkpoint_path), "train_seconds": round(train_seconds, 1)}
+    identical = replicas_identical(run.explainer)
     if not identical:
         raise RuntimeError("DDP replicas diverged: ranks hold different explainer weights")
     card = None
-    if rank == 0:
-        explainer.eval()
-        exported_step = step
-        if best is not None:  # keep the best checkpoint by the fixed validation metric, not the last
-            explainer.load_state_dict(best["state"])
-            exported_step = best["step"]
-        recipe = {
-            "data": str(data), "train_images": int(len(images)), "subset": subset, "augment": mode,
-            "steps": step, "planned_steps": total_steps, "stopped_by_time_budget": stopped_early,
-            "time_budget_minutes": time_budget_minutes, "epochs_done": round(step / steps_per_epoch, 3),
-            "batch_size_global": global_batch, "world_size": world, "device": str(device),
-            "autocast": "bf16" if amp else None, "targets": targets, "fractions": fractions,
-            "fraction_samples_per_step": fraction_samples, "grid_range": [low, high],
-            "mosaic_every": mosaic_every, "mosaic_classes": int(mosaic_classes),
-            "mosaic_cell_size": list(cell_hw) if mosaic_every else None, "score_of_other_targets": score,
-            "class_input": explainer.class_input, "select_rule": select_rule, "val_rho_max": val_rho_max,
-            "validation_floor": baseline, "time_schedule": bool(time_schedule),
-            "class_input_lr_scale": float(class_input_lr_scale),
-            "references": list(references), "tau": [tau_start, tau_end], "optimizer": "AdamW",
-            "lr": lr, "weight_decay": weight_decay, "warmup_fraction": warmup, "schedule": "linear warm-up, cosine",
-            "grad_clip": clip, "peak_weight": peak_weight, "seed": seed, "deletion_weight": deletion_weight,
-            "init_from": init_from,
-        }
-        if val_gridpg_min is not None:
-            recipe["val_gridpg"] = {"min": float(val_gridpg_min), "mosaics": int(val_mosaics), "seed": 0,
-                                    "exported_meets_min": bool(best is not None and (
-                                        best.get("eligible") if not isinstance(best.get("eligible"), tuple)
-                                        else best["eligible"][1]))}
-        if select_rule == "class-following" and best is not None:
-            recipe["exported_meets_rule"] = dict(zip(("follows_and_faithful", "follows", "faithful"),
-                                                     [bool(v) for v in best["eligible"]]))
-        if held_indices is not None:
-            recipe["validation_data"] = (f"held out of {data}: {len(held_indices)} of {len(held_indices) + len(images)} "
-                                         f"images ({val_holdout:g}), spread evenly over the file, never trained on")
-            recipe["held_out_indices"] = held_indices
-        elif val_data:
-            recipe["validation_data"] = str(val_data)
-        if validation:
-            source = (f"the {len(held_indices)} held-out images" if held_indices is not None else str(val_data))
-            recipe["validation_metric"] = (f"hard deletion/insertion (engine, K=20, mean reference) of top-1 maps on "
-                                           f"{len(x_track)} images of {source} spread over the file, every "
-                                           f"{val_every} steps; the exported weights are the best by "
-                                           + ("ins-del" if deletion_weight == 1 else
-                                              f"insertion - {deletion_weight:g} x deletion (the loss's weighting)")
-                                           + (f", among the checkpoints whose GridPG on {val_mosaics} val mosaics is "
-                                              f"at least {val_gridpg_min:g}" if val_gridpg_min is not None else ""))
-            if select_rule == "class-following":
-                recipe["validation_metric"] += (
-                    "; ranked instead by the class-following rule (docs/aha-explainers.md): class rho (top class vs "
-                    f"runner-up, scipy Spearman) <= {val_rho_max} where set, GridPG on {val_mosaics} val mosaics >= "
-                    f"{val_gridpg_min} where set, ins-del >= {baseline['method']}'s on the same images "
-                    f"({baseline['ins_minus_del']:.4f}); ties by "
-                    + ("GridPG" if track_mosaics is not None and val_rho_max is None else "ins-del"))
-        card = {"base_model": model, "recipe": recipe, "train_seconds": round(train_seconds, 1),
-                "exported_step": exported_step, "validation": validation,
-                "training_command": command or " ".join(["python -m explainers"] + sys.argv[1:]),
-                "history": history, "ddp_replicas_identical": identical,
-                "software": {"torch": torch.__version__, "python": platform.python_version()},
-                "device": str(device), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        card.update(card_extra or {})
-        if val_data:
-            x_val, y_val = load_eval_images(bundle, val_data, val_limit, split=val_split, indices=held_indices)
-            figures = held_out_figures(explainer, x_val, y_val, compare=tuple(compare))
-            figures["data"] = str(val_data) if held_indices is None else recipe["validation_data"]
-            card["held_out"] = figures
-        if validation:
-            from .plot import validation_plot
-
-            plot = validation_plot(validation, Path(str(stem) + ".validation.png"), exported_step=exported_step,
-                                   title=f"aha-{model}: validation during training ({len(x_track)} images"
-                                         f"{' held out' if held_indices is not None else ' of ' + str(val_data)})")
-            card["validation_plot"] = plot.name
-        card = save_explainer(explainer, stem, card)
-    if world > 1:
+    if run.rank == 0:
+        card = _export(run, train_seconds, identical)
+    if run.world > 1:
         dist.barrier()
     return card
+
+
+def _recipe(run) -> dict:
+    """The card's recipe: every option and derived setting the run used, and how its weights were chosen."""
+    best, baseline, held_indices = run.best, run.baseline, run.held_indices
+    recipe = {
+        "data": str(run.data), "train_images": int(len(run.images)), "subset": run.subset, "augment": run.mode,
+        "steps": run.step, "planned_steps": run.total_steps, "stopped_by_time_budget": run.stopped_early,
+        "time_budget_minutes": run.time_budget_minutes, "epochs_done": round(run.step / run.steps_per_epoch, 3),
+        "batch_size_global": run.global_batch, "world_size": run.world, "device": str(run.device),
+        "autocast": "bf16" if run.amp else None, "targets": run.targets, "fractions": run.fractions,
+        "fraction_samples_per_step": run.fraction_samples, "grid_range": [run.low, run.high],
+        "mosaic_every": run.mosaic_every, "mosaic_classes": int(run.mosaic_classes),
+        "mosaic_cell_size": list(run.cell_hw) if run.mosaic_every else None, "score_of_other_targets": run.score,
+        "class_input": run.explainer.class_input, "select_rule": run.select_rule, "val_rho_max": run.val_rho_max,
+        "validation_floor": baseline, "time_schedule": bool(run.time_schedule),
+        "class_input_lr_scale": float(run.class_input_lr_scale),
+        "references": list(run.references), "tau": [run.tau_start, run.tau_end], "optimizer": "AdamW",
+        "lr": run.lr, "weight_decay": run.weight_decay, "warmup_fraction": run.warmup,
+        "schedule": "linear warm-up, cosine", "grad_clip": run.clip, "peak_weight": run.peak_weight, "seed": run.seed,
+        "deletion_weight": run.deletion_weight, "init_from": run.init_from,
+    }
+    if run.val_gridpg_min is not None:
+        recipe["val_gridpg"] = {"min": float(run.val_gridpg_min), "mosaics": int(run.val_mosaics), "seed": 0,
+                                "exported_meets_min": bool(best is not None and (
+                                    best.get("eligible") if not isinstance(best.get("eligible"), tuple)
+                                    else best["eligible"][1]))}
+    if run.select_rule == "class-following" and best is not None:
+        recipe["exported_meets_rule"] = dict(zip(("follows_and_faithful", "follows", "faithful"),
+                                                 [bool(v) for v in best["eligible"]]))
+    if held_indices is not None:
+        recipe["validation_data"] = (f"held out of {run.data}: {len(held_indices)} of "
+                                     f"{len(held_indices) + len(run.images)} images ({run.val_holdout:g}), spread "
+                                     "evenly over the file, never trained on")
+        recipe["held_out_indices"] = held_indices
+    elif run.val_data:
+        recipe["validation_data"] = str(run.val_data)
+    if run.validation:
+        source = (f"the {len(held_indices)} held-out images" if held_indices is not None else str(run.val_data))
+        recipe["validation_metric"] = (f"hard deletion/insertion (engine, K=20, mean reference) of top-1 maps on "
+                                       f"{len(run.x_track)} images of {source} spread over the file, every "
+                                       f"{run.val_every} steps; the exported weights are the best by "
+                                       + ("ins-del" if run.deletion_weight == 1 else
+                                          f"insertion - {run.deletion_weight:g} x deletion (the loss's weighting)")
+                                       + (f", among the checkpoints whose GridPG on {run.val_mosaics} val mosaics is "
+                                          f"at least {run.val_gridpg_min:g}" if run.val_gridpg_min is not None else ""))
+        if run.select_rule == "class-following":
+            recipe["validation_metric"] += (
+                "; ranked instead by the class-following rule (docs/aha-explainers.md): class rho (top class vs "
+                f"runner-up, scipy Spearman) <= {run.val_rho_max} where set, GridPG on {run.val_mosaics} val "
+                f"mosaics >= {run.val_gridpg_min} where set, ins-del >= {baseline['method']}'s on the same images "
+                f"({baseline['ins_minus_del']:.4f}); ties by "
+                + ("GridPG" if run.track_mosaics is not None and run.val_rho_max is None else "ins-del"))
+    return recipe
+
+
+def _export(run, train_seconds: float, identical: bool) -> dict:
+    """Export (rank 0): the best checkpoint by the validation metric (else the last), its card with the recipe and
+    held-out figures, and the validation plot. Returns the saved card."""
+    explainer, model, stem, held_indices = run.explainer, run.model, run.stem, run.held_indices
+    explainer.eval()
+    exported_step = run.step
+    if run.best is not None:  # keep the best checkpoint by the fixed validation metric, not the last
+        explainer.load_state_dict(run.best["state"])
+        exported_step = run.best["step"]
+    recipe = _recipe(run)
+    card = {"base_model": model, "recipe": recipe, "train_seconds": round(train_seconds, 1),
+            "exported_step": exported_step, "validation": run.validation,
+            "training_command": run.command or " ".join(["python -m explainers"] + sys.argv[1:]),
+            "history": run.history, "ddp_replicas_identical": identical,
+            "software": {"torch": torch.__version__, "python": platform.python_version()},
+            "device": str(run.device), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    card.update(run.card_extra or {})
+    if run.val_data:
+        x_val, y_val = load_eval_images(run.bundle, run.val_data, run.val_limit, split=run.val_split,
+                                        indices=held_indices)
+        figures = held_out_figures(explainer, x_val, y_val, compare=tuple(run.compare))
+        figures["data"] = str(run.val_data) if held_indices is None else recipe["validation_data"]
+        card["held_out"] = figures
+    if run.validation:
+        from .plot import validation_plot
+
+        plot = validation_plot(run.validation, Path(str(stem) + ".validation.png"), exported_step=exported_step,
+                               title=f"aha-{model}: validation during training ({len(run.x_track)} images"
+                                     f"{' held out' if held_indices is not None else ' of ' + str(run.val_data)})")
+        card["validation_plot"] = plot.name
+    return save_explainer(explainer, stem, card)
 
 
 # --- the job kind -------------------------------------------------------------------------------------
