@@ -95,12 +95,15 @@ def camal_regulariser(cams: torch.Tensor, masks: torch.Tensor) -> tuple:
 
 
 def camal_loss(bundle, images: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor, *, lam: float = 1.0,
-               cam_mode: str = "differentiable", layer: str | None = None, reduction_size: int | None = None):
+               cam_mode: str = "differentiable", layer: str | None = None, reduction_size: int | None = None,
+               with_iou: bool = False):
     """mean CE + lambda * mean_b (beta_b - alpha_b) from one forward pass (the CAM's logits are the CE's logits).
 
     `reduction_size`: divide the summed CE and the summed regulariser by this (the global batch size under data
     parallelism, where the ranks' gradients are summed; default B).
-    Returns (loss, stats) with stats sums over the batch: ce, reg, alpha, beta, correct, count."""
+    Returns (loss, stats) with stats sums over the batch: ce, reg, alpha, beta, correct, count; with `with_iou`
+    (and a CAM, lambda > 0) also iou: the summed top-pixel IoU of the batch's CAMs with their masks (as
+    `evaluate`'s, on the training batch)."""
     if cam_mode not in CAM_MODES:
         raise ValueError(f"cam_mode must be one of {', '.join(CAM_MODES)}, got {cam_mode!r}")
     count = images.shape[0]
@@ -118,6 +121,11 @@ def camal_loss(bundle, images: torch.Tensor, labels: torch.Tensor, masks: torch.
     stats = {"ce": ce_sum.detach(), "reg": reg_sum.detach(), "alpha": alpha.detach().sum(),
              "beta": beta.detach().sum(), "correct": (logits.argmax(1) == labels).sum().detach(),
              "count": torch.tensor(count, device=images.device)}
+    if with_iou and lam:
+        from .metrics import top_pixel_iou
+
+        ious = top_pixel_iou(cams.detach().float(), masks)
+        stats["iou"] = torch.tensor(float(np.nansum(ious)), device=images.device)
     return loss, stats
 
 
@@ -333,7 +341,9 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
     """Fine-tune `bundle.network` in place with mean CE + lambda * mean_b (beta_b - alpha_b).
 
     Resumes from `checkpoint` (written atomically after every epoch) if it exists and was made with the same
-    settings. `progress(step, total, **metrics)` and `cancelled()` are the job runner's hooks. Returns
+    settings. `progress(step, total, **metrics)` and `cancelled()` are the job runner's hooks: the step alone every
+    step, and every `log_every` steps (and an epoch's last) the batch's epoch, loss, ce, reg, alpha, beta, lr and,
+    with lambda > 0, iou (the top-pixel IoU of the batch's CAMs with its masks). Returns
     {"history": [...per epoch...], "cancelled": bool, "steps": n, "seconds": t}."""
     from .models import disable_fused_attention, kept_training_state, restore_fused_attention
     from .atomic import atomic_torch_save
@@ -391,9 +401,10 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
                     if augment:
                         x, m = paired_augment(x, m, turns[rank::world], flips[rank::world])
                     x, m, y = x.to(device), m.to(device), train.labels[index].to(device)
+                    logged = step % log_every == 0 or step == steps_per_epoch - 1
                     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
                         loss, stats = camal_loss(bundle, x, y, m, lam=lam, cam_mode=cam_mode, layer=layer,
-                                                 reduction_size=len(global_index))
+                                                 reduction_size=len(global_index), with_iou=logged)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if world > 1:
@@ -401,9 +412,10 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
                             if p.grad is None:
                                 p.grad = torch.zeros_like(p)
                         _all_reduce_([p.grad for p in parameters])
-                        packed = torch.stack([stats[k].float() for k in sums])
+                        keys = list(sums) + (["iou"] if "iou" in stats else [])  # every rank logs the same steps
+                        packed = torch.stack([stats[k].float() for k in keys])
                         _all_reduce_([packed])
-                        stats = dict(zip(sums, packed))
+                        stats = dict(zip(keys, packed))
                     if grad_clip:
                         torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
                     optimizer.step()
@@ -412,7 +424,6 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
                     for k in sums:
                         sums[k] += float(stats[k])
                     global_step = epoch * steps_per_epoch + step + 1
-                    logged = step % log_every == 0 or step == steps_per_epoch - 1
                     if progress is not None and rank == 0 and not logged:
                         progress(global_step, total_steps)  # the step alone, every step: an exact bar, a cheap write
                     elif progress is not None and rank == 0:
@@ -421,7 +432,8 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
                                  loss=(float(stats["ce"]) + lam * float(stats["reg"])) / count,
                                  ce=float(stats["ce"]) / count,
                                  reg=float(stats["reg"]) / count, alpha=float(stats["alpha"]) / count,
-                                 beta=float(stats["beta"]) / count, lr=schedule.get_last_lr()[0])
+                                 beta=float(stats["beta"]) / count, lr=schedule.get_last_lr()[0],
+                                 **({"iou": float(stats["iou"]) / count} if "iou" in stats else {}))
                     if cancelled is not None and cancelled():
                         was_cancelled = True
                         break

@@ -133,28 +133,14 @@ def start_training(services, model_name, dataset, validation=HOLDOUT, steps=200,
 
 
 # ------------------------------------------------------------------------------------------------ progress
+FINISHING = " · finishing: held-out figures, then the explainer is saved…"
+
+
 def eta_text(step, total, history, now, minutes=None) -> str:
-    """'step 12/200 (6%) · 1.3 s/step · about 4 min left': the rate of this run of the job (since its last
-    'start' point: a resumed job counts from where it resumed), capped by the minutes budget."""
-    step, total = int(step or 0), int(total or 0)
-    if not total:
-        return "starting…"
-    line = f"step {step}/{total} ({100 * step / total:.0f}%)"
-    finishing = " · finishing: held-out figures, then the explainer is saved…"
-    if step >= total:
-        return line + finishing
-    start = next((p for p in reversed(history) if p.get("phase") == "start"), None)
-    if start is None or step <= int(start.get("step") or 0):
-        return line + " · measuring the speed…"
-    per_step = (now - start["t"]) / (step - int(start["step"]))
-    left = per_step * (total - step)
-    if minutes:
-        budget_left = 60 * float(minutes) - float(start.get("elapsed_s") or 0) - (now - start["t"])
-        if budget_left <= 0:
-            return line + f" · the {float(minutes):g} min budget is spent" + finishing
-        left = min(left, budget_left)
-    shown = f"{left:.0f} s" if left < 90 else f"{left / 60:.0f} min"
-    return f"{line} · {per_step:.2f} s/step · about {shown} left (ETA {time.strftime('%H:%M', time.localtime(now + left))})"
+    """'step 12/200 (6%) · 1.30 s/step · about 4 min left (ETA 14:05)': the job panel's `job_panel.eta_text` (the
+    rate of this run of the job, since its last 'start' point: a resumed job counts from where it resumed), capped
+    by the minutes budget, with what an 'aha-train' job does once its steps are done."""
+    return job_panel.eta_text(step, total, history, now, minutes, finishing=FINISHING)
 
 
 def _forget_once(services, job) -> None:
@@ -176,7 +162,6 @@ def describe_job(services, job, history, report) -> job_panel.JobReport:
     exported checkpoint's figures (AHA then runs in one pass)."""
     params = job.get("params") or {}
     model = params.get("model", "")
-    progress = job["progress"]
     if any("val_deletion_auc" in p for p in history):
         figure = figures.aha_validation_figure(history, title=f"AHA explainer for {model}: validation")
     elif report.finished:
@@ -184,8 +169,9 @@ def describe_job(services, job, history, report) -> job_panel.JobReport:
     else:
         figure = figures.empty_figure("Waiting for the first validation point (the untrained explainer)…")
     text = f"Job **{job['id']}** ({model}): {job['status']}"
-    if job["status"] == "running":
-        text += " · " + eta_text(progress["step"], progress["total"], history, time.time(), params.get("minutes"))
+    line = job_panel.progress_text(job, history, time.time(), minutes=params.get("minutes"), finishing=FINISHING)
+    if line:
+        text += " · " + line
     if job.get("error"):
         text += f" — {job['error'][:300]}"
     if not report.finished:

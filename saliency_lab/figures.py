@@ -269,7 +269,7 @@ def sanity_figure(stages: list, title: str = "Sanity check") -> FigureSpec:
 # ------------------------------------------------------------------------------------------------
 JOB_SERIES = {"loss": ("loss (total)", "y"), "ce": ("cross-entropy", "y"), "reg": ("mask loss (outside − inside)", "y"),
               "alpha": ("mean CAM inside mask", "y2"), "beta": ("mean CAM outside mask", "y2"),
-              "iou": ("IoU", "y2"), "accuracy": ("accuracy", "y2")}
+              "iou": ("IoU (training batch)", "y2"), "accuracy": ("accuracy", "y2")}
 
 
 def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:

@@ -138,8 +138,8 @@ def finetune_comparison(services, job) -> tuple:
 
 @job_panel.describes("camal")
 def describe_job(services, job, history, report) -> job_panel.JobReport:
-    """A CAMAL job in the job panel: the plain report (loss and IoU over the steps), and once finished its
-    before/after comparison."""
+    """A CAMAL job in the job panel: the plain report (step, epoch, elapsed, ETA, the latest loss and training-batch
+    IoU; their curves over the steps), and once finished its before/after comparison."""
     if not report.finished:
         return report
     gallery, table = finetune_comparison(services, job)

@@ -11,11 +11,10 @@ import functools
 import json
 import logging
 import tempfile
-import time
 
 import gradio as gr
 
-from saliency_lab import agents as service
+from saliency_lab import agents as service, job_panel
 from saliency_lab.ui.common import friendly
 
 TITLE = "Agents"
@@ -120,24 +119,19 @@ def start_training(services, scenario: str, name: str, seed, lam, budget_minutes
 
 
 def job_view(services, job_id: str) -> tuple:
-    """(status line with ETA, return/IoU curves) of a training job."""
+    """(status line, return/IoU curves) of a training job: the job panel's progress line (steps, elapsed, ETA from
+    the step rate or the time budget, the latest return and IoU)."""
     if not job_id:
         return "No training run started here yet.", None
     runner = services.runner()
-    job = runner.get(job_id)
-    metrics = json.loads(job["metrics"]) if isinstance(job.get("metrics"), str) else (job.get("metrics") or {})
+    job, history = runner.get(job_id), runner.history(job_id)
     line = f"Job {job_id}: {job['status']}"
-    fraction = metrics.get("budget_fraction")
-    if job["status"] == "running" and fraction and job.get("started"):
-        elapsed = time.time() - job["started"]
-        line += f", {100 * fraction:.0f}% of the time budget, about {max(0, elapsed / fraction - elapsed):.0f} s left"
-    if metrics.get("return_100") is not None:
-        line += f"; mean return of the last 100 episodes {metrics['return_100']:.2f}"
-    if metrics.get("iou") is not None:
-        line += f"; IoU {metrics['iou']:.2f}"
+    progress = job_panel.progress_text(job, history)
+    if progress:
+        line += f" · {progress}"
     if job.get("error"):
         line += f". {job['error']}"
-    return line, service.training_curves(runner.history(job_id))
+    return line, service.training_curves(history)
 
 
 @friendly
