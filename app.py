@@ -48,19 +48,22 @@ def default_state_dir() -> Path:
 
 def build_app(model_names=None, loader=None, *, default_model=None, data_dir=None, state_dir=None,
               jobs_root=None, weights_dir=None, heavy_concurrency=None, sam_variant="auto",
-              decoy_roots=None) -> gr.Blocks:
+              decoy_roots=None, segmentation_names=None) -> gr.Blocks:
     """Build the Blocks app. Everything is injectable so tests can use a tiny in-memory model:
     `model_names` (list or callable; default: explainers.models.list_models), `loader` (name -> ModelBundle;
     default: load_model, cached and thread-safe), `data_dir` (a labelled folder for the browser and the review),
     `state_dir` (SQLite files), `jobs_root` (fine-tune jobs), `weights_dir` (fine-tuned models), `decoy_roots`
-    (folders that may hold decoy BloodMNIST and its models; default `saliency_lab.datasets.decoy_locations()`)."""
+    (folders that may hold decoy BloodMNIST and its models; default `saliency_lab.datasets.decoy_locations()`),
+    `segmentation_names` (list or callable: the segmentation models the Explain menu offers; default
+    `saliency_lab.segmentation.segmentation_models`)."""
     from explainers.models import list_models
 
     if heavy_concurrency is None:  # one explanation per core (each torch op single-threaded, see configure_torch)
         heavy_concurrency = 2 if DEVICE == "cuda" else max(1, min(4, os.cpu_count() or 1))
     services = Services(loader or default_loader, model_names if model_names is not None else list_models,
                         state_dir or default_state_dir(), jobs_root, sam_variant, weights_dir=weights_dir,
-                        parallel=heavy_concurrency, decoy_roots=decoy_roots)
+                        parallel=heavy_concurrency, decoy_roots=decoy_roots,
+                        segmentation_names=segmentation_names)
     configure_torch(heavy_concurrency)
     if (services.jobs_root / "jobs.sqlite").exists():  # reconcile the job records with their processes now (a dead
         services.runner()                              # process: interrupted), not when the next job starts

@@ -64,8 +64,18 @@ def prepared(services, model_name, image_path) -> tuple:
     (`services.uploads`); ValueError without an image."""
     if not image_path:
         raise ValueError(NO_IMAGE)
-    bundle = services.bundle(model_name)
+    bundle = classifier(services, model_name)
     return bundle, services.uploads.prepared(bundle, image_path)
+
+
+def classifier(services, model_name):
+    """The model's bundle; ValueError for a segmentation model (the classifier methods, predictions and curves
+    do not apply: the segmentation view explains it)."""
+    bundle = services.bundle(model_name)
+    if getattr(bundle, "task", "classification") == "segmentation":
+        raise ValueError(f"{model_name} is a segmentation model: the segmentation view explains it (pick it in "
+                         "the Explain tab's model menu; API: /segment, then /segment_explain).")
+    return bundle
 
 
 def target_choices(prediction) -> list:
@@ -476,7 +486,7 @@ def expected_text(services, model_name, methods, values: dict | None = None) -> 
     methods = [m for m in menus.method_order(list(methods or [])) if m in METHODS]
     if not model_name or not methods:
         return ""
-    bundle = services.bundle(model_name)
+    bundle = classifier(services, model_name)
     parts, total = [], 0.0
     for method in methods:
         seconds = expected_seconds(services, bundle, method, values)
@@ -492,7 +502,7 @@ def model_menu(services, model_name, methods) -> tuple:
     """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model.
     Slow methods on this model (RISE on a large input on a CPU: expected over SLOW_SECONDS) are unticked, and
     the line says so with their expected time."""
-    bundle = services.bundle(model_name)
+    bundle = classifier(services, model_name)
     choices = menus.method_choices(bundle)
     names = [value for _, value in choices]
     kept = [m for m in (methods or []) if m in names and menus.method_ready(bundle, m)]

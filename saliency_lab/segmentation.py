@@ -45,6 +45,41 @@ def segmentation_models() -> list:
     return bundled + [n for n in names if n not in bundled] + list(HUB_SEGMENTATION_MODELS)
 
 
+def is_segmentation_model(name, known=()) -> bool:
+    """Whether a model name is a segmentation model, without loading it: one of `known` (the names offered as
+    such), a bundled or default hub segmentation model, a hub SegFormer name (`owner/...segformer...`, as the
+    model zoo reads it), or a model whose card says `"kind": "segmentation"`."""
+    if not name:
+        return False
+    name = str(name)
+    if name in known or name in BUNDLED_SEGMENTATION_MODELS or name in HUB_SEGMENTATION_MODELS:
+        return True
+    if "segformer" in name.lower() and "/" in name:
+        return True
+    from explainers.models import card_path
+
+    try:
+        return json.loads(card_path(name).read_text()).get("kind") == "segmentation"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def model_label(name: str) -> str:
+    """A segmentation model's label in a model menu beside classifiers: it says that the model segments."""
+    if name in BUNDLED_SEGMENTATION_MODELS:
+        where = "bundled"
+    elif "/" in name:
+        where = "hub, downloads on first use"
+    else:
+        where = "yours"
+    return f"{name} · segmentation ({where})"
+
+
+def model_choices(names) -> list:
+    """[(label, name)] of segmentation models for a model menu."""
+    return [(model_label(n), n) for n in names]
+
+
 def examples() -> list:
     """[(image path, mask path or None)] of the shipped example smears."""
     found = []

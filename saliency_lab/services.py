@@ -149,15 +149,17 @@ class Services:
     sets), `jobs_root` (fine-tune jobs; default state_dir/jobs), `sam_variant` ("auto", "vit_b", "mobile_sam"),
     `weights_dir` (where fine-tuned models are written; default the user's models folder, outside the code), `parallel` (explanations
     run side by side), `decoy_roots` (folders that may hold decoy BloodMNIST and its models; default
-    `datasets.decoy_locations()`)."""
+    `datasets.decoy_locations()`), `segmentation_names` (list or callable: the segmentation models the Explain menu
+    offers besides `model_names`; default `segmentation.segmentation_models`)."""
 
     def __init__(self, loader, model_names, state_dir, jobs_root=None, sam_variant="auto", hf_token=None,
-                 weights_dir=None, parallel=1, decoy_roots=None):
+                 weights_dir=None, parallel=1, decoy_roots=None, segmentation_names=None):
         from explainers.paths import user_models_dir
 
         self.loader = loader
         self.weights_dir = Path(weights_dir or user_models_dir())  # fine-tuned models: never the tracked weights/
         self.model_names = model_names
+        self.segmentation_model_names = segmentation_names
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.cache = engine.ExplanationCache(parallel=parallel)
@@ -279,6 +281,15 @@ class Services:
 
     def names(self) -> list:
         return list(self.model_names()) if callable(self.model_names) else list(self.model_names)
+
+    def segmentation_names(self) -> list:
+        """The segmentation models to offer (the Explain menu lists them after the classifiers)."""
+        names = self.segmentation_model_names
+        if names is None:
+            from saliency_lab.segmentation import segmentation_models
+
+            names = segmentation_models
+        return list(names()) if callable(names) else list(names)
 
     @gpu(120)
     def bundle(self, name):

@@ -347,6 +347,7 @@ def test_model_change_offers_the_right_methods(running):
     _, client, _ = running
     from saliency_lab.menus import sliders as registry_sliders
 
+    # (the two views' visibility, also returned, are layout updates gradio_client leaves out: test_segment_view.py)
     methods, *slider_updates, info = client.predict("tiny-vit", ["gradcam"], api_name="/select_model")
     assert "gradskip" in [c[1] for c in methods["choices"]]
     assert len(slider_updates) == len(registry_sliders())  # one visibility update per method slider

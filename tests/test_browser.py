@@ -683,3 +683,26 @@ def test_an_unfamiliar_image_is_flagged_above_the_prediction(app_url, page):
     finally:
         familiarity.register_stats(bundle, None)
     assert not page.errors, page.errors
+
+
+def test_a_segmentation_model_turns_explain_into_the_segmentation_view(page):
+    """The Explain menu also lists the segmentation models (labelled): picking one hides the classifier view and shows
+    the segmentation view in its place (one model menu, the example smears); picking the classifier again brings the
+    classifier view back. (The whole segmentation flow on the bundled model: docs/segment-view.png.)"""
+    page.get_by_role("tab", name="Explain").click()
+    model = page.locator("#model input").first
+    before = model.input_value()
+    model.click()
+    page.locator("ul[role=listbox] li", has_text="bccd-segformer · segmentation").first.click()
+    page.wait_for_selector("#segment-view", state="visible", timeout=60_000)
+    page.wait_for_selector("#classifier-view", state="hidden", timeout=60_000)
+    assert page.locator("#seg-examples button.thumbnail-item").count() >= 3
+    assert page.locator("#seg-model").count() == 0  # the Explain menu drives the view
+    wait_js(page, "document.querySelector('#model-info').innerText.includes('bccd-segformer segments')")
+    model.click()
+    model.fill(before)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#classifier-view", state="visible", timeout=60_000)
+    page.wait_for_selector("#segment-view", state="hidden", timeout=60_000)
+    assert page.locator("#explain-button").is_visible()
+    assert not page.errors, page.errors

@@ -97,13 +97,13 @@ def test_examples_ship_with_their_masks():
         assert set(np.unique(mask)) <= {0, 1, 2, 3, 255}
 
 
-def test_the_tab_builds_and_segments_through_the_api(tmp_path):
+def test_the_view_builds_and_segments_through_the_api(tmp_path):
     gr = pytest.importorskip("gradio")
     gradio_client = pytest.importorskip("gradio_client")
     from saliency_lab.ui import TAB_MODULES, TabContext
-    from saliency_lab.ui import segment as tab
+    from saliency_lab.ui import segment as view_module
 
-    assert "segment" in TAB_MODULES
+    assert "segment" not in TAB_MODULES  # the view lives in the Explain tab (test_segment_view.py)
     bundle = tiny_segformer("tiny-seg-tab", size=(32, 64))
 
     class Services:
@@ -114,8 +114,8 @@ def test_the_tab_builds_and_segments_through_the_api(tmp_path):
     ctx = TabContext(services=Services(), names=[], first_model="", heavy={"concurrency_id": "heavy"},
                      light={"concurrency_id": "light"})
     with gr.Blocks() as demo:
-        with gr.Tab(tab.TITLE, id=tab.TAB_ID):
-            parts = tab.build(ctx)
+        with gr.Column():
+            parts = view_module.build(ctx)  # on its own: with its own model menu
     assert {"segment_model", "segment_maps", "segment_curves"} <= set(parts)
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
     try:

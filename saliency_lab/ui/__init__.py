@@ -18,7 +18,8 @@ and calls its `build`. What `build` returns is optional, each key read by `app.w
                       parts such as a gr.BrowserState, which inside a lazily rendered tab would load too late)
 
 Modules here that are not tabs: `common` (errors as messages, the checked image input, menus every tab uses),
-`jobs` (the job panel every job kind uses), `studies` (the Review tab's study panel), `style` (theme and CSS).
+`jobs` (the job panel every job kind uses), `studies` (the Review tab's study panel), `segment` (the segmentation
+view, inside the Explain tab), `style` (theme and CSS).
 """
 from __future__ import annotations
 
@@ -27,8 +28,7 @@ from dataclasses import dataclass, field
 
 # the tabs, in the order they are shown (module names inside saliency_lab.ui)
 TAB_MODULES: list[str] = [
-    "explain",
-    "segment",
+    "explain",  # also the segmentation view (ui.segment), shown when a segmentation model is picked
     "agents",
     "masks",
     "review",

@@ -1,6 +1,10 @@
 """The Explain tab: an image and a model in, each chosen method's map, the deletion and insertion curves and their
 scores out; sliders for the methods' options, the overlay's look, downloads, the data-set browser. Each handler
-makes one call into `saliency_lab.explain`, then draws pictures and figures for the outputs."""
+makes one call into `saliency_lab.explain`, then draws pictures and figures for the outputs.
+
+Its model menu also offers the segmentation models (labelled "· segmentation"): picking one hides the classifier
+view and shows the segmentation view (`saliency_lab.ui.segment`, driven by this same menu) in its place; picking a
+classifier brings the classifier view back."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,9 +16,10 @@ from explainers.images import COLORMAPS
 from explainers.methods import METHODS
 from saliency_lab import browse as browse_module
 from saliency_lab import explain, figures, menus, pictures
+from saliency_lab import segmentation
 from saliency_lab.errors import is_user_error, user_message
-from saliency_lab.ui.common import (RefusedUpload, checked_image, dataset_dropdown, friendly, log,
-                                   model_picker_update, named)
+from saliency_lab.ui import segment as segment_view
+from saliency_lab.ui.common import RefusedUpload, checked_image, dataset_dropdown, friendly, log, named
 
 TITLE = "Explain"
 TAB_ID = "explain"
@@ -190,18 +195,48 @@ def downloads_handler(services):
     return named(downloads, ["state", *VIEW_PARAMETERS, "size"])
 
 
+def model_choices(services, names=None) -> list:
+    """[(label, name)] of the Explain menu: the classifiers, then the segmentation models (labelled as such)."""
+    names = services.names() if names is None else list(names)
+    return menus.model_choices(names) + segmentation.model_choices(
+        [n for n in services.segmentation_names() if n not in names])
+
+
+def segments(services, model_name) -> bool:
+    """Whether the picked model is a segmentation model (decided from its name and card: nothing is loaded)."""
+    return segmentation.is_segmentation_model(model_name, services.segmentation_names())
+
+
+def view_switch(segmentation_model: bool) -> tuple:
+    """The updates of (the classifier view, the segmentation view): one shown, the other hidden."""
+    return gr.update(visible=not segmentation_model), gr.update(visible=segmentation_model)
+
+
+def segmentation_info(model_name) -> str:
+    return (f"**{model_name}** segments: upload a smear or click an example, press Segment, then pick a class or "
+            "click a coloured region; each method's map comes with its IoU and PA against the region, and the "
+            "region score's deletion and insertion curves. Pick a classifier to return to the classifier view.")
+
+
 def model_change_handler(services):
     @friendly
     def on_model(model_name, methods, progress=gr.Progress()):
-        """Load the model (hub models download once), then offer the methods that can explain it."""
+        """Load the model (hub models download once), then offer the methods that can explain it; a segmentation
+        model switches to the segmentation view instead (nothing loaded, the classifier's methods and sliders
+        left as they are). Returns the methods, each slider's visibility, the info line, then the visibility of
+        the classifier view and of the segmentation view."""
         if not model_name:
-            return (gr.skip(),) * (2 + len(SLIDERS))
+            return (gr.skip(),) * (4 + len(SLIDERS))
+        if segments(services, model_name):
+            return (gr.skip(), *[gr.skip() for _ in SLIDERS], segmentation_info(model_name), *view_switch(True))
         progress(0.1, desc=f"Loading {model_name} (hub models download on first use)…")
         try:
             choices, kept, info = explain.model_menu(services, model_name, methods)
         except Exception as error:  # noqa: BLE001 - said once, on the info line; the rest of the page stays
-            return (gr.skip(), *[gr.skip() for _ in SLIDERS], model_failure_text(model_name, error))
-        return (gr.update(choices=choices, value=kept), *[gr.update(visible=m in kept) for m, _ in SLIDERS], info)
+            return (gr.skip(), *[gr.skip() for _ in SLIDERS], model_failure_text(model_name, error),
+                    *view_switch(False))
+        return (gr.update(choices=choices, value=kept), *[gr.update(visible=m in kept) for m, _ in SLIDERS], info,
+                *view_switch(False))
 
     return on_model
 
@@ -220,7 +255,10 @@ def model_failure_text(model_name, error) -> str:
 
 def expected_handler(services):
     def show_expected(model_name, chosen, *values):
-        """The expected-time line; "" when the model cannot be loaded (its info line says why, once)."""
+        """The expected-time line; "" when the model cannot be loaded (its info line says why, once) or is a
+        segmentation model (the segmentation view is shown)."""
+        if segments(services, model_name):
+            return ""
         try:
             return explain.expected_text(services, model_name, chosen, slider_values(values))
         except Exception as error:  # noqa: BLE001 - the model menu's info line reports it
@@ -316,7 +354,7 @@ def build(ctx) -> dict:
     _wire_browser(ctx, ui)
     ctx.shared["explain_image"] = ui.image
     ctx.shared["explain_state"] = ui.explain_state  # the Learn tab watches its curves being made
-    return {"model_pickers": [(ui.model, lambda: model_picker_update(ctx.services))]}
+    return {"model_pickers": [(ui.model, lambda: gr.update(choices=model_choices(ctx.services)))]}
 
 
 def _first_methods(ctx) -> list:
@@ -330,13 +368,37 @@ def _first_methods(ctx) -> list:
 
 
 def _layout(ctx) -> SimpleNamespace:
-    """The tab's components (returned by name for the wiring below)."""
-    names, first_model, data_dir = ctx.names, ctx.first_model, ctx.shared["data_dir"]
+    """The tab's components (returned by name for the wiring below): the model menu, the classifier view and the
+    segmentation view (one of the two shown)."""
+    explain_state = gr.State(None)
+    # one model menu for both views: a classifier shows the classifier view, a segmentation model the other
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=4, min_width=320):
+            model = gr.Dropdown(model_choices(ctx.services, ctx.names), value=ctx.first_model,
+                                allow_custom_value=True, label="Model",
+                                info="Bundled models first; hub models download once, on first use; fine-tuned "
+                                     "models appear here when a fine-tune finishes, imported ones (Models tab) at "
+                                     "once. Models marked “segmentation” open the segmentation view.",
+                                elem_id="model")
+        with gr.Column(scale=5, min_width=320):
+            model_info = gr.Markdown(elem_classes="help", elem_id="model-info")
+    first_segments = segments(ctx.services, ctx.first_model)
+    with gr.Column(visible=not first_segments, elem_id="classifier-view") as classifier_view:
+        classifier_parts = _classifier_layout(ctx, explain_state)
+    with gr.Column(visible=first_segments, elem_id="segment-view") as segment_column:
+        segment_parts = segment_view.build(ctx, model=model)
+    return SimpleNamespace(explain_state=explain_state, model=model, model_info=model_info,
+                           classifier_view=classifier_view, segment_column=segment_column,
+                           segment_parts=segment_parts, **classifier_parts)
+
+
+def _classifier_layout(ctx, explain_state) -> dict:
+    """The classifier view's components, by name."""
+    data_dir = ctx.shared["data_dir"]
     cell_examples, photo_examples = browse_module.examples_list()
     cell_labels, photo_labels = browse_module.example_labels(cell_examples, photo_examples)
     all_methods = [(menus.method_label(n), n) for n in menus.method_order(list(METHODS)) if not METHODS[n].baseline]
     first_methods = _first_methods(ctx)
-    explain_state = gr.State(None)
     with gr.Row(equal_height=False):
         with gr.Column(scale=4, min_width=320):
             image = checked_image(refusal_to_handler=True, type="filepath", sources=["upload", "clipboard"],
@@ -371,12 +433,6 @@ def _layout(ctx) -> SimpleNamespace:
                 browse_index = gr.Number(visible=False, precision=0)
                 browse_open = gr.Button(visible=False)
         with gr.Column(scale=5, min_width=360):
-            model = gr.Dropdown(menus.model_choices(names), value=first_model, allow_custom_value=True,
-                                label="Model",
-                                info="Bundled models first; hub models download once, on first use; "
-                                     "fine-tuned models appear here when a fine-tune finishes, imported ones (Models tab) at once.",
-                                elem_id="model")
-            model_info = gr.Markdown(elem_classes="help")
             methods = gr.CheckboxGroup(all_methods, value=first_methods,
                                        label="Methods (pick several to compare them side by side)",
                                        elem_id="methods")
@@ -424,7 +480,7 @@ def _layout(ctx) -> SimpleNamespace:
             download_button = gr.Button("Prepare downloads (PNG overlays, curves CSV, JSON report)",
                                         elem_id="download-button")
         files = gr.File(label="Downloads", file_count="multiple", elem_id="downloads", visible=False)
-    return SimpleNamespace(**locals())
+    return {name: value for name, value in locals().items() if name not in ("ctx", "explain_state")}
 
 
 def _wire_explain(ctx, ui) -> None:
@@ -499,8 +555,9 @@ def _wire_explain(ctx, ui) -> None:
                     api_name="explain_new_image", **on_stream).success(
         show_expected, expected_inputs, ui.expected, **after_run)
 
-    ui.model.change(model_change_handler(services), [ui.model, ui.methods], [ui.methods, *ui.sliders, ui.model_info],
-                    api_name="select_model", **heavy)
+    model_outputs = [ui.methods, *ui.sliders, ui.model_info, ui.classifier_view, ui.segment_column]
+    ui.model.change(model_change_handler(services), [ui.model, ui.methods], model_outputs, api_name="select_model",
+                    **heavy)
     ui.methods.change(methods_change, ui.methods, [*ui.sliders, ui.heads_box], api_visibility="private",
                       show_progress="hidden", queue=False)
     # shown when the page opens; the model and a slider that costs model passes (AHA's refinement steps)
@@ -509,8 +566,7 @@ def _wire_explain(ctx, ui) -> None:
         slider.release for slider, (_, option) in zip(ui.sliders, SLIDERS) if not option.live]
     gr.on(expected_triggers, show_expected, expected_inputs, ui.expected, api_name="expected_time", **light)
     _wire_sliders(ctx, ui, show_expected, after_run)
-    demo.load(model_change_handler(services), [ui.model, ui.methods], [ui.methods, *ui.sliders, ui.model_info],
-              api_visibility="private")
+    demo.load(model_change_handler(services), [ui.model, ui.methods], model_outputs, api_visibility="private")
 
 
 def _wire_sliders(ctx, ui, show_expected, after_run) -> None:

@@ -2,13 +2,14 @@
 region or draw one; each method's heatmap with its IoU and PA against the predicted region (and the ground truth
 of an example smear), and the region score's deletion and insertion curves.
 
-A tab module (see saliency_lab.ui): `build(ctx)` lays out the view inside whatever container is open, so the
-Explain tab can also embed it (e.g. inside a `gr.Column(visible=...)` shown when a segmentation model is picked)
-by calling `build(ctx)` there; it returns its components by name.
+Not a tab of its own: the Explain tab embeds it (`build(ctx, model=its model menu)` inside a column it shows when a
+segmentation model is picked there). `build(ctx)` lays out the view inside whatever container is open; without
+`model` it has its own model menu (used on its own, e.g. in a test). It returns its components by name.
 """
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import gradio as gr
 
@@ -16,56 +17,55 @@ from saliency_lab import figures
 from saliency_lab import segmentation as service
 from saliency_lab.ui.common import friendly
 
-TITLE = "Segment"
-TAB_ID = "segment"
 log = logging.getLogger("saliency_lab")
 
 
-
-def build(ctx) -> dict:
-    names = service.segmentation_models()
+def build(ctx, model=None) -> dict:
+    """The view's components and events; `model`: the menu that names the segmentation model (the Explain tab's),
+    else the view has its own."""
     loader = ctx.services.loader
-    example_names = {path.rsplit("/", 1)[-1].rsplit(".", 1)[0]: (path, mask) for path, mask in service.examples()}
+    example_paths = [path for path, _ in service.examples()]
     shown_state = gr.State(None)  # the Shown of the current image (per session)
     truth_state = gr.State(None)
 
     gr.Markdown("Explain a **segmentation model**: the target is a class over a region, scored as the mean class "
                 "logit there. Pick a class, click a coloured region, or draw one.")
-    with gr.Row():
-        with gr.Column(scale=1):
-            model = gr.Dropdown(names, value=names[0] if names else None, label="Segmentation model",
-                                allow_custom_value=True, elem_id="seg-model",
-                                info="The bundled BCCD model, or a SegFormer name from the HuggingFace hub.")
-            image = gr.Image(type="numpy", label="Smear photo", elem_id="seg-image")
-            example = gr.Dropdown(list(example_names), value=None, label="Example smear (with its mask)",
-                                  elem_id="seg-example")
+    # inputs on the left; on the right the prediction, its legend and the maps (one screen), then scores and curves
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=320):
+            if model is None:
+                names = service.segmentation_models()
+                model = gr.Dropdown(names, value=names[0] if names else None, label="Segmentation model",
+                                    allow_custom_value=True, elem_id="seg-model",
+                                    info="The bundled BCCD model, or a SegFormer name from the HuggingFace hub.")
+            image = gr.Image(type="numpy", label="Smear photo", height=260, elem_id="seg-image")
+            examples = gr.Gallery([(path, Path(path).stem) for path in example_paths],
+                                  label="Example test smears (with their masks): click one", columns=3,
+                                  height="auto", allow_preview=False, object_fit="cover", elem_id="seg-examples",
+                                  elem_classes="example-gallery", buttons=[])
             segment_button = gr.Button("Segment", variant="primary", elem_id="seg-run")
-        with gr.Column(scale=1):
+            class_name = gr.Dropdown([], label="Class to explain (its predicted region)", elem_id="seg-class")
+            methods = gr.CheckboxGroup(service.method_choices(), value=list(service.DEFAULT_METHODS),
+                                       label="Methods", elem_id="seg-methods")
+            explain_button = gr.Button("Explain the class's region", elem_id="seg-explain")
+            with gr.Accordion("Draw a region instead", open=False):
+                drawing = gr.ImageMask(label="Paint the region (the class above is explained there)", type="numpy",
+                                       elem_id="seg-drawing")
+                drawn_button = gr.Button("Explain the drawn region", elem_id="seg-explain-drawn")
+        with gr.Column(scale=1, min_width=320):
             predicted = gr.Image(type="numpy", label="Predicted segmentation (click a region to explain it)",
-                                 interactive=False, format="png", elem_id="seg-prediction")
+                                 interactive=False, format="png", height=260, elem_id="seg-prediction")
             legend = gr.Markdown(elem_id="seg-legend")
             notes = gr.Markdown(elem_id="seg-notes")
-    with gr.Row():
-        class_name = gr.Dropdown([], label="Class to explain (its predicted region)", elem_id="seg-class")
-        methods = gr.CheckboxGroup(service.method_choices(), value=list(service.DEFAULT_METHODS),
-                                   label="Methods", elem_id="seg-methods")
-    with gr.Row():
-        explain_button = gr.Button("Explain the class's region", elem_id="seg-explain")
-    with gr.Accordion("Draw a region instead", open=False):
-        drawing = gr.ImageMask(label="Paint the region (the class above is explained there)", type="numpy",
-                               elem_id="seg-drawing")
-        drawn_button = gr.Button("Explain the drawn region", elem_id="seg-explain-drawn")
-    target_text = gr.Markdown(elem_id="seg-target")
-    gallery = gr.Gallery(label="Maps (white: the binarised map; black: the explained region)", columns=4,
-                         height="auto", elem_id="seg-maps")
+            target_text = gr.Markdown(elem_id="seg-target")
+            gallery = gr.Gallery(label="Maps (white: the binarised map; black: the explained region)", columns=2,
+                                 height="auto", format="png", object_fit="contain", elem_id="seg-maps")
     table = gr.Markdown(elem_id="seg-scores")
     curves = gr.Plot(label="Deletion and insertion of the region score", elem_id="seg-curves")
 
     @friendly
-    def pick_example(name):
-        if not name:
-            return gr.update(), None
-        path, mask = example_names[name]
+    def pick_example(evt: gr.SelectData):
+        path = example_paths[evt.index]
         return path, service.example_mask(path)
 
     @friendly
@@ -113,7 +113,11 @@ def build(ctx) -> dict:
         return _explain(model_name, shown, chosen, class_name=chosen_class, drawing=layers[0][..., 3])
 
     outputs = [target_text, gallery, table, curves]
-    example.change(pick_example, [example], [image, truth_state], **ctx.light)
+    examples.select(pick_example, None, [image, truth_state], api_visibility="private", **ctx.light)
+    # another model: the shown prediction was the previous model's (its regions, its classes)
+    model.change(lambda: (None, None, "", "", gr.update(choices=[], value=None)), None,
+                 [shown_state, predicted, legend, notes, class_name], api_visibility="private", queue=False,
+                 show_progress="hidden")
     image.upload(lambda: None, None, [truth_state], **ctx.light)
     segment_button.click(segment, [model, image, truth_state],
                          [shown_state, predicted, legend, notes, class_name, drawing], api_name="segment", **ctx.heavy)

@@ -40,6 +40,15 @@ input[type=range] { min-width: 0 !important; }
                            overflow: visible !important; text-overflow: clip !important; font-size: 12px;
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
 @media (max-width: 640px) { #overlays .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
+/* the segmentation view's maps: whole (the smear's shape, not a square crop), each caption (its IoU and PA) whole */
+#seg-maps .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }  /* a lone map too */
+#seg-maps .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
+                       overflow: visible !important; }
+#seg-maps .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#seg-maps .thumbnail-lg > img { height: auto !important; object-fit: contain !important; }
+#seg-maps .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+                           overflow: visible !important; text-overflow: clip !important; font-size: 12px;
+                           line-height: 1.3; border: none !important; opacity: 1 !important; }
 #aucs table { table-layout: auto; }
 #aucs td, #aucs th { white-space: normal !important; font-size: 13px; }
 /* (no column hidden on a phone: Gradio's virtual table then draws an empty body, one tall blank row) */
