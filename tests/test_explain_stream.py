@@ -210,13 +210,16 @@ def test_a_model_that_cannot_be_loaded_is_one_message_of_ours(tmp_path):
 
     services = Services(loader, ["hub:org/vit"], tmp_path)
     outputs = tab.model_change_handler(services)("hub:org/vit", ["gradcam"])
-    assert all(isinstance(o, type(gr.skip())) or o == gr.skip() for o in outputs[:-1])
-    info = outputs[-1]
+    # (methods, each slider, the info line, the classifier view, the segmentation view)
+    info_at = 1 + len(tab.SLIDERS)
+    assert all(isinstance(o, type(gr.skip())) or o == gr.skip() for o in outputs[:info_at])
+    info = outputs[info_at]
+    assert outputs[info_at + 1]["visible"] is True and outputs[info_at + 2]["visible"] is False
     assert "hub:org/vit could not be loaded" in info and "offline" in info and "Error" not in info
     assert tab.expected_handler(services)("hub:org/vit", ["gradcam"]) == ""
 
     def broken(name):
         raise OSError("LocalEntryNotFoundError: Cannot find the requested files in the disk cache")
 
-    info = tab.model_change_handler(Services(broken, ["x"], tmp_path / "b"))("x", ["gradcam"])[-1]
+    info = tab.model_change_handler(Services(broken, ["x"], tmp_path / "b"))("x", ["gradcam"])[info_at]
     assert "LocalEntryNotFound" not in info and "server log" in info
