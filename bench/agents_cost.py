@@ -42,23 +42,34 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_update(lam, config, device, repeats):
+ARMS = (("vanilla", 0.0, "differentiable"), ("camal", 1.0, "differentiable"),
+        ("camal_detach_weights", 1.0, "detach-weights"))
+
+
+def time_updates(make_config, device, repeats, arch="cnn", **net_options):
+    """Seconds per PPO update for each arm, the arms interleaved within every repeat (a loaded machine slows all
+    arms alike rather than whichever ran last). The first round is warm-up."""
     from explainers.agents.networks import build_network
     from explainers.agents.ppo import ppo_update
 
-    config.camal_lambda = lam
-    torch.manual_seed(0)
-    net = build_network("cnn", 4).to(device).train()
-    optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
-    rollout = synthetic_rollout(config, device)
-    times = []
+    prepared = {}
+    for name, lam, mode in ARMS:
+        config = make_config()
+        config.camal_lambda, config.cam_mode = lam, mode
+        torch.manual_seed(0)
+        net = build_network(arch, 4, **net_options).to(device).train()
+        prepared[name] = (config, net, torch.optim.Adam(net.parameters(), lr=config.lr),
+                          synthetic_rollout(config, device))
+    times = {name: [] for name in prepared}
     for repeat in range(repeats + 1):
-        sync(device)
-        start = time.perf_counter()
-        ppo_update(net, optimizer, rollout, torch.zeros(config.num_envs), config, torch.Generator().manual_seed(0))
-        sync(device)
-        if repeat:  # the first is warm-up
-            times.append(time.perf_counter() - start)
+        for name, (config, net, optimizer, rollout) in prepared.items():
+            sync(device)
+            start = time.perf_counter()
+            ppo_update(net, optimizer, rollout, torch.zeros(config.num_envs), config,
+                       torch.Generator().manual_seed(0))
+            sync(device)
+            if repeat:
+                times[name].append(time.perf_counter() - start)
     return times
 
 
@@ -94,6 +105,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--num-envs", type=int, default=PPOConfig.num_envs)
     parser.add_argument("--rollout-steps", type=int, default=PPOConfig.rollout_steps)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -101,17 +114,23 @@ def main(argv=None) -> int:
         return PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps)
 
     config = config_()
-    vanilla = time_update(0.0, config_(), args.device, args.repeats)
-    camal = time_update(1.0, config_(), args.device, args.repeats)
-    ratios = [c / v for c, v in zip(camal, vanilla)]
+    net_options = {"width": args.width, "hidden": args.hidden}
+    times = time_updates(config_, args.device, args.repeats, **net_options)
+    vanilla = times["vanilla"]
+
+    def arm(name):
+        ratios = [c / v for c, v in zip(times[name], vanilla)]
+        return {"s_median": statistics.median(times[name]), "ratio_median": statistics.median(ratios),
+                "ratios": ratios}
+
     result = {
         "date": time.strftime("%Y-%m-%d"), "device": args.device,
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
-        "torch": torch.__version__, "threads": args.threads, "repeats": args.repeats,
+        "torch": torch.__version__, "threads": args.threads, "repeats": args.repeats, "network": net_options,
         "update": {"frames": config.num_envs * config.rollout_steps, "epochs": config.epochs,
                    "minibatch": config.minibatch, "vanilla_s_median": statistics.median(vanilla),
-                   "camal_s_median": statistics.median(camal), "ratio_median": statistics.median(ratios),
-                   "ratios": ratios, "target": "CAMAL update at most 1.3x vanilla"},
+                   "camal": arm("camal"), "camal_detach_weights": arm("camal_detach_weights"),
+                   "target": "CAMAL update at most 1.3x vanilla"},
         "cam_extraction": [time_cams(args.device, batch, args.repeats) for batch in (16, 256)],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

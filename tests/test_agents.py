@@ -119,6 +119,34 @@ def test_camal_loss_is_differentiable_and_moves_the_cam_into_the_mask():
     assert inside_share() > 2 * before
 
 
+def test_detached_weights_mode_needs_no_second_order_graph_and_keeps_the_gradients():
+    """cam_mode "detach-weights": the gradient of the map's loss reaches the parameters through the activations
+    only, so it must equal the gradient of the full second-order graph with the channel weights cut, while the
+    V gradient itself is taken without create_graph (the cheaper update)."""
+    from explainers.agents.networks import cams_from
+
+    torch.manual_seed(0)
+    net = build_network("cnn", 4, **SMALL_NET)
+    frames = torch.randint(0, 256, (5, 3, *FRAME_HW), dtype=torch.uint8)
+    masks = torch.zeros(5, *FRAME_HW, dtype=torch.bool)
+    masks[:, 10:30, 20:50] = True
+
+    def parameter_gradients(cams):
+        net.zero_grad()
+        camal_term(cams, masks)[0].backward()
+        return {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+
+    cheap = parameter_gradients(value_cam(net, frames, differentiable=True, detach_weights=True)[0])
+    _, values, features = net(frames, return_features=True)
+    (second_order,) = torch.autograd.grad(values.sum(), features, create_graph=True)
+    reference = parameter_gradients(cams_from(net, features, second_order, detach_weights=True))
+    assert sorted(cheap) == sorted(reference) and any(n.startswith("stem") for n in cheap)
+    assert all(torch.allclose(cheap[n], reference[n], atol=1e-6) for n in cheap)
+    # the full mode also moves the layers after the CAM layer, through the channel weights (second order)
+    full = parameter_gradients(value_cam(net, frames, differentiable=True)[0])
+    assert any(n.startswith("head") for n in full) and not any(n.startswith("head") for n in cheap)
+
+
 def test_gae_matches_a_hand_computation():
     rollout = Rollout(3, 1, (3, *FRAME_HW), "cpu")
     rollout.rewards[:, 0] = torch.tensor([1.0, 0.0, 2.0])

@@ -24,7 +24,7 @@ def cmd_train_agent(args) -> int:
 
     torch.set_num_threads(args.threads)
     config = PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, lr=args.lr,
-                       minibatch=args.minibatch, epochs=args.epochs)
+                       minibatch=args.minibatch, epochs=args.epochs, cam_mode=args.cam_mode)
     net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden))
                    if value is not None}
     summary = train_agent(scenario_name=args.scenario, out_dir=args.out, name=args.name, seed=args.seed,
@@ -63,6 +63,9 @@ def add_agent_parsers(commands) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--lambda", dest="lam", type=float, default=0.0,
                        help=f"CAMAL weight per frame (0 = vanilla PPO; the shipped CAMAL agents use {DEFAULT_LAMBDA})")
+    train.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable",
+                       help="CAMAL's V(s)-CAM: second-order through the channel weights, or the cheaper update "
+                            "with the weights detached (the map moves through the activations only)")
     train.add_argument("--arch", choices=["cnn", "vit"], default="cnn")
     train.add_argument("--steps", type=int, default=None, help="stop after this many environment steps")
     train.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds")

@@ -131,8 +131,10 @@ def value_cam(net: nn.Module, frames: torch.Tensor, *, differentiable: bool = Fa
         if not features.requires_grad:  # frozen network: still differentiate V with respect to the features
             features = features.detach().requires_grad_(True)
             logits, values = _heads_from(net, frames, features)
-        (gradients,) = torch.autograd.grad(values.sum(), features, create_graph=differentiable,
-                                           retain_graph=True)
+        # detached weights need no second-order graph (the cheaper CAMAL mode): the map stays differentiable
+        # through the activations alone
+        (gradients,) = torch.autograd.grad(values.sum(), features,
+                                           create_graph=differentiable and not detach_weights, retain_graph=True)
     cams = cams_from(net, features if differentiable else features.detach(), gradients,
                      detach_weights=detach_weights)
     return cams, logits, values

@@ -34,7 +34,10 @@ def gradcam_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, layer_n
                 logits = bundle(inputs)
                 score = target_scores(logits, targets).sum()  # class indices, or a function of the logits
                 activations = captured["activations"]
-                (gradients,) = torch.autograd.grad(score, activations, create_graph=differentiable,
+                # detached weights need no second-order graph: the map stays differentiable through the
+                # activations alone, and the graph is only retained for the caller's loss
+                (gradients,) = torch.autograd.grad(score, activations,
+                                                   create_graph=differentiable and not detach_weights,
                                                    retain_graph=differentiable)
         finally:
             handle.remove()
