@@ -40,7 +40,7 @@ def tile(folder: Path, name: str, meta: dict, boxes: dict) -> Image.Image:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="a prepared folder (python -m explainers.segmentation.bccd)")
+    parser.add_argument("--data", required=True, help="a prepared folder (python -m explainers prepare-seg)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--names", required=True, help="comma-separated image names")
     args = parser.parse_args()

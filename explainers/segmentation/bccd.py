@@ -21,7 +21,7 @@ full resolution, then reduced (nearest) to the prepared size:
   calling them background would teach a model (and score a map) against real cells, so neither training nor
   scoring counts those pixels.
 
-    python -m explainers.segmentation.bccd --source /work/shared/data/bccd --out /work/devdata/bccd-seg
+    python -m explainers prepare-seg --source /work/shared/data/bccd --out /work/devdata/bccd-seg
 
 writes `images/NAME.jpg` (RGB, `--size` W H, JPEG quality 90), `masks/NAME.png` (class index per pixel,
 255 = ignore), `boxes.json` (the human boxes scaled to the prepared size), `splits.json` and `meta.json`
@@ -29,8 +29,8 @@ writes `images/NAME.jpg` (RGB, `--size` W H, JPEG quality 90), `masks/NAME.png` 
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -242,17 +242,25 @@ def prepare(source, out, size=(320, 240), quality: int = 90, limit: int | None =
     return meta
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Derive BCCD masks from the boxes and write the prepared data set")
+def add_prepare_arguments(parser) -> None:
     parser.add_argument("--source", required=True, help="folder holding BCCD/ (JPEGImages, Annotations, ImageSets)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--size", type=int, nargs=2, default=(320, 240), metavar=("W", "H"))
     parser.add_argument("--quality", type=int, default=90)
     parser.add_argument("--limit", type=int, default=None, help="only the first N images (a quick look)")
-    args = parser.parse_args(argv)
+
+
+def cmd_prepare(args) -> int:
     meta = prepare(args.source, args.out, tuple(args.size), args.quality, args.limit)
     print(json.dumps({"images": meta["images"], "rule_counts": meta["rule_counts"]}, indent=2))
     return 0
+
+
+def main(argv=None) -> int:
+    """`python -m explainers.segmentation.bccd ...` = `python -m explainers prepare-seg ...`."""
+    from .cli import main as segmentation_main
+
+    return segmentation_main(["prepare-seg", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Command-line entries of the segmentation kind: `train-seg` and `evaluate-seg` (added to `python -m explainers`)."""
+"""Command-line entries of the segmentation kind: `prepare-seg`, `train-seg` and `evaluate-seg` (added to
+`python -m explainers`)."""
 from __future__ import annotations
 
 import json
@@ -25,9 +26,16 @@ def cmd_evaluate_seg(args) -> int:
 
 
 def add_segmentation_parsers(commands) -> None:
+    from .bccd import add_prepare_arguments, cmd_prepare
+
+    prepare = commands.add_parser("prepare-seg", help="derive per-pixel BCCD masks from the human boxes and write "
+                                  "the prepared folder train-seg and evaluate-seg read")
+    add_prepare_arguments(prepare)
+    prepare.set_defaults(handler=cmd_prepare)
+
     train = commands.add_parser("train-seg", help="train the bundled SegFormer on prepared BCCD masks "
                                 "(time-budgeted, resumable; CUDA when present)")
-    train.add_argument("--data", required=True, help="a prepared folder (python -m explainers.segmentation.bccd)")
+    train.add_argument("--data", required=True, help="a prepared folder (python -m explainers prepare-seg)")
     train.add_argument("--out", default="weights", help="where NAME.safetensors, NAME.json, NAME-curve.jsonl go")
     train.add_argument("--name", default="bccd-segformer")
     train.add_argument("--budget-s", type=float, default=330.0, help="training wall time in seconds")
@@ -47,7 +55,6 @@ def add_segmentation_parsers(commands) -> None:
                                    "and score the maps (PA, mIoU, boxes, deletion/insertion)")
     add_evaluate_arguments(evaluate)
     evaluate.set_defaults(handler=cmd_evaluate_seg)
-
 
 
 def main(argv=None) -> int:

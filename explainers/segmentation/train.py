@@ -258,7 +258,7 @@ def export(network, best_state, state, *, data, out_dir, name, meta, config_valu
         "weights_file": f"{name}.safetensors", "weights_dtype": "float16",
         "data": {"source": meta["source"], "prepared_size": meta["size"], "mask_rule": meta["rule"],
                  "mask_rule_counts": meta["rule_counts"],
-                 "prepare_command": "python -m explainers.segmentation.bccd --source /work/shared/data/bccd --out DIR"},
+                 "prepare_command": "python -m explainers prepare-seg --source /work/shared/data/bccd --out DIR"},
         "training": {"from_scratch": True, "steps": state["step"], "best_step": state["best_step"],
                      "train_seconds": round(state["elapsed_s"], 1), "budget_s": budget_s, "batch_size": batch_size,
                      "crop": crop, "lr": lr, "seed": seed, "optimizer": "AdamW (wd 0.01), warm-up + cosine over time",
