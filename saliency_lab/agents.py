@@ -18,6 +18,7 @@ import numpy as np
 
 from explainers.agents.envs import INSTALL_HINT, SCENARIOS, ScenarioError, vizdoom_available
 
+from . import job_panel
 from .jobs import register_job_kind
 
 EPISODE_CAP = 600          # steps; longer episodes are cut (with a note)
@@ -299,6 +300,21 @@ def agent_train_job(params: dict, context) -> dict:
     with _lock:
         _agents.pop(params["name"], None)
     return {k: v for k, v in summary.items() if k != "history"}
+
+
+@job_panel.describes("agent-train")
+def describe_job(services, job, history, report) -> job_panel.JobReport:
+    """An 'agent-train' job in the one job panel: its return and IoU curves as they come (the plain progress
+    line already has steps, elapsed, the ETA and the latest return and IoU), and where the agent went."""
+    from dataclasses import replace
+
+    params = job.get("params") or {}
+    figure = training_curves(history) if history else report.figure
+    text = report.text
+    if job["status"] == "done":
+        text += (f" · the agent **{params.get('name', '')}** is in the agent menus of its scenario "
+                 f"({params.get('scenario', '')}).")
+    return replace(report, text=text, figure=figure)
 
 
 def training_curves(history: list):

@@ -15,7 +15,7 @@ send `budget_fraction` (the share of it spent): the ETA is then the earlier of t
 
 A job kind that shows more than the plain progress registers how it describes itself with `@describes("kind")`
 (`saliency_lab.finetune`: CAMAL's before/after comparison; `saliency_lab.aha_train`: the validation curve, its
-minutes budget). Errors meant for the user are ValueError.
+minutes budget; `saliency_lab.agents`: return and IoU curves). Errors meant for the user are ValueError.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ FINISHED = ("done", "failed", "cancelled", "interrupted")
 RESUMABLE = ("failed", "cancelled", "interrupted")
 JOB_HEADERS = ["job", "state", "progress", "model", "started", "finished", "error"]
 # the modules that describe the app's job kinds (imported on first use: each registers with @describes)
-DESCRIBED_IN = ("saliency_lab.finetune", "saliency_lab.aha_train")
+DESCRIBED_IN = ("saliency_lab.finetune", "saliency_lab.aha_train", "saliency_lab.agents")
 _DESCRIBERS: dict = {}
 
 

@@ -6,7 +6,7 @@ import gradio as gr
 import pytest
 
 from explainers.agents import envs
-from saliency_lab import agents as service
+from saliency_lab import agents as service, job_panel
 from saliency_lab.ui import TAB_MODULES, TabContext
 from saliency_lab.ui import agents as tab
 
@@ -86,8 +86,10 @@ def test_training_job_runs_through_the_job_runner(tmp_path):
                                                "lambda": 1.0, "steps": 32, "num_envs": 1, "rollout_steps": 32})
         job = runner.wait(job_id, timeout=240)
         assert job["status"] == "done", open(job["log"]).read()[-2000:]
-        line, figure = tab.job_view(services, job_id)
-        assert "done" in line and len(figure.data) == 2
+        report = job_panel.job_report(services, job_id)  # the one job panel's view of it
+        assert report.finished and "done" in report.text and "job-agent" in report.text
+        assert [trace["name"].split(" ")[0] for trace in report.figure.data] == ["return", "IoU"]
+        assert len(report.figure.data[0]["x"]) >= 1
         assert "job-agent" in service.list_agents("defend_the_center")
         card = json.loads(service.card_file("job-agent").read_text())
         assert card["lambda"] == 1.0 and card["steps"] == 32

@@ -7,15 +7,15 @@ The handlers are plain functions (tests call them); `build` lays the tab out and
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import tempfile
 
 import gradio as gr
 
-from saliency_lab import agents as service, job_panel
+from saliency_lab import agents as service
 from saliency_lab.ui.common import friendly
+from saliency_lab.ui.jobs import JobPanel, api_names
 
 TITLE = "Agents"
 TAB_ID = "agents"
@@ -106,8 +106,8 @@ def export(records: list, fmt: str, start, stop, scale, method: str, target: str
     return str(path)
 
 
-@friendly
-def start_training(services, scenario: str, name: str, seed, lam, budget_minutes) -> str:
+def start_training(services, scenario: str, name: str, seed, lam, budget_minutes) -> tuple:
+    """(job id, message): a train-agent run through the one job runner."""
     from explainers.agents.checkpoint import check_name
 
     if not service.status()["available"]:
@@ -115,37 +115,8 @@ def start_training(services, scenario: str, name: str, seed, lam, budget_minutes
     check_name(name or "")
     params = {"scenario": scenario, "name": name, "seed": int(seed), "lambda": float(lam),
               "budget_s": float(budget_minutes) * 60}
-    return services.runner().submit("agent-train", params)
-
-
-def job_view(services, job_id: str) -> tuple:
-    """(status line, return/IoU curves) of a training job: the job panel's progress line (steps, elapsed, ETA from
-    the step rate or the time budget, the latest return and IoU)."""
-    if not job_id:
-        return "No training run started here yet.", None
-    runner = services.runner()
-    job, history = runner.get(job_id), runner.history(job_id)
-    line = f"Job {job_id}: {job['status']}"
-    progress = job_panel.progress_text(job, history)
-    if progress:
-        line += f" · {progress}"
-    if job.get("error"):
-        line += f". {job['error']}"
-    return line, service.training_curves(history)
-
-
-@friendly
-def cancel_training(services, job_id: str) -> str:
-    if job_id:
-        services.runner().cancel(job_id)
-    return job_view(services, job_id)[0]
-
-
-@friendly
-def resume_training(services, job_id: str) -> str:
-    if job_id:
-        services.runner().resume(job_id)
-    return job_view(services, job_id)[0]
+    job_id = services.runner().submit("agent-train", params)
+    return job_id, f"Job **{job_id}** started: {name} on {scenario}, lambda {float(lam):g}, {float(budget_minutes):g} min."
 
 
 def build(ctx) -> dict:
@@ -156,7 +127,6 @@ def build(ctx) -> dict:
     scenarios = list(SCENARIOS)
     gr.Markdown(status_text(), elem_id="agents-status")
     records = gr.State([])
-    job_id = gr.State("")
     with gr.Row():
         scenario = gr.Dropdown(scenarios, value=scenarios[0], label="Scenario", elem_id="agents-scenario")
         first, second = agent_choices(scenarios[0])
@@ -193,13 +163,15 @@ def build(ctx) -> dict:
             train_seed = gr.Number(0, precision=0, label="Training seed")
             train_lambda = gr.Number(DEFAULT_LAMBDA, label="lambda (0 = vanilla PPO)")
             budget = gr.Number(10, label="Time budget (minutes)")
-        with gr.Row():
-            start_button = gr.Button("Start", elem_id="agents-train")
-            cancel_button = gr.Button("Cancel", elem_id="agents-cancel")
-            resume_button = gr.Button("Resume", elem_id="agents-resume")
-        job_status = gr.Markdown(elem_id="agents-job")
-        curves = gr.Plot(label="Return and IoU", elem_id="agents-curves")
-        timer = gr.Timer(2.0, active=False)
+        panel = JobPanel(ctx, api=api_names("agent_train"), kind="agent-train",
+                         ids={"start": "agents-train", "cancel": "agents-cancel", "status": "agents-job",
+                              "progress": "agents-progress", "plot": "agents-curves", "pick": "agents-job-pick",
+                              "resume": "agents-resume", "open": "agents-open"})
+        panel.controls("Start training", "Return and IoU")
+        panel.job_list("Agent training jobs on this server (all jobs: Masks & fine-tune tab)", short=True)
+
+    def start_job(scenario, name, seed, lam, budget_minutes):
+        return start_training(services, scenario, name, seed, lam, budget_minutes)
 
     view_outputs = [picture_a, picture_b, facts, timeline]
     scenario.change(agent_choices, [scenario], [agent_a, agent_b], **ctx.light)
@@ -209,13 +181,8 @@ def build(ctx) -> dict:
           trigger_mode="always_last", **ctx.heavy)
     load_button.click(load_record, [record, method, target], [records, frame, *view_outputs], **ctx.heavy)
     export_button.click(export, [records, fmt, start, stop, scale, method, target], [exported], **ctx.heavy)
-    start_button.click(functools.partial(start_training, services), [train_scenario, train_name, train_seed,
-                                                                     train_lambda, budget], [job_id]).then(
-        lambda: gr.Timer(active=True), None, [timer])
-    timer.tick(functools.partial(job_view, services), [job_id], [job_status, curves], **ctx.light)
-    cancel_button.click(functools.partial(cancel_training, services), [job_id], [job_status])
-    resume_button.click(functools.partial(resume_training, services), [job_id], [job_status]).then(
-        lambda: gr.Timer(active=True), None, [timer])
+    panel.wire(start_job, [train_scenario, train_name, train_seed, train_lambda, budget], list_on_start=True,
+               finished=[(panel.pick, lambda report: gr.update(choices=panel.choices()))])
     return {"agents_records": records}
 
 
