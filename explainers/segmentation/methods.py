@@ -482,7 +482,7 @@ class SegAHA(SegmentationMethod):
     per-image optimisation, `explainers.aha.per_image.optimise_maps`, on a one-image region-score model)."""
 
     name = "aha"
-    label = "AHA (per image)"
+    label = AHA.label_for(None)  # always the per-image mode
     description = ("Optimises the map for this image and region so that deleting its top pixels lowers the "
                    "region's class probability fastest and inserting them raises it fastest, from Seg-Grad-CAM's "
                    "map. Slow: each step sends 28 perturbed copies through the model, forward and backward.")
