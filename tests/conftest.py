@@ -14,7 +14,9 @@ if "SALIENCY_DATA_DIR" not in os.environ:  # user data (models, mask sets, datab
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")]))
 
-import job_kinds  # noqa: E402,F401  (registers sleep-steps and tiny-train with the app's job runner)
+import importlib  # noqa: E402
+
+importlib.import_module("job_kinds")  # registers sleep-steps and tiny-train with the app's job runner
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import timm  # noqa: E402

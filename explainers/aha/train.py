@@ -385,7 +385,6 @@ def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 2
     """Measure a trained explainer's held-out figures again (e.g. on another sample) and store them in its card;
     the weights are untouched. Returns the figures."""
     from ..models import load_model
-    from .store import load_explainer
 
     bundle = load_model(model)
     stem = stem_from_out(stem) if stem else explainer_stem(model)
