@@ -28,11 +28,11 @@ import gradio as gr
 from saliency_lab import browse as browse_module
 from saliency_lab import menus
 from saliency_lab.services import DEVICE, Services, configure_torch, default_loader
-from saliency_lab.ui import TabContext, tab_modules
-from saliency_lab.ui.common import friendly  # noqa: F401  (kept importable from app)
+from saliency_lab.ui import TabContext, common, tab_modules
 from saliency_lab.ui.style import CSS, INTRO, THEME
 
 default_data_dir = browse_module.default_data_dir  # (kept importable from app)
+friendly = common.friendly  # (kept importable from app)
 ROOT = Path(__file__).resolve().parent
 log = logging.getLogger("saliency_lab")
 

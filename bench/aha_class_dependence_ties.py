@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 import torch
 from scipy.stats import spearmanr
 

@@ -9,7 +9,7 @@ class-dependent).
 
     python bench/aha_vit_logit_attribution_val.py 64 ../shared/data/bloodmnist/64 OUT.json
 """
-import sys, json, copy, time
+import sys, json, copy
 import numpy as np, torch
 
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
@@ -17,7 +17,7 @@ from explainers.models import load_model
 from explainers.aha.store import load_explainer, explainer_stem
 from explainers.aha.train import load_eval_images
 from explainers.metrics import deletion_insertion, spearman
-from explainers.statistics import bootstrap_ci, paired_difference
+from explainers.statistics import paired_difference
 from explainers.sanity import reinitialise
 import torch.nn.functional as F
 

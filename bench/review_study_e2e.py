@@ -316,7 +316,6 @@ def check_csv(checks, label, data, protocol, reviewers, answers, n_images, metho
     shown order {position: [method by slot]} it reveals (blinded) or the study's methods (open)."""
     checks.equal(f"{label} csv: starts with a UTF-8 BOM", data[:3].hex(), "efbbbf")
     rows = read_csv_export(data)
-    text = data.decode("utf-8-sig")
     checks.equal(f"{label} csv: no Python reprs", sorted({c for r in rows for c in r.values() if c in
                                                           ("None", "nan", "NaN", "True", "False") or
                                                           c.startswith(("{", "[", "("))}), [])

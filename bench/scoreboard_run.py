@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from explainers.atomic import atomic_write_text  # noqa: E402
 from explainers.data import UNLABELLED, item_names, model_batches, open_dataset, spread_indices  # noqa: E402
-from explainers.evaluate import build_methods, split_method_specs  # noqa: E402
+from explainers.evaluate import build_methods  # noqa: E402
+from explainers.methods import split_method_specs  # noqa: E402
 from explainers.methods import MethodNotApplicable  # noqa: E402
 from explainers.metrics import ROAD_NOISE, deletion_insertion  # noqa: E402
 from explainers.models import load_model  # noqa: E402

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from explainers.atomic import atomic_write_text  # noqa: E402
 from explainers.data import item_names, model_batches, open_dataset  # noqa: E402
-from explainers.evaluate import build_methods, split_method_specs  # noqa: E402
+from explainers.evaluate import build_methods  # noqa: E402
+from explainers.methods import split_method_specs  # noqa: E402
 from explainers.metrics import spearman  # noqa: E402
 from explainers.models import load_model  # noqa: E402
 from explainers.sanity import randomization_stages  # noqa: E402

@@ -14,7 +14,7 @@ from . import familiarity
 from .data import UNLABELLED, item_names, open_dataset
 from .distributed import gather_items, world
 from .engine import explain_batch
-from .methods import build_methods, parse_method_spec, split_method_specs  # noqa: F401  (their names here, too)
+from .methods import build_methods
 from .metrics import METRICS, REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
 from .statistics import N_RESAMPLES, format_interval, method_intervals
 

@@ -26,6 +26,7 @@ Writers also put a `labels.csv` (`file,class_index`) beside it, so the folder is
 from __future__ import annotations
 
 import csv
+import importlib
 import threading
 import xml.etree.ElementTree as ET
 from collections import OrderedDict
@@ -533,7 +534,7 @@ def load_sam(variant: str = "auto", device=None, cache_dir=None) -> SamSegmenter
         variant = "vit_b"
         if device.type == "cpu":
             try:
-                import mobile_sam  # noqa: F401  (MobileSAM's package: TinyViT encoder, same predictor API)
+                importlib.import_module("mobile_sam")  # MobileSAM's package: TinyViT encoder, same predictor API
                 variant = "mobile_sam"
             except ImportError:
                 pass

@@ -21,14 +21,15 @@ import os
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn as nn
 
 import timm
+
+# The bundle and the error live in explainers.bundle (segmentation.model builds bundles too); re-exported here.
+from .bundle import IMAGENET_MEAN, IMAGENET_STD, ModelBundle, ModelUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ def default_hub_cache() -> Path:
 
 
 HUB_CACHE_DIR = default_hub_cache()
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # Hub models the UI offers by default; any other timm name works through load_model too.
 HUB_MODELS = (
@@ -61,99 +60,6 @@ HUB_MODELS = (
     "resnet50",
 )
 BUNDLED_MODELS = ("bloodmnist-vit", "bloodmnist-cnn", "efficientnet-lite0")
-
-
-class ModelUnavailableError(RuntimeError):
-    """A model cannot be loaded here (not bundled, not cached, and the hub is unreachable)."""
-
-
-@dataclass
-class ModelBundle:
-    """A classifier and what explanation methods need to know about it.
-
-    `bundle(images)` takes images in [0, 1] (B x 3 x H x W) and returns logits: normalisation lives
-    here so that every method and the curve engine work in [0, 1] image space.
-    """
-
-    name: str
-    network: nn.Module
-    mean: tuple
-    std: tuple
-    input_size: tuple  # (H, W)
-    class_names: list
-    family: str  # vit | swin | convnext | resnet | efficientnet | cnn
-    reference_color: tuple  # dataset mean colour in [0, 1], the default deletion/insertion reference
-    cam_layer_name: str
-    crop_pct: float = 1.0
-    interpolation: str = "bicubic"
-    card: dict = field(default_factory=dict)
-    task: str = "classification"  # or "segmentation": B x C x H x W logits (explainers.segmentation.model)
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
-
-    # --- forward -------------------------------------------------------------------------------
-    def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(self.mean, device=images.device, dtype=images.dtype).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=images.device, dtype=images.dtype).view(1, -1, 1, 1)
-        return (images - mean) / std
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return self.network(self.normalize(images))
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.network.parameters()).device
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    # --- architecture facts --------------------------------------------------------------------
-    @property
-    def is_vit(self) -> bool:
-        return self.family == "vit"
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return int(getattr(self.network, "num_prefix_tokens", 0)) if self.is_vit else 0
-
-    @property
-    def has_class_token(self) -> bool:
-        return self.is_vit and getattr(self.network, "cls_token", None) is not None
-
-    @property
-    def patch_size(self) -> tuple:
-        ps = self.network.patch_embed.patch_size
-        return (ps, ps) if isinstance(ps, int) else tuple(ps)
-
-    def patch_grid(self, image_hw: tuple | None = None) -> tuple:
-        h, w = image_hw or self.input_size
-        ph, pw = self.patch_size
-        return h // ph, w // pw
-
-    @property
-    def blocks(self) -> list:
-        return list(self.network.blocks) if self.is_vit else []
-
-    @property
-    def cam_layer(self) -> nn.Module:
-        return self.network.get_submodule(self.cam_layer_name)
-
-    def activations_to_grid(self, activations: torch.Tensor, image_hw: tuple | None = None) -> torch.Tensor:
-        """Bring the CAM layer's output to B x C x h x w, whatever the family."""
-        if self.family == "vit":
-            tokens = activations[:, self.num_prefix_tokens:, :]
-            gh, gw = self.patch_grid(image_hw)
-            return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], gh, gw)
-        if self.family == "swin" and activations.dim() == 4 and activations.shape[-1] != activations.shape[-2]:
-            return activations.permute(0, 3, 1, 2)  # timm's Swin is NHWC
-        return activations
-
-    def class_name(self, index: int) -> str:
-        return self.class_names[index] if 0 <= index < len(self.class_names) else str(index)
-
-    def to(self, device) -> "ModelBundle":
-        self.network.to(device)
-        return self
 
 
 # --- architecture families ---------------------------------------------------------------------

@@ -20,7 +20,6 @@ import json
 import math
 import sqlite3
 import time
-from contextlib import closing
 from itertools import combinations
 from pathlib import Path
 

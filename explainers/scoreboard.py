@@ -33,7 +33,7 @@ BASELINES = {"aha:T3": ("aha",)}
 def method_name(label: str) -> str:
     """The row key of a method spec: 'rise:n_masks=4000,batch_size=1000' -> 'rise'; AHA's refinement steps stay apart
     ('aha:refine_steps=3' -> 'aha:T3'; 'aha' is the one pass)."""
-    from .evaluate import parse_method_spec
+    from .methods import parse_method_spec
 
     name, options, _ = parse_method_spec(label)
     steps = int(options.get("refine_steps", 0) or 0) if name == "aha" else 0
@@ -43,7 +43,7 @@ def method_name(label: str) -> str:
 def display_name(label: str, options: dict | None = None) -> str:
     """'rise:n_masks=4000' -> 'RISE (4,000 masks)', 'aha:refine_steps=3' -> 'AHA T=3' (the label's options, then the
     row's recorded options)."""
-    from .evaluate import parse_method_spec
+    from .methods import parse_method_spec
 
     name, spec_options, _ = parse_method_spec(label)
     options = {**spec_options, **(options or {})}

@@ -150,6 +150,14 @@ def load_record(text: str) -> Episode:
         raise AgentsError("That is not an episode record (it needs an agent, a seed and max_steps).") from None
 
 
+def method_choices() -> list:
+    """[(label, name)] for the map menu: the registry's methods an agent network takes
+    (`explainers.agents.saliency.agent_method_choices`)."""
+    from explainers.agents.saliency import agent_method_choices
+
+    return agent_method_choices()
+
+
 def frame_map(episode: Episode, index: int, method: str = "gradcam", target: str = "value") -> np.ndarray:
     """The 60 x 80 map of `method` on frame `index` (computed once, then cached with the episode)."""
     from explainers.agents.saliency import explain_frames

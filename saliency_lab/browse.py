@@ -16,12 +16,16 @@ import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from explainers.data import class_names_for
 from explainers.data import open_dataset
 
 from . import datasets
 from .datasets import ASSETS, ROOT, SHARED_DATA, user_datasets
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 PAGE = 48  # thumbnails per page (the Explain tab's browser and the review gallery)
 

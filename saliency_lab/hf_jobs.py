@@ -19,8 +19,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from explainers.hub import push_result  # noqa: F401  (runs inside the job; kept importable from here)
+from explainers import hub
 
+push_result = hub.push_result  # runs inside the job; kept importable from here
 CODE_MOUNT, INPUT_MOUNT = "/code", "/inputs"
 # kind -> (CLI subcommand, [(param, flag)], required params, params that are local folders to upload)
 COMMANDS = {

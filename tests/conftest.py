@@ -14,7 +14,9 @@ if "SALIENCY_DATA_DIR" not in os.environ:  # user data (models, mask sets, datab
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")]))
 
-import job_kinds  # noqa: E402,F401  (registers sleep-steps and tiny-train with the app's job runner)
+import importlib  # noqa: E402
+
+importlib.import_module("job_kinds")  # registers sleep-steps and tiny-train with the app's job runner
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import timm  # noqa: E402
@@ -168,20 +170,50 @@ def wait_until(predicate, timeout=20.0):
     raise AssertionError("condition not reached")
 
 
-@pytest.fixture
-def tiny_folder(tmp_path):
-    """A labelled folder: the 6 shipped test cells (tests/data) with labels.csv, classes c % 4."""
+def write_labelled_folder(folder, items):
+    """A labelled image folder as the trainers read it: each (file name, image, class index) of `items` written
+    into `folder` (made if missing) and listed in its labels.csv. `image`: an H x W x 3 uint8 array, or the path
+    of a file to copy."""
     import csv
     import shutil
 
-    folder = tmp_path / "cells"
-    folder.mkdir()
+    from PIL import Image
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     with (folder / "labels.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["file", "class_index"])
-        for c in range(6):
-            shutil.copy(f"{DATA_DIR}/cell_{c}.jpg", folder / f"cell_{c}.jpg")
-            writer.writerow([f"cell_{c}.jpg", c % 4])
+        for file_name, image, label in items:
+            if isinstance(image, (str, os.PathLike)):
+                shutil.copy(image, folder / file_name)
+            else:
+                Image.fromarray(image).save(folder / file_name)
+            writer.writerow([file_name, label])
+    return folder
+
+
+def as_uint8(image: torch.Tensor) -> np.ndarray:
+    """A 3 x H x W image in [0, 1] as an H x W x 3 uint8 array (rounded)."""
+    return (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """A labelled folder: the 6 shipped test cells (tests/data) with labels.csv, classes c % 4."""
+    return write_labelled_folder(tmp_path / "cells", ((f"cell_{c}.jpg", f"{DATA_DIR}/cell_{c}.jpg", c % 4)
+                                                      for c in range(6)))
+
+
+def train_tiny_agents(folder, agents, *, seed: int, steps: int, num_envs: int):
+    """Tiny PPO agents on defend_the_center in `folder` (needs ViZDoom): `agents` = ((name, lambda), ...)."""
+    from explainers.agents.ppo import PPOConfig
+    from explainers.agents.train import train_agent
+
+    for name, lam in agents:
+        train_agent(scenario_name="defend_the_center", out_dir=folder, name=name, seed=seed, lam=lam, steps=steps,
+                    config=PPOConfig(num_envs=num_envs, rollout_steps=32, minibatch=32, epochs=1),
+                    net_options={"width": 8, "hidden": 32})
     return folder
 
 

@@ -215,7 +215,7 @@ def test_episode_cap_and_value_curves(tmp_path):
 @pytest.mark.parametrize("arch,options", [("cnn", SMALL_NET), ("vit", {"dim": 32, "depth": 2, "heads": 2,
                                                                        "hidden": 32})])
 def test_registry_methods_on_agents(arch, options):
-    from explainers.agents.saliency import agent_methods, explain_frames
+    from explainers.agents.saliency import agent_method_choices, agent_methods, explain_frames
 
     torch.manual_seed(0)
     net = build_network(arch, 4, **options).eval()
@@ -223,6 +223,9 @@ def test_registry_methods_on_agents(arch, options):
     methods = agent_methods(net)
     expected = {"gradcam", "occlusion", "rise", "aha"} | ({"gradskip", "rollout", "chefer"} if arch == "vit" else set())
     assert set(methods) == expected
+    menu = {name: label for label, name in agent_method_choices()}  # the Agents tab's menu, from the registry
+    assert set(methods) <= set(menu) and menu["aha"] == "AHA (per image)"
+    assert {name for name, label in menu.items() if label.endswith("(ViT)")} == {"gradskip", "rollout", "chefer"}
     grad = explain_frames(net, frames, "gradcam", target="value")
     assert torch.allclose(grad, value_cam(net, frames)[0].detach(), atol=1e-5)  # class 0 of [V, 0] is V(s)
     for number, method in enumerate(methods):  # each method once, the two targets in turn

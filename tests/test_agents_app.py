@@ -6,20 +6,15 @@ import pytest
 
 from explainers.agents import envs
 
+from conftest import train_tiny_agents
+
 pytestmark = pytest.mark.skipif(not envs.vizdoom_available(), reason="ViZDoom is not installed")
 
 
 @pytest.fixture(scope="module")
 def agent_folder(tmp_path_factory):
-    from explainers.agents.ppo import PPOConfig
-    from explainers.agents.train import train_agent
-
-    folder = tmp_path_factory.mktemp("agents")
-    for name, lam in (("tiny-vanilla", 0.0), ("tiny-camal", 1.0)):
-        train_agent(scenario_name="defend_the_center", out_dir=folder, name=name, seed=2, lam=lam, steps=64,
-                    config=PPOConfig(num_envs=2, rollout_steps=32, minibatch=32, epochs=1),
-                    net_options={"width": 8, "hidden": 32})
-    return folder
+    return train_tiny_agents(tmp_path_factory.mktemp("agents"), (("tiny-vanilla", 0.0), ("tiny-camal", 1.0)),
+                             seed=2, steps=64, num_envs=2)
 
 
 @pytest.fixture()

@@ -10,6 +10,8 @@ from saliency_lab import agents as service, job_panel
 from saliency_lab.ui import TAB_MODULES, TabContext
 from saliency_lab.ui import agents as tab
 
+from conftest import train_tiny_agents
+
 needs_vizdoom = pytest.mark.skipif(not envs.vizdoom_available(), reason="ViZDoom is not installed")
 
 
@@ -44,15 +46,8 @@ def test_the_tab_is_listed_and_builds_without_vizdoom(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def agent_folder(tmp_path_factory):
-    from explainers.agents.ppo import PPOConfig
-    from explainers.agents.train import train_agent
-
-    folder = tmp_path_factory.mktemp("tab-agents")
-    for name, lam in (("t-vanilla", 0.0), ("t-camal", 1.0)):
-        train_agent(scenario_name="defend_the_center", out_dir=folder, name=name, seed=1, lam=lam, steps=32,
-                    config=PPOConfig(num_envs=1, rollout_steps=32, minibatch=32, epochs=1),
-                    net_options={"width": 8, "hidden": 32})
-    return folder
+    return train_tiny_agents(tmp_path_factory.mktemp("tab-agents"), (("t-vanilla", 0.0), ("t-camal", 1.0)),
+                             seed=1, steps=32, num_envs=1)
 
 
 @needs_vizdoom

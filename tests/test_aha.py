@@ -1,5 +1,4 @@
 """AHA (methods.md section 2): differentiable sort, soft objective, explainer, refinement, training, DDP."""
-import csv
 import json
 import os
 import subprocess
@@ -11,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
-from conftest import free_port, tiny_cnn, tiny_vit
+from conftest import as_uint8, free_port, tiny_cnn, tiny_vit, write_labelled_folder
 from explainers.aha.network import AHAExplainer
 from explainers.aha.objective import (aha_loss, default_fractions, grid_range, peak_penalty, reference_batch,
                                       soft_curves, tau_at, trapezoid_weights)
@@ -658,16 +656,8 @@ def test_refinement_takes_the_settings_its_card_names_and_says_so(trained_cnn, m
 # --- training: resume, DDP ------------------------------------------------------------------------------------
 
 def write_folder(root: Path, count=16, size=32, seed=0) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
     images, labels = quadrant_images(count, size, seed)
-    with (root / "labels.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["file", "class_index"])
-        for i in range(count):
-            array = (images[i].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-            Image.fromarray(array).save(root / f"img_{i}.png")
-            writer.writerow([f"img_{i}.png", int(labels[i])])
-    return root
+    return write_labelled_folder(root, ((f"img_{i}.png", as_uint8(images[i]), int(labels[i])) for i in range(count)))
 
 
 def test_training_resumes_exactly(tmp_path, trained_cnn):

@@ -1,15 +1,12 @@
 """The class-following one pass (issue 39 item 3): scores for flat-probability targets, varied targets, the class
 input of class-token ViTs, native-size mosaics, warm starts across models, and the checkpoint rule."""
-import csv
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from conftest import tiny_vit
+from conftest import as_uint8, tiny_vit, write_labelled_folder
 from explainers.aha.network import AHAExplainer
 from explainers.aha.objective import soft_curves, target_scores
 from explainers.aha.store import load_explainer, save_explainer
@@ -18,20 +15,16 @@ from explainers.aha.store import load_explainer, save_explainer
 def cell_folder(root, count=16, size=32, seed=0):
     """Class k = a bright square in quadrant k on a noisy background (labels 0-3), as PNGs with labels.csv."""
     generator = torch.Generator().manual_seed(seed)
-    root.mkdir(parents=True, exist_ok=True)
     half, side = size // 2, size // 4
-    with (root / "labels.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["file", "class_index"])
-        for i in range(count):
-            image = torch.rand(3, size, size, generator=generator) * 0.4 + 0.1
-            label = i % 4
-            top, left = (label // 2) * half, (label % 2) * half
-            image[:, top + 2: top + 2 + side, left + 2: left + 2 + side] = 0.95
-            array = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-            Image.fromarray(array).save(root / f"img_{i}.png")
-            writer.writerow([f"img_{i}.png", label])
-    return root
+
+    def cell(i):
+        image = torch.rand(3, size, size, generator=generator) * 0.4 + 0.1
+        label = i % 4
+        top, left = (label // 2) * half, (label % 2) * half
+        image[:, top + 2: top + 2 + side, left + 2: left + 2 + side] = 0.95
+        return f"img_{i}.png", as_uint8(image), label
+
+    return write_labelled_folder(root, (cell(i) for i in range(count)))
 
 
 def test_target_scores_known_answers():

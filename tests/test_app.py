@@ -463,7 +463,7 @@ def test_masks_sam_clicks_and_mask_set(running):
 
 def preview_mask(preview, image=CELL) -> np.ndarray:
     """The mask shown in the preview: the pixels the blue tint changed in the SAM view (a PNG, so exact)."""
-    from saliency_lab import figures as figs, pictures
+    from saliency_lab import pictures
     from explainers.images import load_image
 
     view = pictures.display_rgb(np.asarray(load_image(image)))
@@ -658,7 +658,7 @@ def test_camal_finetune_job_end_to_end(running):
 
 def test_figures_are_valid_plotly():
     """The app sends plain-dict figures (fast); plotly itself must accept every one of them."""
-    from saliency_lab import figures as figs, pictures
+    from saliency_lab import figures as figs
 
     record = {"method": "gradcam", "label": "Grad-CAM", "target_name": "x", "fractions": [0.0, 0.5, 1.0],
               "deletion": [0.9, 0.2, 0.1], "insertion": [0.1, 0.6, 0.9], "deletion_auc": 0.35, "insertion_auc": 0.55}

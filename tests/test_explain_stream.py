@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_cnn, tiny_vit
+from conftest import tiny_cnn
 from saliency_lab import explain, figures
 
 torch.set_num_threads(1)

@@ -1,12 +1,10 @@
 """The grid pointing game on a model with a known answer: class k fires only on colour k."""
-import csv
 import json
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from PIL import Image
 
 from explainers import models
 from explainers.cli import main
@@ -15,7 +13,7 @@ from explainers.gridpg import (assemble, bundle_for_mosaics, plan_mosaics, quadr
                                run_gridpg)
 from explainers.models import ModelBundle
 
-from conftest import tiny_vit
+from conftest import tiny_vit, write_labelled_folder
 
 COLOURS = [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (0, 1, 1)]
 
@@ -45,17 +43,9 @@ def colour_bundle(size=16):
 
 @pytest.fixture
 def colour_folder(tmp_path):
-    folder = tmp_path / "colours"
-    folder.mkdir()
-    with (folder / "labels.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["file", "class_index"])
-        for k, colour in enumerate(COLOURS):
-            for copy in range(2):
-                array = np.zeros((16, 16, 3), dtype=np.uint8) + (np.array(colour) * 255).astype(np.uint8)
-                Image.fromarray(array).save(folder / f"c{k}_{copy}.png")
-                writer.writerow([f"c{k}_{copy}.png", k])
-    return folder
+    return write_labelled_folder(tmp_path / "colours", (
+        (f"c{k}_{copy}.png", np.zeros((16, 16, 3), dtype=np.uint8) + (np.array(colour) * 255).astype(np.uint8), k)
+        for k, colour in enumerate(COLOURS) for copy in range(2)))
 
 
 def test_plan_is_deterministic_with_four_different_classes():

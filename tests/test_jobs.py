@@ -136,7 +136,7 @@ def _start_then_crash(runners, kind, params, min_step):
     pid, thread = runner.get(job_id)["pid"], runner._thread
     os.kill(pid, signal.SIGSTOP)  # freeze it mid-way at once: on a loaded machine it could otherwise finish first
     runners.made.remove(runner)
-    del runner
+    runner = None  # the app's runner is gone (no cleanup)
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()

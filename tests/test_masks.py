@@ -242,7 +242,7 @@ def test_decoy_builder_places_class_squares_in_train_and_random_in_test(tmp_path
     assert set(summary["splits"]) == {"train", "test", "test-clean"}
     train = M.load_mask_set(tmp_path / "decoy" / "train")
     for image, mask, label in zip(train.images, train.masks, train.labels):
-        from explainers.decoy import CORNERS, PALETTE, square_box
+        from explainers.decoy import PALETTE, square_box
         y0, y1, x0, x1 = square_box(int(label) % 4, 64, 64, 6, 2)
         assert (image[:, y0:y1, x0:x1].permute(1, 2, 0) == torch.tensor(PALETTE[int(label)], dtype=torch.uint8)).all()
         assert not mask[y0:y1, x0:x1].any() and mask[32, 32]

@@ -1,13 +1,11 @@
 """Review studies through the running app's named endpoints (gradio_client): upload, create, two reviewers in
 two sessions, blinded pages without method names, results with the code only."""
-import io
 import json
 import os
 import zipfile
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from conftest import launch_for_test, tiny_vit
 from explainers.methods import METHODS

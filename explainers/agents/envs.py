@@ -12,6 +12,7 @@ MASK_COVERAGE = 1/4 of its 2x2 source pixels belong to a relevant object. Action
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,9 +57,9 @@ def scenario(name: str) -> Scenario:
 
 def vizdoom_available() -> bool:
     try:
-        import vizdoom  # noqa: F401
+        importlib.import_module("vizdoom")
         _allow_headless_wrapper()
-        import vizdoom.gymnasium_wrapper  # noqa: F401  (registers the Gymnasium ids)
+        importlib.import_module("vizdoom.gymnasium_wrapper")  # registers the Gymnasium ids
     except ImportError:
         return False
     return True

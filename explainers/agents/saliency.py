@@ -17,11 +17,12 @@ import torch
 import torch.nn as nn
 
 from ..engine import explain
-from ..methods import available_methods, ordered
+from ..methods import METHODS, available_methods, ordered
 from ..models import ModelBundle
 from .envs import FRAME_HW
 
 TARGETS = ("value", "action")
+AGENT_FAMILIES = frozenset({"cnn", "vit"})  # agent_bundle's families: the CNN agent and the ViT agent
 
 
 class AgentScores(nn.Module):
@@ -56,9 +57,22 @@ def agent_bundle(net: nn.Module, target: str = "value", name: str = "agent") -> 
 
 
 def agent_methods(net: nn.Module) -> list:
-    """The registry's methods that apply to this agent (menu order), without the random baseline."""
+    """The registry's methods that apply to this agent (menu order), without baselines (the random map)."""
     bundle = agent_bundle(net)
-    return [name for name in ordered(available_methods(bundle)) if name != "random"]
+    return [name for name in ordered(available_methods(bundle)) if not METHODS[name].baseline]
+
+
+def agent_method_choices() -> list:
+    """[(label, name)] of the registry's methods that some agent network takes (`AGENT_FAMILIES`), in menu order,
+    without baselines: the Agents tab's menu, so a new method file shows up there too. A method only the ViT agent
+    takes is marked "(ViT)"; labels as for a model with nothing trained for it (`label_for(None)`: AHA per image)."""
+    choices = []
+    for name in ordered(METHODS):
+        cls = METHODS[name]
+        if cls.baseline or not cls.families & AGENT_FAMILIES:
+            continue
+        choices.append((cls.label_for(None) + ("" if "cnn" in cls.families else " (ViT)"), name))
+    return choices
 
 
 def explain_frames(net: nn.Module, frames, method: str, *, target: str = "value", actions=None,

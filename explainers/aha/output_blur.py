@@ -27,6 +27,7 @@ from tqdm import tqdm
 from ..smoothing import gaussian_smooth
 from ..statistics import bootstrap_ci, paired_difference
 from .network import check_output_blur
+from .train import baseline_scores
 
 DEFAULT_SIGMAS = (0.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -108,25 +109,6 @@ def summarise(scores: dict, baseline: dict | None = None) -> tuple:
         return rows, 0.0
     best = max(gains, key=lambda r: (r["ins_minus_del"], -r["sigma_px"]))  # ties: the smaller blur
     return rows, best["sigma_px"]
-
-
-def baseline_scores(bundle, method: str, images: torch.Tensor, *, batch_size: int = 16, steps: int = 20) -> dict:
-    """Per-image hard deletion / insertion AUCs of a peer method's maps of the top-1 classes (as measured above)."""
-    from ..methods import get_method
-    from ..metrics import deletion_insertion
-
-    peer = get_method(method)
-    peer.check(bundle)
-    scores = {"deletion": [], "insertion": []}
-    for start in range(0, len(images), batch_size):
-        x = images[start:start + batch_size].to(bundle.device)
-        with torch.no_grad():
-            targets = bundle(x).argmax(1)
-        maps = peer.attribute(bundle, x, targets).detach().float()
-        curves = deletion_insertion(bundle, x, maps, targets, steps=steps, reference="mean")
-        scores["deletion"].append(np.asarray(curves.deletion_auc))
-        scores["insertion"].append(np.asarray(curves.insertion_auc))
-    return {k: np.concatenate(v) for k, v in scores.items()}
 
 
 def select_output_blur(model: str | None = None, *, bundle=None, sigmas=DEFAULT_SIGMAS, val_data=None,

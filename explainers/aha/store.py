@@ -5,8 +5,6 @@ import json
 import threading
 from pathlib import Path
 
-import torch
-
 from .network import AHAExplainer
 
 

@@ -316,23 +316,31 @@ def validation_class_dependence(explainer: AHAExplainer, images: torch.Tensor, b
     return round(float(np.mean(rhos)), 5) if rhos else float("nan")
 
 
-def baseline_validation(bundle, images: torch.Tensor, method: str, batch_size: int = 32, steps: int = 20) -> dict:
-    """The same validation metric as `validation_scores` for a baseline method's top-1 maps (the floor the
-    class-following rule asks a checkpoint to keep)."""
+def baseline_scores(bundle, method: str, images: torch.Tensor, *, batch_size: int = 16, steps: int = 20) -> dict:
+    """Per-image hard deletion / insertion AUCs (mean-colour reference) of a method's maps of the top-1 classes:
+    {"deletion": array, "insertion": array}. A method that cannot explain the model is refused (`check`)."""
     from ..methods import get_method
     from ..metrics import deletion_insertion
 
-    explain = get_method(method)
-    deletion, insertion = [], []
+    peer = get_method(method)
+    peer.check(bundle)
+    scores = {"deletion": [], "insertion": []}
     for start in range(0, len(images), batch_size):
         x = images[start:start + batch_size].to(bundle.device)
         with torch.no_grad():
             targets = bundle(x).argmax(1)
-        maps = explain.attribute(bundle, x, targets).detach().float()
+        maps = peer.attribute(bundle, x, targets).detach().float()
         curves = deletion_insertion(bundle, x, maps, targets, steps=steps, reference="mean")
-        deletion.append(np.asarray(curves.deletion_auc))
-        insertion.append(np.asarray(curves.insertion_auc))
-    deletion, insertion = np.concatenate(deletion), np.concatenate(insertion)
+        scores["deletion"].append(np.asarray(curves.deletion_auc))
+        scores["insertion"].append(np.asarray(curves.insertion_auc))
+    return {k: np.concatenate(v) for k, v in scores.items()}
+
+
+def baseline_validation(bundle, images: torch.Tensor, method: str, batch_size: int = 32, steps: int = 20) -> dict:
+    """The same validation metric as `validation_scores` for a baseline method's top-1 maps (the floor the
+    class-following rule asks a checkpoint to keep)."""
+    scores = baseline_scores(bundle, method, images, batch_size=batch_size, steps=steps)
+    deletion, insertion = scores["deletion"], scores["insertion"]
     return {"method": method, "deletion_auc": round(float(deletion.mean()), 5),
             "insertion_auc": round(float(insertion.mean()), 5), "ins_minus_del": round(float((insertion - deletion).mean()), 5)}
 
@@ -377,7 +385,6 @@ def refresh_held_out(model: str, val_data: str, *, stem=None, val_limit: int = 2
     """Measure a trained explainer's held-out figures again (e.g. on another sample) and store them in its card;
     the weights are untouched. Returns the figures."""
     from ..models import load_model
-    from .store import load_explainer
 
     bundle = load_model(model)
     stem = stem_from_out(stem) if stem else explainer_stem(model)

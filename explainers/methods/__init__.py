@@ -6,6 +6,10 @@ import json
 
 from .base import Method, MethodNotApplicable, Option, as_targets, check_targets
 
+__all__ = ["METHODS", "Method", "MethodNotApplicable", "Option", "as_targets", "available_methods", "build_methods",
+           "check_targets", "get_method", "list_methods", "ordered", "parse_method_spec", "register",
+           "register_method", "split_method_specs"]
+
 METHODS: dict = {}
 
 

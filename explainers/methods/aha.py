@@ -25,6 +25,7 @@ from . import register
 from .base import Method, MethodNotApplicable, Option
 
 MODES = ("auto", "trained", "per-image")
+PER_IMAGE_LABEL = "AHA (per image)"  # its label in the per-image mode (`label_for`)
 REFINE_MAP_LR = 0.3  # the correction's step size at test time (T <= 10 steps from a trained map)
 # A trained explainer's card may name its own refinement settings ("refinement": lr, grid, deletion_weight), chosen
 # on validation data (bench/aha_refine_val.py); these are the settings where it names none.
@@ -63,6 +64,10 @@ class AHA(Method):
         except ExplainerUnavailable:
             return False
         return True
+
+    @classmethod
+    def label_for(cls, bundle=None) -> str:
+        return cls.label if bundle is not None and cls.has_trained_explainer(bundle) else PER_IMAGE_LABEL
 
     @classmethod
     def menu_note(cls, bundle) -> str | None:

@@ -95,6 +95,12 @@ class Method(ABC):
         return False
 
     @classmethod
+    def label_for(cls, bundle=None) -> str:
+        """Its label where it runs in a mode the model decides (AHA: trained or per image); `bundle` None: a model
+        with nothing trained for it (an RL agent). Default: `label`."""
+        return cls.label
+
+    @classmethod
     def quick_on(cls, bundle) -> bool:
         """Whether it is fast enough on this model to be picked by default (`quick_pixels`: by its input size)."""
         return cls.quick_pixels is None or bundle.input_size[0] * bundle.input_size[1] <= cls.quick_pixels

@@ -9,8 +9,6 @@ saturates near 1 and then barely moves when a window covers part of the evidence
 uses the softmax instead."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import register

@@ -235,7 +235,6 @@ def to_finer_by_window(relevance: torch.Tensor, shares: torch.Tensor, conv: torc
 def to_finer_grid(relevance: torch.Tensor, coarse: tuple, fine: tuple) -> torch.Tensor:
     """B x (h_c w_c) -> B x (h_f w_f): each coarse token's relevance split evenly over the finer tokens nearest to
     it (the patch embedding between stages has stride 2), so the total is kept."""
-    b = relevance.shape[0]
     device = relevance.device
     rows = torch.clamp((torch.arange(fine[0], device=device) * coarse[0]) // fine[0], max=coarse[0] - 1)
     cols = torch.clamp((torch.arange(fine[1], device=device) * coarse[1]) // fine[1], max=coarse[1] - 1)

@@ -57,7 +57,7 @@ def _labelled(name: str, options: dict) -> str:
 
 
 def run_evaluation(args) -> dict:
-    from ..evaluate import parse_method_spec, split_method_specs
+    from ..methods import parse_method_spec, split_method_specs
     from ..models import load_model
     from .methods import get_segmentation_method
     from .targets import RegionTarget, background_classes

@@ -18,10 +18,20 @@ MLP). Classifier methods (Chefer's LRP, a classifier's GradSkip, ...) refuse a s
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import ClassVar
+
 import torch
 
-from ..methods.base import Method, MethodNotApplicable, Option, normalize_max, upsample
-from ..methods.gradskip import gini
+from ..methods.aha import AHA
+from ..methods.base import Method, MethodNotApplicable, normalize_max, upsample
+from ..methods.chefer import CheferRollout
+from ..methods.gradcam import GradCAM, gradcam_maps
+from ..methods.gradskip import MAP_DEFAULTS, GradSkip, _validate_options, gini
+from ..methods.occlusion import Occlusion, occlusion_windows
+from ..methods.random_map import RandomMap
+from ..methods.rise import RISE, rise_mask_plan, rise_masks
+from ..methods.rollout import AttentionRollout
 from .capture import area_fractions, capture, spread_keys, to_finer_by_window, to_finer_grid
 from .model import SEGMENTATION_FAMILY, is_segmentation
 from .targets import RegionTarget, require_region_target
@@ -39,8 +49,18 @@ def register_segmentation(cls):
 
 
 class SegmentationMethod(Method):
+    """`form_of`: the classifier method this is the segmentation form of. Its `label`, `colour` and `order` are
+    taken from there unless the class sets its own (one declaration: a figure colours both forms alike)."""
     families = frozenset({SEGMENTATION_FAMILY})
     score_targets = True  # the region target is a function of the logits
+    form_of: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        form = cls.__dict__.get("form_of")
+        for attribute in ("label", "colour", "order"):
+            if form is not None and attribute not in cls.__dict__:
+                setattr(cls, attribute, getattr(form, attribute))
 
     def check(self, bundle) -> None:
         if not is_segmentation(bundle):
@@ -177,10 +197,8 @@ def _validate(*, alpha=None, head_threshold=None, key_spread=None, attention_wei
               beta_reduction=None, stage_spread=None, **_ignored) -> None:
     if stage_spread is not None and stage_spread not in KEY_SPREADS:
         raise ValueError(f"stage_spread must be one of {', '.join(KEY_SPREADS)}, got {stage_spread!r}")
-    if alpha is not None and not 0.0 <= float(alpha) <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if head_threshold is not None and not 0.0 <= float(head_threshold) <= 1.0:
-        raise ValueError(f"head_threshold must be in [0, 1], got {head_threshold}")
+    # alpha (its declared Option), head_threshold and beta_reduction: checked as the classifier's GradSkip checks them
+    _validate_options(alpha=alpha, head_threshold=head_threshold, beta_reduction=beta_reduction)
     if key_spread is not None and key_spread not in KEY_SPREADS:
         raise ValueError(f"key_spread must be one of {', '.join(KEY_SPREADS)}, got {key_spread!r}")
     if attention_weighting is not None and attention_weighting not in ATTENTION_WEIGHTINGS:
@@ -188,8 +206,6 @@ def _validate(*, alpha=None, head_threshold=None, key_spread=None, attention_wei
                          f"got {attention_weighting!r}")
     if start is not None and start not in STARTS:
         raise ValueError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
-    if beta_reduction is not None and beta_reduction not in ("token", "layer"):
-        raise ValueError(f"beta_reduction must be 'token' or 'layer', got {beta_reduction!r}")
 
 
 @register_segmentation
@@ -223,21 +239,21 @@ class SegGradSkip(SegmentationMethod):
     """
 
     name = "gradskip"
-    label = "GradSkip"
     description = ("Propagates the region's class score back through SegFormer's efficient attention (queries at "
                    "full resolution, keys at the reduced one), weighting heads by gradient flow and sparsity and "
                    "splitting relevance between attention and skip paths. One forward and one backward pass.")
-    colour = "#D55E00"
-    order = 1
-    user_options = (Option("alpha", "GradSkip alpha", 0.5, 0.0, 1.0, 0.05, float,
-                           "Head weights: alpha × gradient flow + (1 − alpha) × sparsity. Instant: no model pass.",
-                           live=True, rank=0, elem_id="seg-alpha"),)
+    form_of = GradSkip
+    # the classifier's alpha slider (label, range, step, help), under its own element id and without the classifier
+    # app's endpoints and CLI flag
+    user_options = (replace(GradSkip.user_options_by_name()["alpha"], elem_id="seg-alpha", api_name="",
+                            preview_api_name="", flag=""),)
 
     @classmethod
     def default_for(cls, bundle) -> bool:
         return True
 
-    def __init__(self, alpha: float = 0.5, head_threshold: float = 0.1,
+    def __init__(self, alpha: float = GradSkip.user_options_by_name()["alpha"].default,
+                 head_threshold: float = MAP_DEFAULTS["head_threshold"],
                  attention_weighting: str = "gradient_residual", key_spread: str = "conv", start: str = "region",
                  beta_reduction: str = "token",
                  stage_spread: str = "even"):
@@ -269,8 +285,7 @@ class SegGradCAM(SegmentationMethod):
     label = "Seg-Grad-CAM"
     description = ("Grad-CAM of the region's class score: the decoder's fused feature maps weighted by their "
                    "average gradient. One forward and one backward pass; a quarter of the image's resolution.")
-    colour = "#009E73"
-    order = 2
+    form_of = GradCAM
 
     @classmethod
     def default_for(cls, bundle) -> bool:
@@ -280,8 +295,6 @@ class SegGradCAM(SegmentationMethod):
         super().__init__(layer=layer)
 
     def attribute(self, bundle, images, targets):
-        from ..methods.gradcam import gradcam_maps
-
         self.check(bundle)
         target = self._target(images, targets)
         return gradcam_maps(bundle, images, target, layer_name=self.options["layer"]).detach()
@@ -318,11 +331,9 @@ class _RegionRollout(SegmentationMethod):
 @register_segmentation
 class SegAttentionRollout(_RegionRollout):
     name = "rollout"
-    label = "Attention rollout"
     description = ("Follows the mean attention of the heads through every block from the region (skip "
                    "connections as identity), keys mapped back through the reduction. No gradient: class-agnostic.")
-    colour = "#E69F00"
-    order = 4
+    form_of = AttentionRollout
 
     def block_matrix(self, record) -> torch.Tensor:
         return record.attention.mean(dim=1)  # rows sum to 1: rownorm(A E + I) = (A E + I) / 2
@@ -334,8 +345,7 @@ class SegGradientRollout(_RegionRollout):
     label = "Gradient rollout"
     description = ("Rollout of relu(gradient × attention) averaged over heads (the region score's gradient), with "
                    "the identity for skip connections, keys mapped back through the reduction.")
-    colour = "#CC79A7"
-    order = 3
+    form_of = CheferRollout
     gradients = True
 
     def block_matrix(self, record) -> torch.Tensor:
@@ -353,29 +363,23 @@ class SegOcclusion(SegmentationMethod):
     (mean class-c logit over the region) over the windows that cover it."""
 
     name = "occlusion"
-    label = "Occlusion"
     description = ("Paints a sliding window the background colour and records how much the region's class score "
                    "drops. Model-agnostic; one forward pass per window position (225 by default).")
-    colour = "#332288"
-    order = 6
+    form_of = Occlusion
     slow = True
 
     @classmethod
     def model_passes(cls, bundle, options: dict | None = None) -> int:
-        from ..methods.occlusion import occlusion_windows
+        return Occlusion.model_passes(bundle, options)  # the same windows
 
-        window = float((options or {}).get("window_fraction", 0.125))
-        return 1 + len(occlusion_windows(*bundle.input_size, window)[2])
-
-    def __init__(self, window_fraction: float = 0.125, batch_size: int = 32):
+    def __init__(self, window_fraction: float = Occlusion.user_options_by_name()["window_fraction"].default,
+                 batch_size: int = 32):
         if not 0 < float(window_fraction) <= 1:
             raise ValueError(f"occlusion: window_fraction must be in (0, 1], got {window_fraction}")
         super().__init__(window_fraction=float(window_fraction), batch_size=int(batch_size))
 
     @torch.no_grad()
     def attribute(self, bundle, images, targets, progress=None):
-        from ..methods.occlusion import occlusion_windows
-
         self.check(bundle)
         target = self._target(images, targets)
         b, _, height, width = images.shape
@@ -409,11 +413,9 @@ class SegRISE(SegmentationMethod):
     mean class-c probability under it."""
 
     name = "rise"
-    label = "RISE"
     description = ("Hides random parts of the image many times and averages the masks weighted by the region's "
                    "class probability. Model-agnostic; N forward passes.")
-    colour = "#56B4E9"
-    order = 5
+    form_of = RISE
     slow = True
 
     @classmethod
@@ -432,8 +434,6 @@ class SegRISE(SegmentationMethod):
     @torch.no_grad()
     def attribute(self, bundle, images, targets, progress=None):
         import math
-
-        from ..methods.rise import rise_mask_plan, rise_masks
 
         self.check(bundle)
         target = self._target(images, targets)
@@ -482,12 +482,11 @@ class SegAHA(SegmentationMethod):
     per-image optimisation, `explainers.aha.per_image.optimise_maps`, on a one-image region-score model)."""
 
     name = "aha"
-    label = "AHA (per image)"
+    label = AHA.label_for(None)  # always the per-image mode
     description = ("Optimises the map for this image and region so that deleting its top pixels lowers the "
                    "region's class probability fastest and inserting them raises it fastest, from Seg-Grad-CAM's "
                    "map. Slow: each step sends 28 perturbed copies through the model, forward and backward.")
-    colour = "#0072B2"
-    order = 0
+    form_of = AHA
     slow = True
 
     @classmethod
@@ -522,22 +521,17 @@ class SegAHA(SegmentationMethod):
 @register_segmentation
 class SegRandom(SegmentationMethod):
     name = "random"
-    label = "Random (baseline)"
     description = "Uniform noise: any method worth using must beat it."
-    colour = "#999999"
-    order = 7
+    form_of = RandomMap
     baseline = True
 
     def __init__(self, seed: int = 0):
         super().__init__(seed=int(seed))
 
-    @torch.no_grad()
     def attribute(self, bundle, images, targets):
         self.check(bundle)
         self._target(images, targets)
-        generator = torch.Generator().manual_seed(self.options["seed"])
-        b, _, height, width = images.shape
-        return torch.rand(b, height, width, generator=generator).to(images.device)
+        return RandomMap(seed=self.options["seed"]).attribute(bundle, images, None)  # the classifier form's noise
 
 
 def list_segmentation_methods() -> list:

@@ -23,12 +23,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..bundle import IMAGENET_MEAN, IMAGENET_STD, ModelBundle, ModelUnavailableError
 
 SEGMENTATION_FAMILY = "segformer"
 BUNDLED_SEGMENTATION_MODELS = ("bccd-segformer",)
 HUB_SEGMENTATION_MODELS = ("nvidia/segformer-b0-finetuned-ade-512-512",)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 B0_SIZES = dict(hidden_sizes=[32, 64, 160, 256], depths=[2, 2, 2, 2], num_attention_heads=[1, 2, 5, 8],
                 sr_ratios=[8, 4, 2, 1], decoder_hidden_size=256)
 
@@ -37,8 +36,6 @@ def _transformers():
     try:
         import transformers
     except ImportError as error:
-        from ..models import ModelUnavailableError
-
         raise ModelUnavailableError(
             "Segmentation models need the 'transformers' package, which is not installed: install the segmentation "
             "extra (pip install 'saliency-lab[seg]' or pip install transformers).") from error
@@ -120,8 +117,6 @@ def bundle_from_segformer(name: str, network: SegmentationNetwork, *, class_name
                           input_size=(240, 320), mean=IMAGENET_MEAN, std=IMAGENET_STD, reference_color=None,
                           card: dict | None = None):
     """Wrap a SegFormer as a model bundle (also for a tiny one a test builds)."""
-    from ..models import ModelBundle
-
     network.eval()
     config = network.config
     names = list(class_names or [config.id2label.get(i, f"class {i}") for i in range(config.num_labels)])
@@ -141,8 +136,6 @@ def load_segformer_bundle(name: str, card: dict, weights) -> object:
     """A bundled SegFormer from its card and safetensors (stored in half precision, run in float32)."""
     from safetensors.torch import load_file
 
-    from ..models import ModelUnavailableError
-
     if not os.path.exists(weights):
         raise ModelUnavailableError(
             f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository or retrain "
@@ -159,8 +152,6 @@ def load_segformer_bundle(name: str, card: dict, weights) -> object:
 
 def load_hub_segformer(name: str):
     """A SegFormer from the HuggingFace hub (cached after the first download); a plain refusal offline."""
-    from ..models import ModelUnavailableError
-
     transformers = _transformers()
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     try:

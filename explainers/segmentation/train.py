@@ -163,7 +163,7 @@ def train_segformer(data, out_dir, *, name="bccd-segformer", budget_s=330.0, bat
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
     meta = json.loads((Path(data) / "meta.json").read_text())
-    classes, colours = meta["classes"], meta["colours"]
+    classes = meta["classes"]
     train_x, train_y, _ = load_prepared(data, "train", device)
     val_x, val_y, _ = load_prepared(data, "val", device)
     config_values = dict(num_labels=len(classes))

@@ -21,8 +21,6 @@ TITLE = "Agents"
 TAB_ID = "agents"
 log = logging.getLogger(__name__)
 NONE = "(none)"
-METHOD_CHOICES = [("Grad-CAM", "gradcam"), ("Occlusion", "occlusion"), ("RISE", "rise"), ("AHA (per image)", "aha"),
-                  ("GradSkip (ViT)", "gradskip"), ("Attention rollout (ViT)", "rollout")]
 TARGET_CHOICES = [("V(s), the critic's value", "value"), ("the chosen action's probability", "action")]
 ABOUT = ("Each agent plays ViZDoom from the seed you give; the map shows which pixels drive its value V(s) (or its "
          "chosen action), the green outline marks what matters in the scenario (monsters, medkits) from the game's "
@@ -136,7 +134,7 @@ def build(ctx) -> dict:
         max_steps = gr.Number(300, precision=0, minimum=1, maximum=service.EPISODE_CAP,
                               label=f"Steps at most (cap {service.EPISODE_CAP})", elem_id="agents-max-steps")
     with gr.Row():
-        method = gr.Dropdown(METHOD_CHOICES, value="gradcam", label="Map", elem_id="agents-method")
+        method = gr.Dropdown(service.method_choices(), value="gradcam", label="Map", elem_id="agents-method")
         target = gr.Radio(TARGET_CHOICES, value="value", label="Explain", elem_id="agents-target")
         play_button = gr.Button("Play", variant="primary", elem_id="agents-play")
     with gr.Row():
