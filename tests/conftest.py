@@ -39,6 +39,21 @@ def tiny_vit(name="tiny-vit", seed=0, **kwargs):
     return bundle_from_timm(name, network, input_size=size)
 
 
+TINY_SEGFORMER = dict(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4],
+                      decoder_hidden_size=16)
+TINY_SEGFORMER_SIZE = (64, 128)  # token grids 16x32 ... 2x4: every side divisible by its reduction ratio (8, 4, 2, 1)
+
+
+def tiny_segformer(name="tiny-seg", seed=0, size=TINY_SEGFORMER_SIZE):
+    """A three-class SegFormer built from a config (needs transformers; nothing downloaded)."""
+    from explainers.segmentation.model import bundle_from_segformer, build_segformer, segformer_config
+
+    torch.manual_seed(seed)
+    network = build_segformer(segformer_config(3, **TINY_SEGFORMER))
+    return bundle_from_segformer(name, network, class_names=["background", "round", "square"],
+                                 class_colours=[(0, 0, 0), (200, 0, 0), (0, 0, 200)], input_size=size)
+
+
 def tiny_cnn(name="tiny-cnn", seed=0, size=32, num_classes=4):
     torch.manual_seed(seed)
     network = timm.create_model("resnet18", pretrained=False, num_classes=num_classes, channels=(8, 16, 16, 16),

@@ -11,8 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 gradio_client = pytest.importorskip("gradio_client")
 
-from conftest import launch_for_test, tiny_cnn  # noqa: E402
-from test_segmentation import tiny_segformer  # noqa: E402
+from conftest import launch_for_test, tiny_cnn, tiny_segformer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = ROOT / "assets" / "bloodmnist"

@@ -13,20 +13,10 @@ from explainers.segmentation.capture import (BlockRecord, capture, key_shares, s
                                              to_finer_grid)
 from explainers.segmentation.methods import (get_segmentation_method, list_segmentation_methods,  # noqa: E402
                                              SegGradSkip)
-from explainers.segmentation.model import bundle_from_segformer, build_segformer, segformer_config  # noqa: E402
 from explainers.segmentation.targets import (RegionError, RegionTarget, clicked_region, drawn_region,  # noqa: E402
                                              predicted_region)
 
-TINY = dict(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4],
-            decoder_hidden_size=16)
-SIZE = (64, 128)  # token grids 16x32, 8x16, 4x8, 2x4: every side divisible by its reduction ratio (8, 4, 2, 1)
-
-
-def tiny_segformer(name="tiny-seg", seed=0, size=SIZE):
-    torch.manual_seed(seed)
-    network = build_segformer(segformer_config(3, **TINY))
-    return bundle_from_segformer(name, network, class_names=["background", "round", "square"],
-                                 class_colours=[(0, 0, 0), (200, 0, 0), (0, 0, 200)], input_size=size)
+from conftest import TINY_SEGFORMER_SIZE as SIZE, tiny_segformer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

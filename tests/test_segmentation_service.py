@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 from explainers.images import ImageError  # noqa: E402
 from explainers.segmentation.targets import RegionError  # noqa: E402
 from saliency_lab.segmentation import SegmentationView, example_mask, examples, scores_markdown  # noqa: E402
-from test_segmentation import tiny_segformer  # noqa: E402
+from conftest import tiny_segformer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
