@@ -225,13 +225,23 @@ def test_a_pt_checkpoint_gets_our_conversion_line_and_the_tab_stays(browser, app
 
 
 def test_study_results_ask_for_the_owner_code_and_offer_closing(browser, app_url):
+    """The results panel asks for the owner code in its own box (not the reviewers' code box of the Review panel)
+    and offers closing the study. The accordion's content is drawn a moment after the click that opens it (it
+    failed 3 times in 15 when read at once): each check waits for its condition (Playwright's expect)."""
+    from playwright.sync_api import expect
+
     context, page = open_page(browser, app_url, DESKTOP)
     try:
         page.get_by_role("tab", name="Review").click()
         page.get_by_text("4 · Results (reveals the method names)").click()
-        assert page.locator("#study-owner-code").is_visible()
-        assert "Owner code (results and exports)" in page.locator("#study-owner-code").inner_text()
-        assert page.locator("#study-close").is_visible() and page.locator("#study-close").inner_text() == "Close the study"
+        owner = page.locator("#study-owner-code")
+        expect(owner).to_be_visible(timeout=30_000)
+        expect(owner).to_contain_text("Owner code (results and exports)")
+        expect(owner.locator("input, textarea").first).to_have_attribute("type", "password")
+        expect(page.locator("#study-code")).to_contain_text("Reviewers' code")  # the other box, another code
+        close = page.locator("#study-close")
+        expect(close).to_be_visible()
+        expect(close).to_have_text("Close the study")
     finally:
         context.close()
 
