@@ -613,8 +613,10 @@ def run_study(browser, url, *, protocol, name, dataset, model, methods, reviewer
     page = creator
     fill(page, "study-name", name)
     owner = re.search(r"Owner code: (\S+)", text_of(page, "study-created")).group(1).strip("`()")
-    fill(page, "study-code", owner)  # the results are the owner's until the study is closed
     open_accordion(page, "4 · Results")
+    # the results are the owner's until the study is closed: the owner code goes in the results panel's own box
+    # (the reviewers' code of section 3 does not open them); fill waits for the box to be drawn
+    fill(page, "study-owner-code", owner)
     old = text_of(page, "study-results")
     with timed(timings["load_results"]):
         page.locator("#study-results-button").click()

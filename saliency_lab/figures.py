@@ -71,7 +71,13 @@ def _layout(title: str, height: int, **kwargs) -> dict:
 CURVES_PLOT_PX = 300  # the plot area's height, whatever the number of methods (the legend gets its own room)
 
 
-PANEL_PX, PANEL_GAP_PX = 170, 78  # one method's panel, and the room above it for its title
+# one method's panel; below it its axis (tick labels and title); above it its title, one line of 15 px a line
+PANEL_PX, AXIS_PX, NOTE_LINE_PX = 170, 34, 15
+# the top margin: the figure's heading (two lines at most). Gradio's Plot makes it at least 100 px whenever the
+# figure has a title and the block shows its label; the panels are laid out for that margin, not squeezed by it
+CURVES_TOP_PX = 100
+# a line of a panel title in three columns: at a phone's width (390 px) a panel is ~95 px wide, ~113 px apart
+NARROW_LINE_CHARS = 16
 
 
 def panel_columns(count: int) -> int:
@@ -79,15 +85,36 @@ def panel_columns(count: int) -> int:
     return 1 if count <= 1 else 2 if count in (2, 4) else 3
 
 
+def wrapped(text: str, width: int) -> str:
+    """`text` in lines of at most `width` characters (broken at spaces only) joined by plotly's <br>."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)) or text
+
+
+def panel_title(record: dict, columns: int) -> str:
+    """A panel's title: the method's name in bold, then both AUCs. In three columns (panels ~95 px wide on a
+    phone) the name is wrapped and each AUC has its own line, so that neighbouring titles never overlap."""
+    dele, ins = f"del {record['deletion_auc']:.3f} ↓", f"ins {record['insertion_auc']:.3f} ↑"
+    if columns < 3:
+        return f"<b>{record['label']}</b><br>{dele} · {ins}"
+    return f"<b>{wrapped(record['label'], NARROW_LINE_CHARS)}</b><br>{dele}<br>{ins}"
+
+
 def curves_figure(results: list, title: str | None = None) -> FigureSpec:
     """Small multiples: one panel per method, its deletion (solid) and insertion (dashed) curves on the same
     axes in its colour, titled with its name and both AUCs. Seven methods are 14 lines: on one set of axes they lie
     on top of each other, told apart only by the legend; a panel each keeps every pair readable and comparable
-    (same axes everywhere)."""
+    (same axes everywhere). Every text fits a phone's width (390 px) as well as 1280 px: the heading is wrapped
+    on two lines, panel titles in three columns on up to four (`panel_title`)."""
     drawn = [(index, r) for index, r in enumerate(results) if r.get("fractions") is not None]
     columns = panel_columns(len(drawn))
     rows = max(1, -(-len(drawn) // columns))
-    height = 50 + rows * (PANEL_PX + PANEL_GAP_PX)
+    titles = [panel_title(record, columns) for _, record in drawn]
+    note_px = NOTE_LINE_PX * max([t.count("<br>") + 1 for t in titles] or [2]) + 6
+    block_px = note_px + PANEL_PX + AXIS_PX
+    height = CURVES_TOP_PX + rows * block_px
+    area = height - CURVES_TOP_PX  # the panels' part of the figure (the bottom margin is 0)
     data, axes, notes = [], {}, []
     for panel, (index, record) in enumerate(drawn):
         row, column = divmod(panel, columns)
@@ -108,24 +135,24 @@ def curves_figure(results: list, title: str | None = None) -> FigureSpec:
         gap = 0.06
         left = column / columns + (gap / 2 if column else 0)
         right = (column + 1) / columns - (gap / 2 if column < columns - 1 else 0)
-        top_px = row * (PANEL_PX + PANEL_GAP_PX) + 40  # the title's two lines above, the axis' title below
-        top = 1 - top_px / (height - 50)
-        bottom = 1 - (top_px + PANEL_PX) / (height - 50)
+        top_px = row * block_px + note_px  # its title above, its axis' tick labels and title below
+        top = 1 - top_px / area
+        bottom = 1 - (top_px + PANEL_PX) / area
         axes[f"xaxis{suffix}"] = _axis(domain=[left, right], range=[0, 100], anchor=f"y{suffix}",
                                        title={"text": "% of pixels", "standoff": 2, "font": {"size": 11}},
                                        tickfont={"size": 10})
         axes[f"yaxis{suffix}"] = _axis(domain=[max(bottom, 0), top], range=[0, 1.02], anchor=f"x{suffix}",
                                        tickfont={"size": 10},
                                        title={"text": "p(target)" if column == 0 else "", "font": {"size": 11}})
-        notes.append({"text": f"<b>{record['label']}</b><br>del {record['deletion_auc']:.3f} ↓ · "
-                              f"ins {record['insertion_auc']:.3f} ↑",
-                      "showarrow": False, "xref": "paper", "yref": "paper", "x": (left + right) / 2, "y": top,
-                      "xanchor": "center", "yanchor": "bottom", "font": {"size": 12, "color": colour}})
+        notes.append({"text": titles[panel], "showarrow": False, "xref": "paper", "yref": "paper",
+                      "x": (left + right) / 2, "y": top, "xanchor": "center", "yanchor": "bottom",
+                      "font": {"size": 12 if columns < 3 else 11, "color": colour}})
     target = results[0]["target_name"] if results else ""
     heading = title or (f"Deletion (solid) and insertion (dashed) for '{target}'" if target
                         else "Deletion (solid) and insertion (dashed)")
-    layout = _layout(heading, height, annotations=notes, hovermode="x unified", showlegend=False,
-                     margin={"l": 50, "r": 12, "t": 50, "b": 0}, **axes)
+    layout = _layout(wrapped(heading, 40), height, annotations=notes, hovermode="x unified", showlegend=False,
+                     margin={"l": 50, "r": 12, "t": CURVES_TOP_PX, "b": 0}, **axes)
+    layout["title"]["font"]["size"] = 14
     return FigureSpec(data, layout)
 
 
@@ -135,6 +162,7 @@ def step_figure(record: dict, step: int) -> FigureSpec:
     colour = color_for(record["method"])
     x = [100 * f for f in record["fractions"]]
     step = min(max(int(step), 0), len(x) - 1)
+    side = "right" if x[step] < 50 else "left"
     data = [{"type": "scatter", "x": x, "y": record["deletion"], "mode": "lines", "name": "deletion",
              "line": {"color": colour, "width": 2}, "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"},
             {"type": "scatter", "x": x, "y": record["insertion"], "mode": "lines", "name": "insertion",
@@ -144,12 +172,15 @@ def step_figure(record: dict, step: int) -> FigureSpec:
              "mode": "markers+text", "name": f"step {step}", "marker": {"size": 11, "color": "#000000",
                                                                        "symbol": ["circle", "diamond"]},
              "text": [f"del p={record['deletion'][step]:.2f}", f"ins p={record['insertion'][step]:.2f}"],
-             "textposition": ["bottom right", "top left"], "hoverinfo": "skip"}]
-    layout = _layout(f"{record['label']}: step {step} = {x[step]:.0f}% of the pixels", 260,
+             # the labels on the side with room (on the left one was cut at the plot's edge); one below, one above
+             "textposition": [f"bottom {side}", f"top {side}"], "cliponaxis": False, "hoverinfo": "skip"}]
+    heading = wrapped(f"{record['label']}: step {step} = {x[step]:.0f}% of the pixels", 40)  # a phone's width
+    lines = heading.count("<br>")
+    layout = _layout(heading, 260 + 18 * lines,
                      xaxis=_axis(title={"text": "% of pixels (most important first)", "standoff": 4}, range=[0, 100]),
                      yaxis=_axis(title={"text": "p(target)"}, range=[0, 1.05]), showlegend=True,
                      legend={"orientation": "h", "y": 1.0, "x": 1, "xanchor": "right", "yanchor": "bottom",
-                             "font": {"size": 10}}, margin={"l": 50, "r": 12, "t": 56, "b": 44})
+                             "font": {"size": 10}}, margin={"l": 50, "r": 12, "t": 56 + 18 * lines, "b": 44})
     return FigureSpec(data, layout)
 
 

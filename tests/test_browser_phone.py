@@ -131,7 +131,6 @@ def test_every_tab_is_one_tap_away_at_phone_width(browser, app_url, shots):
         context.close()
 
 
-@pytest.mark.xfail(strict=False, reason="known after the merge of 2026-12-05: the score table's header is wider than 390 px since the streamed Explain landed (issue 36 item 3 open)")
 def test_explain_results_are_readable_at_phone_width(browser, app_url, shots):
     """An explanation on a phone: examples, maps, curves (every text of the figure inside it, the toolbar clear
     of the label) and the scores table (every method's row drawn) all within the 390 px."""
@@ -146,6 +145,13 @@ def test_explain_results_are_readable_at_phone_width(browser, app_url, shots):
         page.screenshot(path=str(shots / "phone-explain-result.png"), full_page=True)
         assert not page.evaluate(OUTSIDE, "#overlays img, #curves .main-svg, #aucs table")
         assert not page.evaluate(CUT_CAPTIONS, "#overlays .caption-label")
+        # the curves drawn inside their own box, above the scores (a padded plot div once collapsed to its padding:
+        # plotly drew the curves at 100% of it, under the score table)
+        boxes = page.evaluate("""() => {
+          const box = s => document.querySelector(s).getBoundingClientRect();
+          const plot = box('#curves [data-testid=plotly]'), svg = box('#curves .main-svg'), scores = box('#aucs');
+          return {height: svg.height, bottom: svg.bottom, plot: plot.bottom, scores: scores.top}; }""")
+        assert boxes["height"] >= 250 and boxes["bottom"] <= boxes["plot"] + 1 <= boxes["scores"] + 2, boxes
         # every text of the curves (axis titles, legend entries with their AUCs) inside the plot's own box
         clipped = page.evaluate("""() => {
           const plot = document.querySelector('#curves [data-testid=plotly]').getBoundingClientRect();
@@ -187,7 +193,6 @@ def _tiny_resnet_checkpoint(tmp_path):
     return weights, classes
 
 
-@pytest.mark.xfail(run=False, strict=False, reason='known after the merge of 2026-12-05: waits for the import status line the merged Models tab no longer writes there (to re-check against the merged page)')
 def test_a_pt_checkpoint_gets_our_conversion_line_and_the_tab_stays(browser, app_url, shots, tmp_path):
     weights, classes = _tiny_resnet_checkpoint(tmp_path)
     context, page = open_page(browser, app_url, DESKTOP)
@@ -195,7 +200,8 @@ def test_a_pt_checkpoint_gets_our_conversion_line_and_the_tab_stays(browser, app
         page.get_by_role("tab", name="Models").click()
         page.locator("#import-weights input[type=file]").set_input_files(str(weights))
         page.locator("#import-classes input[type=file]").set_input_files(str(classes))
-        wait_js(page, "document.querySelector('#import-weights').innerText.includes('my-cells.pt')")  # accepted
+        # accepted: the picker shows it (Gradio's file box puts the name and its extension on separate lines)
+        wait_js(page, "document.querySelector('#import-weights').innerText.replace(/\\s+/g, '').includes('my-cells.pt')")
         arch = page.locator("#import-arch input")
         arch.fill("resnet18")
         arch.press("Enter")
@@ -218,15 +224,24 @@ def test_a_pt_checkpoint_gets_our_conversion_line_and_the_tab_stays(browser, app
         context.close()
 
 
-@pytest.mark.xfail(strict=False, reason="known after the merge of 2026-12-05: #study-owner-code was not visible when checked in one run (passed in the run before); to investigate")
 def test_study_results_ask_for_the_owner_code_and_offer_closing(browser, app_url):
+    """The results panel asks for the owner code in its own box (not the reviewers' code box of the Review panel)
+    and offers closing the study. The accordion's content is drawn a moment after the click that opens it (it
+    failed 3 times in 15 when read at once): each check waits for its condition (Playwright's expect)."""
+    from playwright.sync_api import expect
+
     context, page = open_page(browser, app_url, DESKTOP)
     try:
         page.get_by_role("tab", name="Review").click()
         page.get_by_text("4 · Results (reveals the method names)").click()
-        assert page.locator("#study-owner-code").is_visible()
-        assert "Owner code (results and exports)" in page.locator("#study-owner-code").inner_text()
-        assert page.locator("#study-close").is_visible() and page.locator("#study-close").inner_text() == "Close the study"
+        owner = page.locator("#study-owner-code")
+        expect(owner).to_be_visible(timeout=30_000)
+        expect(owner).to_contain_text("Owner code (results and exports)")
+        expect(owner.locator("input, textarea").first).to_have_attribute("type", "password")
+        expect(page.locator("#study-code")).to_contain_text("Reviewers' code")  # the other box, another code
+        close = page.locator("#study-close")
+        expect(close).to_be_visible()
+        expect(close).to_have_text("Close the study")
     finally:
         context.close()
 

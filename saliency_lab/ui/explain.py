@@ -523,7 +523,8 @@ def _wire_explain(ctx, ui) -> None:
         """A new image: reset the target to the top-1 class and explain at once (streamed). An upload that a
         browser would not show as the model reads it (16-bit, CMYK, alpha, TIFF, EXIF rotation...) is first
         replaced by the normalised picture (its change explains it): one image for preview, model and overlays.
-        A refused upload leaves the box empty and says why under it; the results stay as they were."""
+        A refused upload empties the box and says why beside it (no toast); the emptied box's own change then
+        clears the results, which belonged to the picture no longer shown, and leaves the note in view."""
         if isinstance(image_path, RefusedUpload):
             yield None, gr.update(value=f"⚠ **This file was not explained.** {image_path}", visible=True), \
                 *(gr.skip(),) * len(stream_outputs_list)

@@ -24,22 +24,34 @@ footer { display: none !important; }
 input[type=range] { min-width: 0 !important; }
 .slider_input_container { min-width: 0; }
 @media (max-width: 640px) {  /* a phone: the plot's toolbar below the block's label, not over it */
+  /* (a margin, not a padding: plotly sizes a responsive plot from its div's height, padding included, then draws
+     the plot at 100% of that div, which then collapsed to the padding and hid the curves under the score table) */
   .block:has(> .block-label) [data-testid=plotly], .block:has([data-testid=block-label]) [data-testid=plotly] {
-    padding-top: 36px; }
+    margin-top: 36px; }
 }
+/* the page's side margins: 32 px from a 640 px wide window up, down to 12 px on a phone (40 px more of the 390 for
+   every figure and table). Not in an @media block: Gradio puts its own prefix (.contain, inside .app) before every
+   selector in one, and keeps a top-level rule as written too */
+.gradio-container > .app { padding-left: clamp(var(--size-3), calc(10vw - 32px), var(--size-8)) !important;
+                           padding-right: clamp(var(--size-3), calc(10vw - 32px), var(--size-8)) !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
 /* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
-#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap {
+#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap, [id$="-step-pictures"] .grid-wrap {
   max-height: none !important; min-height: 0 !important; height: auto !important; overflow: visible !important; }
-/* ...and the sanity check's maps, whose captions (method · stage) differ only at their end */
-#overlays .thumbnail-item, #sanity-gallery .thumbnail-item {
+/* ...and the sanity check's maps, whose captions (method · stage) differ only at their end, and the curve step
+   viewer's two pictures ("Deletion, step 5/20: 25% of the pixels..."): whole captions under the pictures */
+#overlays .thumbnail-item, #sanity-gallery .thumbnail-item, [id$="-step-pictures"] .thumbnail-item {
   aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
-#overlays .thumbnail-lg > img, #sanity-gallery .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
-#overlays .caption-label, #sanity-gallery .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+#overlays .thumbnail-lg > img, #sanity-gallery .thumbnail-lg > img,
+[id$="-step-pictures"] .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
+#overlays .caption-label, #sanity-gallery .caption-label, [id$="-step-pictures"] .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
                            overflow: visible !important; text-overflow: clip !important; font-size: 12px;
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
 @media (max-width: 640px) { #overlays .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
+/* each row of maps as tall as its own captions (not all as tall as the tallest: a blank band between rows) */
+#overlays .grid-container, #sanity-gallery .grid-container, [id$="-step-pictures"] .grid-container {
+  grid-auto-rows: auto !important; }
 /* the segmentation view's maps: whole (the smear's shape, not a square crop), each caption (its IoU and PA) whole */
 #seg-maps .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }  /* a lone map too */
 #seg-maps .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
@@ -51,8 +63,23 @@ input[type=range] { min-width: 0 !important; }
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
 #aucs table { table-layout: auto; }
 #aucs td, #aucs th { white-space: normal !important; font-size: 13px; }
-/* (no column hidden on a phone: Gradio's virtual table then draws an empty body, one tall blank row) */
-@media (max-width: 640px) { #aucs td, #aucs th { font-size: 12px; } }
+/* (no column hidden on a phone: Gradio's virtual table then draws an empty body, one tall blank row)
+   On a phone the six columns fit the width: Gradio sizes each column from its header and one sizing row
+   (.sizing-body) laid out as an auto table, then gives the body cells those widths. So: small type and padding,
+   the number columns as narrow as their numbers and header words, the method column wide enough for its longest
+   word ("(amortized)": the sizing row holds one row only), the options wrapped anywhere in the width left. */
+@media (max-width: 640px) {
+  #aucs .sizing-body td { padding: 0 !important; }
+  #aucs th .cell-wrap, #aucs td .cell-wrap, #aucs .body-cell .cell-wrap { padding: 4px 3px !important; }
+  #aucs th, #aucs td, #aucs th span, #aucs .body-cell span, #aucs td .cell-wrap { font-size: 11px !important; }
+  #aucs th span, #aucs td:nth-child(-n+2) .cell-wrap, #aucs .body-cell:nth-child(-n+2) span {
+    font-family: var(--font) !important; }
+  #aucs th span, #aucs td:nth-child(1) .cell-wrap, #aucs .body-cell:nth-child(1) span {
+    word-break: normal !important; overflow-wrap: normal !important; }
+  #aucs th:nth-child(1) { min-width: 72px; }
+  #aucs th:nth-child(n+3), #aucs .sizing-body td:nth-child(n+3) { width: 1px; }
+  #aucs td:nth-child(2) .cell-wrap, #aucs .body-cell:nth-child(2) span { overflow-wrap: anywhere; }
+}
 .section-title p { margin: 0; font-size: 1.05em; }
 .example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
 /* as many example columns as fit (a fixed 4 ran past the right edge of a phone) */
