@@ -30,3 +30,14 @@ def resize_bilinear(grid: torch.Tensor, size) -> torch.Tensor:
     rows = _interpolation_matrix(h, height, grid.dtype, grid.device)
     columns = _interpolation_matrix(w, width, grid.dtype, grid.device)
     return rows @ grid @ columns.T
+
+
+def resize_bilinear_adjoint(maps: torch.Tensor, grid_hw) -> torch.Tensor:
+    """The adjoint (transpose) of `resize_bilinear` from a h x w grid to the maps' H x W: ... x H x W -> ... x h x w,
+    so that sum(resize_bilinear(c, (H, W)) * m) == sum(c * resize_bilinear_adjoint(m, (h, w))). A masked mean of
+    an upsampled map, read at the grid (CAMAL's term), without upsampling the map."""
+    height, width = maps.shape[-2:]
+    h, w = (int(s) for s in grid_hw)
+    rows = _interpolation_matrix(h, height, maps.dtype, maps.device)
+    columns = _interpolation_matrix(w, width, maps.dtype, maps.device)
+    return rows.T @ maps @ columns

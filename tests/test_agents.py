@@ -94,6 +94,29 @@ def test_camal_term_known_answer_and_empty_masks_add_nothing():
     assert camal_term(cams[:1], full)[1] == 0
 
 
+def test_camal_term_at_the_cam_grid_equals_the_term_of_the_upsampled_map():
+    """The loss reads the map at the CAM layer's grid and carries the masks there by the adjoint of the
+    upsampling: alpha and beta (and their gradients) must be those of the upsampled map."""
+    from explainers.resize import resize_bilinear_adjoint
+
+    generator = torch.Generator().manual_seed(0)
+    grid = torch.rand(4, 15, 20, generator=generator, requires_grad=True)
+    masks = torch.rand(4, *FRAME_HW, generator=generator) < 0.2
+    masks[3] = False  # no term
+    upsampled = torch.nn.functional.interpolate(grid[:, None], size=FRAME_HW, mode="bilinear",
+                                                align_corners=False)[:, 0]
+    full = camal_term(upsampled, masks)
+    cheap = camal_term(grid, masks)
+    assert full[1] == cheap[1] == 3
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip((full[0], full[2], full[3]), (cheap[0], cheap[2], cheap[3])))
+    (full_grad,) = torch.autograd.grad(full[0], grid)
+    (cheap_grad,) = torch.autograd.grad(cheap[0], grid)
+    assert torch.allclose(full_grad, cheap_grad, atol=1e-6) and float(full_grad.abs().sum()) > 0
+    m = torch.rand(2, *FRAME_HW, generator=generator)
+    assert torch.allclose((upsampled[:2] * m).sum(), (grid[:2] * resize_bilinear_adjoint(m, (15, 20))).sum(),
+                          rtol=1e-5)
+
+
 def test_camal_loss_is_differentiable_and_moves_the_cam_into_the_mask():
     torch.manual_seed(0)
     net = build_network("cnn", 4, **SMALL_NET)

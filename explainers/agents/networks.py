@@ -112,20 +112,25 @@ def network_from_arch(arch: dict) -> nn.Module:
 
 
 def cams_from(net: nn.Module, features: torch.Tensor, gradients: torch.Tensor, *,
-              detach_weights: bool = False) -> torch.Tensor:
-    """Grad-CAM from the CAM layer's activations and the gradients of the target: B x 60 x 80, max-normalised."""
+              detach_weights: bool = False, at_grid: bool = False) -> torch.Tensor:
+    """Grad-CAM from the CAM layer's activations and the gradients of the target, max-normalised: B x 60 x 80
+    (upsampled, then divided by its maximum: the maps shown and scored), or with `at_grid` B x h x w at the CAM
+    layer's own grid, divided by its maximum (what CAMAL's term reads: see `ppo.camal_term`)."""
     activations = net.features_to_grid(features)
     weights = net.features_to_grid(gradients).mean(dim=(2, 3), keepdim=True)
     if detach_weights:
         weights = weights.detach()
     cams = F.relu((weights * activations).sum(dim=1, keepdim=True))
-    cams = F.interpolate(cams, size=FRAME_HW, mode="bilinear", align_corners=False).squeeze(1)
+    if not at_grid:
+        cams = F.interpolate(cams, size=FRAME_HW, mode="bilinear", align_corners=False)
+    cams = cams.squeeze(1)
     return cams / cams.flatten(1).amax(dim=1).clamp_min(1e-8).view(-1, 1, 1)
 
 
 def value_cam(net: nn.Module, frames: torch.Tensor, *, differentiable: bool = False,
-              detach_weights: bool = False) -> tuple:
-    """(cams B x 60 x 80, logits, values) from one forward pass and ONE backward of sum_b V_b (batch-level)."""
+              detach_weights: bool = False, at_grid: bool = False) -> tuple:
+    """(cams, logits, values) from one forward pass and ONE backward of sum_b V_b (batch-level); cams B x 60 x 80,
+    or B x h x w at the CAM layer's grid with `at_grid`."""
     with torch.enable_grad():
         logits, values, features = net(frames, return_features=True)
         if not features.requires_grad:  # frozen network: still differentiate V with respect to the features
@@ -136,7 +141,7 @@ def value_cam(net: nn.Module, frames: torch.Tensor, *, differentiable: bool = Fa
         (gradients,) = torch.autograd.grad(values.sum(), features,
                                            create_graph=differentiable and not detach_weights, retain_graph=True)
     cams = cams_from(net, features if differentiable else features.detach(), gradients,
-                     detach_weights=detach_weights)
+                     detach_weights=detach_weights, at_grid=at_grid)
     return cams, logits, values
 
 

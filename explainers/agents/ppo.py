@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..resize import resize_bilinear_adjoint
 from .networks import value_cam
 
 
@@ -68,13 +69,25 @@ class Rollout:
 
 
 def camal_term(cams: torch.Tensor, masks: torch.Tensor) -> tuple:
-    """(sum over frames with a usable mask of beta - alpha, number of such frames, sum alpha, sum beta)."""
+    """(sum over frames with a usable mask of beta - alpha, number of such frames, sum alpha, sum beta).
+
+    alpha / beta: the mean of the bilinearly upsampled map inside / outside the mask. `cams` may be at the CAM
+    layer's grid (B x h x w, the cheap form the training loss uses): then each mask is carried onto that grid by
+    the adjoint of the upsampling, <U c, m> = <c, U^T m>, which gives the same alpha and beta without
+    upsampling the maps and back-propagating through it (about a quarter of a CAMAL update's cost on a CPU)."""
     m = masks.to(cams.dtype)
     inside = m.sum(dim=(1, 2))
     outside = (1 - m).sum(dim=(1, 2))
     usable = (inside > 0) & (outside > 0)
-    alpha = (cams * m).sum(dim=(1, 2)) / inside.clamp_min(1)
-    beta = (cams * (1 - m)).sum(dim=(1, 2)) / outside.clamp_min(1)
+    if cams.shape[-2:] != masks.shape[-2:]:
+        inside_weights = resize_bilinear_adjoint(m, cams.shape[-2:])
+        all_weights = resize_bilinear_adjoint(torch.ones_like(m[:1]), cams.shape[-2:])
+        alpha_sum = (cams * inside_weights).sum(dim=(1, 2))
+        beta_sum = (cams * all_weights).sum(dim=(1, 2)) - alpha_sum
+    else:
+        alpha_sum, beta_sum = (cams * m).sum(dim=(1, 2)), (cams * (1 - m)).sum(dim=(1, 2))
+    alpha = alpha_sum / inside.clamp_min(1)
+    beta = beta_sum / outside.clamp_min(1)
     gap = torch.where(usable, beta - alpha, torch.zeros_like(alpha))
     return gap.sum(), int(usable.sum()), alpha[usable].sum().detach(), beta[usable].sum().detach()
 
@@ -82,7 +95,7 @@ def camal_term(cams: torch.Tensor, masks: torch.Tensor) -> tuple:
 def ppo_loss(net, frames, masks, actions, old_log_probs, advantages, returns, config: PPOConfig) -> tuple:
     """The minibatch loss and its parts (floats)."""
     if config.camal_lambda:
-        cams, logits, values = value_cam(net, frames, differentiable=True,
+        cams, logits, values = value_cam(net, frames, differentiable=True, at_grid=True,
                                          detach_weights=config.cam_mode == "detach-weights")
     else:
         logits, values = net(frames)
