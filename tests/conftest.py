@@ -39,6 +39,20 @@ def tiny_vit(name="tiny-vit", seed=0, **kwargs):
     return bundle_from_timm(name, network, input_size=size)
 
 
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height and which carries (almost) no pixel data: a decompression bomb
+    that nothing must ever decode."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 16))
+            + chunk(b"IEND", b""))
+
+
 TINY_SEGFORMER = dict(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4],
                       decoder_hidden_size=16)
 TINY_SEGFORMER_SIZE = (64, 128)  # token grids 16x32 ... 2x4: every side divisible by its reduction ratio (8, 4, 2, 1)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import launch_for_test, tiny_cnn, tiny_vit
+from conftest import launch_for_test, png_header_only, tiny_cnn, tiny_vit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -675,19 +675,6 @@ def test_figures_are_valid_plotly():
 
 
 # ------------------------------------------------------------------------------------------------ uploads
-def _png_header_only(width, height) -> bytes:
-    """A PNG whose header claims width x height (a decompression bomb: nothing behind it is ever decoded)."""
-    import struct
-    import zlib
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
-            + chunk(b"IEND", b""))
-
-
 def _upload_kinds(folder: Path) -> dict:
     """{kind: (path, expected)}: expected is a regex of the refusal, or None (accepted: load_image's picture)."""
     rng = np.random.default_rng(0)
@@ -708,7 +695,7 @@ def _upload_kinds(folder: Path) -> dict:
     put("truncated-png.png", r"not a readable image").write_bytes(png.read_bytes()[: len(png.read_bytes()) // 2])
     put("text.png", r"not a readable image: its content is not an image format").write_text("hello, not a PNG\n")
     Image.new("RGB", (1, 1), (200, 10, 10)).save(put("one-pixel.png", r"too small"))
-    put("bomb.png", r"too large \(400 MP\): the limit is 40 MP").write_bytes(_png_header_only(20000, 20000))
+    put("bomb.png", r"too large \(400 MP\): the limit is 40 MP").write_bytes(png_header_only(20000, 20000))
     Image.fromarray((pixels[..., 1].astype(np.uint16) * 257 + 100), "I;16").save(put("gray16.tif", None))
     cell.convert("CMYK").save(put("cmyk.jpg", None), quality=95)
     rgba = np.dstack([pixels, np.where(np.arange(40)[None, :] < 20, 0, 255).repeat(48, 0).astype(np.uint8)])

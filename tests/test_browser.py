@@ -263,7 +263,7 @@ def test_uploads_refused_with_one_message_and_alpha_shown_on_white(page, tmp_pat
     import numpy as np
     from PIL import Image
 
-    from test_app import _png_header_only
+    from conftest import png_header_only
 
     python_words = ("Traceback", "Error:", "ValueError", "ImageError", "DecompressionBomb", "Exception", "PIL.")
 
@@ -271,7 +271,7 @@ def test_uploads_refused_with_one_message_and_alpha_shown_on_white(page, tmp_pat
     text = tmp_path / "notes.png"
     text.write_text("hello, not a picture")
     bomb = tmp_path / "bomb.png"
-    bomb.write_bytes(_png_header_only(20000, 20000))
+    bomb.write_bytes(png_header_only(20000, 20000))
     rgba = np.zeros((48, 48, 4), np.uint8)
     rgba[..., 0] = 200
     rgba[:, 24:, 3] = 255  # left half transparent

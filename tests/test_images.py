@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import io
-import struct
-import zlib
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+from conftest import png_header_only
 
 from explainers.images import (
     COLORMAPS,
@@ -32,17 +32,6 @@ def _gradient_rgb(width=64, height=48) -> np.ndarray:
     xs = np.linspace(0, 255, width, dtype=np.float32)[None, :].repeat(height, 0)
     ys = np.linspace(0, 255, height, dtype=np.float32)[:, None].repeat(width, 1)
     return np.stack([xs, ys, 255 - xs], axis=2).round().astype(np.uint8)
-
-
-def _png_chunk(kind: bytes, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload) & 0xFFFFFFFF)
-
-
-def _png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose header claims width x height but which carries (almost) no pixel data."""
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    idat = zlib.compress(b"\x00" * 16)
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b"")
 
 
 def _assert_rgb(image, size):
@@ -316,11 +305,11 @@ def test_too_many_pixels_is_refused_before_decoding(tmp_path):
 
 def test_decompression_bomb_header_is_refused_without_decoding():
     before = Image.MAX_IMAGE_PIXELS
-    bomb = _png_header_only(30_000, 30_000)  # 900 M pixels claimed in a few dozen bytes
+    bomb = png_header_only(30_000, 30_000)  # 900 M pixels claimed in a few dozen bytes
     assert len(bomb) < 200
     with pytest.raises(ImageError, match="too large"):
         load_image(bomb)  # default max_pixels and PIL's own bomb check both refuse it
-    moderate = _png_header_only(9_000, 9_000)  # 81 M pixels: under PIL's limit, over ours
+    moderate = png_header_only(9_000, 9_000)  # 81 M pixels: under PIL's limit, over ours
     with pytest.raises(ImageError, match="too large"):
         load_image(moderate)
     assert Image.MAX_IMAGE_PIXELS == before
@@ -330,7 +319,7 @@ def test_decompression_bomb_header_is_refused_without_decoding():
 def test_decompression_bomb_warning_raised_as_error_is_converted():
     # 100 M pixels: above PIL's warning threshold (~89 M), below its hard error (~179 M).
     with pytest.raises(ImageError, match="too large"):
-        load_image(_png_header_only(10_000, 10_000), max_pixels=200_000_000)
+        load_image(png_header_only(10_000, 10_000), max_pixels=200_000_000)
 
 
 def test_too_small_image_is_refused():
