@@ -30,7 +30,6 @@ writes `images/NAME.jpg` (RGB, `--size` W H, JPEG quality 90), `masks/NAME.png` 
 from __future__ import annotations
 
 import json
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -257,10 +256,13 @@ def cmd_prepare(args) -> int:
 
 
 def main(argv=None) -> int:
-    """`python -m explainers.segmentation.bccd ...` = `python -m explainers prepare-seg ...`."""
-    from .cli import main as segmentation_main
+    """`python -m explainers.segmentation.bccd ...`: the same as `python -m explainers prepare-seg ...`."""
+    import argparse
 
-    return segmentation_main(["prepare-seg", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m explainers.segmentation.bccd",
+                                     description="Derive BCCD masks from the boxes and write the prepared data set")
+    add_prepare_arguments(parser)
+    return cmd_prepare(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
