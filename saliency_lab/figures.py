@@ -163,6 +163,9 @@ def step_figure(record: dict, step: int) -> FigureSpec:
     x = [100 * f for f in record["fractions"]]
     step = min(max(int(step), 0), len(x) - 1)
     side = "right" if x[step] < 50 else "left"
+    # two labels at nearly the same height would print over each other: then the deletion one goes to the other side
+    close = abs(record["deletion"][step] - record["insertion"][step]) < 0.15
+    other = ("left" if side == "right" else "right") if close and 10 < x[step] < 90 else side
     data = [{"type": "scatter", "x": x, "y": record["deletion"], "mode": "lines", "name": "deletion",
              "line": {"color": colour, "width": 2}, "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"},
             {"type": "scatter", "x": x, "y": record["insertion"], "mode": "lines", "name": "insertion",
@@ -173,14 +176,19 @@ def step_figure(record: dict, step: int) -> FigureSpec:
                                                                        "symbol": ["circle", "diamond"]},
              "text": [f"del p={record['deletion'][step]:.2f}", f"ins p={record['insertion'][step]:.2f}"],
              # the labels on the side with room (on the left one was cut at the plot's edge); one below, one above
-             "textposition": [f"bottom {side}", f"top {side}"], "cliponaxis": False, "hoverinfo": "skip"}]
+             # a label above a low point and below a high one: never on the axis' ticks or over the heading
+             "textposition": [f"{'top' if y < 0.5 else 'bottom'} {place}" for y, place in
+                              ((record["deletion"][step], other), (record["insertion"][step], side))],
+             "cliponaxis": False,
+             "hoverinfo": "skip"}]
     heading = wrapped(f"{record['label']}: step {step} = {x[step]:.0f}% of the pixels", 40)  # a phone's width
     lines = heading.count("<br>")
-    layout = _layout(heading, 260 + 18 * lines,
+    layout = _layout(heading, 290 + 18 * lines,
                      xaxis=_axis(title={"text": "% of pixels (most important first)", "standoff": 4}, range=[0, 100]),
                      yaxis=_axis(title={"text": "p(target)"}, range=[0, 1.05]), showlegend=True,
-                     legend={"orientation": "h", "y": 1.0, "x": 1, "xanchor": "right", "yanchor": "bottom",
-                             "font": {"size": 10}}, margin={"l": 50, "r": 12, "t": 56 + 18 * lines, "b": 44})
+                     # under the axis title: above the plot it ran into a heading wrapped on a narrow column
+                     legend={"orientation": "h", "y": -0.32, "x": 0.5, "xanchor": "center", "yanchor": "top",
+                             "font": {"size": 10}}, margin={"l": 50, "r": 12, "t": 40 + 18 * lines, "b": 76})
     return FigureSpec(data, layout)
 
 
