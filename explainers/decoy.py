@@ -142,6 +142,8 @@ def build_decoy_bloodmnist(src, out, *, train_limit: int | None = None, val_limi
             items.append((Path(file_name).stem, image, cell, label, source))
         write_mask_set(out / out_split, items)
         summary["splits"][out_split] = {"count": len(items), "decoy": rule, "mask_sources": sources}
+    if not summary["splits"]:
+        raise ValueError(f"No BloodMNIST split (train/, val/ or test/ with labels.csv) under {src}: nothing to build.")
     for candidate in (src / "classes.txt", src.parent / "classes.txt"):
         if candidate.exists():
             shutil.copy(candidate, out / "classes.txt")

@@ -137,6 +137,10 @@ def build_mask_set(kind: str, out_root=None) -> str:
     """Build decoy BloodMNIST (2,000 train images) or the BCCD box mask set under `out_root` (default the user's
     data-sets folder, outside the code); returns the folder to train on."""
     out_root = Path(out_root) if out_root is not None else user_datasets()
+    sources = {k: source for _, _, k, source in READY_SETS}
+    if kind in sources and not sources[kind].exists():  # a typed or stale choice: the menu offers it only if present
+        raise ValueError(f"The {kind} mask set cannot be built on this server: its raw data is not here. Pick one "
+                         "of the listed mask sets.")
     if kind == "decoy":
         from explainers.decoy import build_decoy_bloodmnist
 

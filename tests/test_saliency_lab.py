@@ -399,6 +399,25 @@ def test_user_models_live_in_the_data_folder_and_are_listed(tmp_path, monkeypatc
     assert datasets.build_mask_set.__defaults__ == (None,)  # default out_root: the user's data sets
 
 
+def test_a_mask_set_whose_raw_data_is_missing_is_refused_in_our_words(tmp_path, monkeypatch):
+    """A typed or stale "build:decoy" where the shared BloodMNIST is absent (a fresh clone): our sentence, and
+    nothing half-written; the builder itself refuses a folder without any split (it crashed writing decoy.json)."""
+    from explainers.decoy import build_decoy_bloodmnist
+    from saliency_lab import finetune
+
+    missing = tmp_path / "no-such-bloodmnist"
+    monkeypatch.setattr(datasets, "READY_SETS", (("Decoy", "decoy-bloodmnist/train", "decoy", missing / "train"),))
+    monkeypatch.setattr(datasets, "BLOODMNIST_SOURCE", missing)
+    with pytest.raises(ValueError, match="cannot be built on this server: its raw data is not here"):
+        datasets.build_mask_set("decoy", tmp_path / "out")
+    with pytest.raises(ValueError, match="cannot be built on this server"):
+        finetune.training_folder(None, "build:decoy")
+    assert not (tmp_path / "out").exists()
+    missing.mkdir()
+    with pytest.raises(ValueError, match="No BloodMNIST split"):
+        build_decoy_bloodmnist(missing, tmp_path / "decoy")
+
+
 def test_a_failed_job_never_leaves_the_plot_waiting(tmp_path):
     class Runner:
         def get(self, job_id):
