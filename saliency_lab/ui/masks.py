@@ -199,7 +199,8 @@ def _finetune(ctx) -> dict:
     panel.controls("Start fine-tune", "Loss and IoU")
     before_after = gr.Gallery(label="Before / after (CAM over the image)", columns=1, format="png", height="auto",
                               object_fit="contain", elem_id="before-after")
-    compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False)
+    compare_table = gr.Dataframe(headers=["", "before", "after"], label="Before / after", interactive=False,
+                                 wrap=True, elem_id="finetune-compare")
     panel.job_list("Jobs on this server (also those from before a restart)")
 
     def data_choices():

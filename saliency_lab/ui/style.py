@@ -80,6 +80,13 @@ input[type=range] { min-width: 0 !important; }
   #aucs th:nth-child(n+3), #aucs .sizing-body td:nth-child(n+3) { width: 1px; }
   #aucs td:nth-child(2) .cell-wrap, #aucs .body-cell:nth-child(2) span { overflow-wrap: anywhere; }
 }
+/* the fine-tune's before / after table on a phone: the three columns in the width, the row names wrapped */
+@media (max-width: 640px) {
+  #finetune-compare th span, #finetune-compare td .cell-wrap, #finetune-compare .body-cell span {
+    font-size: 11px !important; font-family: var(--font) !important; }
+  #finetune-compare th .cell-wrap, #finetune-compare td .cell-wrap { padding: 4px 3px !important; }
+  #finetune-compare th:nth-child(n+2), #finetune-compare .sizing-body td:nth-child(n+2) { width: 1px; }
+}
 .section-title p { margin: 0; font-size: 1.05em; }
 .example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
 /* as many example columns as fit (a fixed 4 ran past the right edge of a phone) */
