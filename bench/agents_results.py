@@ -15,6 +15,7 @@ pair on held-out episode seeds), the agents' cards, agents-cost.json. Writes
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import shutil
 import sys
@@ -36,7 +37,7 @@ SCENARIO = "defend_the_center"
 # what produced the results: bench/agents_cpu_run.sh (the GPU run of device/agents.sh failed, see DEVICE.md)
 TRAIN_COMMAND = ("nice -n 10 python -m explainers train-agent --scenario defend_the_center --seed {seed} "
                  "--lambda {lam} "
-                 "--steps 20480 --budget-s {budget} --num-envs 4 --rollout-steps 128 --minibatch 128 --width 8 "
+                 "--steps {steps}{budget} --num-envs 4 --rollout-steps 128 --minibatch 128 --width 8 "
                  "--hidden 64 --device cpu --out weights --name dtc-{arm}-s{seed}")
 EVAL_COMMAND = ("nice -n 10 python -m explainers evaluate-agent --agents weights/dtc-vanilla-s{seed}.json "
                 "weights/dtc-camal-s{seed}.json --episodes 10 --device cpu --out eval-s{seed}.json")
@@ -117,7 +118,7 @@ def paired_fidelity(evaluations: list) -> dict:
     return out
 
 
-def ship_pair(folder: Path, runs: dict, comparisons: dict, machine: str, budget) -> list:
+def ship_pair(folder: Path, runs: dict, comparisons: dict, machine: str, budget, date: str, report: str) -> list:
     target = ROOT / "weights" / "agents"
     target.mkdir(parents=True, exist_ok=True)
     written = []
@@ -131,15 +132,16 @@ def ship_pair(folder: Path, runs: dict, comparisons: dict, machine: str, budget)
         ious = np.array([v for v in run["episode_ious"] if v is not None], dtype=float)
         card.update({
             "name": name, "weights_file": f"{name}.safetensors", "trained_as": card["name"],
-            "command": TRAIN_COMMAND.format(seed=SHIPPED_SEED, lam=card["lambda"], budget=budget, arm=arm),
-            "machine": machine, "date": "2026-12-04",
+            "command": TRAIN_COMMAND.format(seed=SHIPPED_SEED, lam=card["lambda"], steps=card["steps"], arm=arm,
+                                            budget="" if budget == "?" else f" --budget-s {budget}"),
+            "machine": machine, "date": date,
             "held_out": {"episode_seeds": "10000000-10000009 (reset seeds never used in training)",
                          "episodes": run["episodes"], "mean_return": float(returns.mean()),
                          "mean_return_ci95": bootstrap_ci(returns), "mean_iou": float(ious.mean()),
                          "mean_iou_ci95": bootstrap_ci(ious), "deletion_auc_norm": run["deletion"],
                          "insertion_auc_norm": run["insertion"],
                          "note": "intervals over this agent's episodes; the arm comparison over 5 training seeds "
-                                 "is in bench/results/agents-defend_the_center.json"},
+                                 f"is in {report}"},
             "arm_comparison": {k: comparisons[k] for k in ("iou", "return", "deletion")},
         })
         card["history"] = card.get("history", [])[-5:]  # the full training log is in the device run's logs
@@ -155,6 +157,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=2_000)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "agents-defend_the_center.json"))
     parser.add_argument("--no-ship", action="store_true", help="do not write weights/agents/")
+    parser.add_argument("--episodes-dir", default=str(ROOT / "bench" / "results" / "agents-eval"),
+                        help="where the per-episode records are copied (with the shipped pair)")
+    parser.add_argument("--date", default=str(datetime.date.today()), help="when the runs were made")
     args = parser.parse_args(argv)
     folder = extract(Path(args.source))
     evaluations = [json.loads(p.read_text()) for p in sorted(folder.glob("eval-s*.json"))]
@@ -167,22 +172,24 @@ def main(argv=None) -> int:
              if not p.name.endswith(".ckpt.json")}
     budget = next((line.split("budget_s=")[1].split()[0] for line in machine.splitlines() if "budget_s=" in line), "?")
     result = {
-        "scenario": SCENARIO, "date": "2026-12-04", "machine": machine,
+        "scenario": SCENARIO, "date": args.date, "machine": machine,
         "split": "held-out episode reset seeds 10000000.. (training used seed*1000+i and the envs' own draws)",
-        "commands": {"train": TRAIN_COMMAND, "evaluate": EVAL_COMMAND, "run": "WORK=... bash bench/agents_cpu_run.sh"},
+        "commands": {"train": TRAIN_COMMAND.replace("{budget}", ""), "evaluate": EVAL_COMMAND, "run": "WORK=... bash bench/agents_cpu_run.sh"},
         "training": {name: {k: card.get(k) for k in ("lambda", "seed", "steps", "updates", "train_seconds",
                                                      "device")} for name, card in sorted(cards.items())},
         "arms": comparisons, "paired_fidelity_frames": paired_fidelity(evaluations),
         "runs": {arm: {str(seed): {k: v for k, v in run.items() if not k.startswith("episode_")}
                        for seed, run in sorted(seeds.items())} for arm, seeds in runs.items()},
-        "per_episode_files": [f"bench/results/agents-eval/{p.name}" for p in sorted(folder.glob("eval-s*.json"))],
+        "per_episode_files": [f"{Path(args.episodes_dir).resolve().relative_to(ROOT)}/{p.name}"
+                              for p in sorted(folder.glob("eval-s*.json"))],
     }
     cost = folder / "agents-cost.json"
     if cost.exists():
         result["cost"] = json.loads(cost.read_text())
     if not args.no_ship:
-        result["shipped"] = ship_pair(folder, runs, comparisons, machine, budget)
-        episodes_dir = ROOT / "bench" / "results" / "agents-eval"
+        result["shipped"] = ship_pair(folder, runs, comparisons, machine, budget, args.date,
+                                      str(Path(args.out).resolve().relative_to(ROOT)))
+        episodes_dir = Path(args.episodes_dir)
         episodes_dir.mkdir(parents=True, exist_ok=True)
         for evaluation, path in zip(evaluations, sorted(folder.glob("eval-s*.json"))):
             (episodes_dir / path.name).write_text(json.dumps(rounded(evaluation)))
