@@ -193,36 +193,80 @@ def stream_order(services, bundle, methods, values=None) -> list:
     return sorted(ordered, key=lambda m: expected_seconds(services, bundle, m, values))
 
 
+# Every update of a streamed explanation costs the page a round trip and a redraw (about 0.2-0.5 s on a loaded
+# 2-core machine, measured in bench/explain_latency.py), more than a quick method's map or curves take. So the
+# quick maps come in one update, with the prediction, and curves are gathered for up to UPDATE_SECONDS.
+QUICK_SECONDS = 0.3  # maps expected to take this long together are computed before the first update
+UPDATE_SECONDS = 1.0  # curves finished within this long of the last update wait to be shown with the next ones
+
+
+def quick_methods(order: list, expected: dict) -> list:
+    """The first methods of `order` whose maps are expected to take QUICK_SECONDS together (none when the first
+    alone takes longer: the prediction is then shown before it runs)."""
+    quick, total = [], 0.0
+    for method in order:
+        total += expected[method]
+        if total > QUICK_SECONDS:
+            break
+        quick.append(method)
+    return quick
+
+
 def explain_stream(services, image_path, model_name, methods, target=AUTO, values=None, *, warn=None):
-    """An explanation as it is made: yields (state, image) once the prediction is known, then after each map and
-    after each map's curves, the quickest methods first (`stream_order`; the results kept in menu order). While it runs, state["pending"] lists
-    [(label, expected seconds)] of the methods whose map is still to come, state["curving"] the label whose
-    curves are being computed (None when none)."""
+    """An explanation as it is made, the quickest methods first (`stream_order`; the results kept in menu order).
+    Yields (state, image): the prediction with the quick methods' maps (`quick_methods`), their curves (gathered
+    for up to UPDATE_SECONDS between updates), then each slower method's map and its curves; the last update is the
+    whole explanation. While it runs, state["pending"] lists [(label, expected seconds)] of the methods whose map
+    is still to come, state["curving"] the labels whose curves are being computed (None when none)."""
     bundle, image, state = start_state(services, image_path, model_name, methods, target, values, warn=warn)
     order = stream_order(services, bundle, methods, values)
     expected = {m: expected_seconds(services, bundle, m, values) for m in order}
+    place = {m: i for i, m in enumerate(menus.method_order(list(methods)))}  # shown in menu order, as ever
     state["pending"] = [(engine.method_label(m), expected[m]) for m in order]
     state["curving"] = None
-    yield state, image
-    for method in order:
+    quick = quick_methods(order, expected)
+    waiting = []  # records whose curves are still to come
+
+    def with_map(state, method):
         record = map_or_skip(services, bundle, image, state, method, warn)
         state = {**state, "pending": state["pending"][1:]}
-        if record is None:
-            yield state, image
-            continue
-        place = {m: i for i, m in enumerate(menus.method_order(list(methods)))}  # shown in menu order, as ever
-        results = sorted(state["results"] + [record], key=lambda r: place.get(r["method"], len(place)))
-        state = {**state, "results": results, "curving": record["label"]}
-        yield state, image
-        computed = engine.cached_result(services.cache, bundle, image, method, record["target"],
+        if record is not None:
+            waiting.append(record)
+            results = sorted(state["results"] + [record], key=lambda r: place.get(r["method"], len(place)))
+            state = {**state, "results": results}
+        return {**state, "curving": ", ".join(r["label"] for r in waiting) or None}
+
+    def with_curves(state, record):
+        computed = engine.cached_result(services.cache, bundle, image, record["method"], record["target"],
                                         record["options"]) is None  # a cached one says nothing of the time
         started = time.perf_counter()
-        with_curves = add_curves(bundle, image, record, services.cache)
+        done = add_curves(bundle, image, record, services.cache)
         if computed:
             remember_curve_seconds(services, bundle, time.perf_counter() - started)
-        results = [with_curves if r is record else r for r in state["results"]]
-        state = {**state, "results": results, "curving": None}
+        waiting.remove(record)
+        results = [done if r is record else r for r in state["results"]]
+        return {**state, "results": results, "curving": ", ".join(r["label"] for r in waiting) or None}
+
+    for method in quick:
+        state = with_map(state, method)
+    yield state, image
+    last = time.perf_counter()
+    for record in list(waiting):
+        state = with_curves(state, record)
+        if waiting or len(quick) < len(order):
+            if not waiting or time.perf_counter() - last >= UPDATE_SECONDS:
+                yield state, image
+                last = time.perf_counter()
+    for method in order[len(quick):]:
+        state = with_map(state, method)
+        if not waiting:  # skipped
+            if state["pending"]:
+                yield state, image
+            continue
         yield state, image
+        state = with_curves(state, waiting[0])
+        if state["pending"]:
+            yield state, image
     state = {k: v for k, v in state.items() if k not in ("pending", "curving")}
     yield state, image
 

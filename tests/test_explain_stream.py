@@ -24,9 +24,11 @@ def services_for(tmp_path, *bundles):
     return Services(table.__getitem__, list(table), tmp_path)
 
 
-def test_the_stream_shows_each_map_and_its_curves_before_a_slow_method_runs(tmp_path):
+def test_the_stream_shows_each_map_and_its_curves_before_a_slow_method_runs(tmp_path, monkeypatch):
     """RISE (slow) ticked before Grad-CAM: Grad-CAM's map, then its curves, come while RISE is still pending;
-    every yield adds one thing; the results stay in menu order and end with both curves."""
+    every yield adds one thing; the results stay in menu order and end with both curves. (No method counts as
+    quick here: the path of methods shown one by one.)"""
+    monkeypatch.setattr(explain, "QUICK_SECONDS", 0.0)
     bundle = tiny_cnn("stream-cnn", num_classes=8)
     services = services_for(tmp_path, bundle)
     steps = list(explain.explain_stream(services, CELL, bundle.name, ["rise", "gradcam"]))
@@ -43,10 +45,36 @@ def test_the_stream_shows_each_map_and_its_curves_before_a_slow_method_runs(tmp_
     assert "pending" not in final and explain.still_running_text(final) == ""
     assert [r["method"] for r in final["results"]] == ["gradcam", "rise"]  # menu order (Grad-CAM before RISE)
     assert all(r["fractions"] is not None for r in final["results"])
-    assert len(states) == 6  # prediction, 2 x (map, curves), done
+    assert len(states) == 5  # prediction, Grad-CAM's map, its curves, RISE's map, done (with RISE's curves)
     # the same maps and curves as the two-step path
     maps, _ = explain.explain_maps(services, CELL, bundle.name, ["gradcam"])
     assert np.allclose(maps["results"][0]["map"], final["results"][0]["map"])
+
+
+def test_quick_methods_come_in_one_update_with_the_prediction(tmp_path, monkeypatch):
+    """Each update costs the page a round trip: the maps of the methods expected to take QUICK_SECONDS together
+    come with the prediction, their curves in one more update, then the slow method's map; the last update is the
+    whole explanation (4 updates for 3 methods, 8 when each came alone)."""
+    expected = {"gradcam": 0.01, "random": 0.02, "rise": 5.0}
+    monkeypatch.setattr(explain, "expected_seconds", lambda services, bundle, method, values=None: expected[method])
+    bundle = tiny_cnn("stream-quick", num_classes=8)
+    services = services_for(tmp_path, bundle)
+    states = [s for s, _ in explain.explain_stream(services, CELL, bundle.name, ["rise", "gradcam", "random"])]
+    assert explain.quick_methods(["gradcam", "random", "rise"], expected) == ["gradcam", "random"]
+    first = states[0]
+    assert [r["method"] for r in first["results"]] == ["gradcam", "random"]  # the prediction comes with them
+    assert [label for label, _ in first["pending"]] == ["RISE"]
+    assert "curves of Grad-CAM, Random (baseline)" in explain.still_running_text(first)
+    assert explain.curve_methods(states[1]) == [("Grad-CAM", "gradcam"), ("Random (baseline)", "random")]
+    assert [label for label, _ in states[1]["pending"]] == ["RISE"]
+    assert [r["method"] for r in states[2]["results"]] == ["gradcam", "rise", "random"]  # menu order
+    assert states[2]["results"][1]["fractions"] is None and "curves of RISE" in explain.still_running_text(states[2])
+    assert len(states) == 4 and "pending" not in states[3]
+    assert all(r["fractions"] is not None for r in states[3]["results"])
+    # a first method expected to take longer than QUICK_SECONDS: the prediction is shown before it runs
+    assert explain.quick_methods(["rise"], expected) == []
+    alone = [s for s, _ in explain.explain_stream(services, CELL, bundle.name, ["rise"])]
+    assert alone[0]["results"] == [] and len(alone) == 3  # prediction, RISE's map, done
 
 
 def test_a_method_that_cannot_run_is_skipped_in_the_stream(tmp_path):
