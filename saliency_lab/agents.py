@@ -234,13 +234,15 @@ def timeline_figure(episodes: list, index: int):
                      "name": f"V(s) {episode.agent}", "line": {"color": colours[number % 2]}})
         data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.ious, "yaxis": "y2",
                      "name": f"IoU {episode.agent}", "line": {"color": colours[number % 2], "dash": "dot"}})
-    layout = _layout("Value and IoU with the mask over the episode", 300,
-                     xaxis=_axis(title={"text": "step"}), yaxis=_axis(title={"text": "V(s)"}),
+    layout = _layout("Value and IoU with the mask over the episode", 360,
+                     xaxis=_axis(title={"text": "step", "standoff": 4}), yaxis=_axis(title={"text": "V(s)"}),
                      yaxis2=_axis(title={"text": "IoU (Grad-CAM of V)"}, overlaying="y", side="right",
                                   range=[0, 1]),
                      shapes=[{"type": "line", "x0": index, "x1": index, "yref": "paper", "y0": 0, "y1": 1,
                               "line": {"color": "#888", "width": 1}}],
-                     legend={"orientation": "h", "y": -0.25})
+                     # under the axis title (at -0.25 it was drawn over it); four entries wrap on a phone
+                     legend={"orientation": "h", "y": -0.22, "yanchor": "top", "font": {"size": 11}},
+                     margin={"l": 50, "r": 50, "t": 50, "b": 100})
     return FigureSpec(data, layout)
 
 

@@ -226,9 +226,12 @@ def head_weights_figure(diagnostics: dict) -> FigureSpec:
                   "marker": {"color": "#E69F00"}, "xaxis": "x2", "yaxis": "y2",
                   "hovertemplate": "%{y}: skip %{x:.2f}<extra></extra>"}]
         layout.update(barmode="stack", xaxis={"domain": [0.0, 0.5]}, yaxis={"autorange": "reversed"},
-                      xaxis2={"domain": [0.68, 1.0], "range": [0, 1], "title": {"text": "share of relevance"}},
+                      xaxis2={"domain": [0.68, 1.0], "range": [0, 1],
+                              "title": {"text": "share of relevance", "standoff": 4}},
                       yaxis2={"anchor": "x2", "autorange": "reversed", "showticklabels": False},
-                      legend={"orientation": "h", "x": 0.68, "y": -0.15})
+                      # under the axis title (at -0.15 it was drawn over it)
+                      legend={"orientation": "h", "x": 0.68, "y": -0.3, "yanchor": "top"},
+                      height=350, margin={"l": 70, "r": 20, "t": 45, "b": 80})
     return FigureSpec(data, layout)
 
 
