@@ -212,34 +212,6 @@ def quick_methods(order: list, expected: dict) -> list:
     return quick
 
 
-def curves_side_by_side(services, bundle, image, records: list):
-    """(record, record with its curves) for each record, as each is done: as many at once as the curve replicas
-    the app keeps (one per core on a CPU, each single-threaded), so one person's quick methods use both cores of a
-    2-core machine; a busy server simply waits for a free replica. Each computed time is remembered (a cached
-    result says nothing of the time)."""
-    def compute(record):
-        computed = engine.cached_result(services.cache, bundle, image, record["method"], record["target"],
-                                        record["options"]) is None
-        started = time.perf_counter()
-        done = add_curves(bundle, image, record, services.cache)
-        return done, (time.perf_counter() - started) if computed else None
-
-    workers = min(len(records), getattr(getattr(services.cache, "replicas", None), "size", 1))
-    if workers <= 1:
-        results = ((record, compute(record)) for record in records)
-    else:
-        from concurrent.futures import ThreadPoolExecutor, as_completed
-
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="curves")
-        futures = {pool.submit(compute, record): record for record in records}
-        pool.shutdown(wait=False)
-        results = ((futures[future], future.result()) for future in as_completed(futures))
-    for record, (done, seconds) in results:
-        if seconds is not None:
-            remember_curve_seconds(services, bundle, seconds)
-        yield record, done
-
-
 def explain_stream(services, image_path, model_name, methods, target=AUTO, values=None, *, warn=None):
     """An explanation as it is made, the quickest methods first (`stream_order`; the results kept in menu order).
     Yields (state, image): the prediction with the quick methods' maps (`quick_methods`), their curves (gathered
@@ -264,7 +236,13 @@ def explain_stream(services, image_path, model_name, methods, target=AUTO, value
             state = {**state, "results": results}
         return {**state, "curving": ", ".join(r["label"] for r in waiting) or None}
 
-    def with_curves(state, record, done):
+    def with_curves(state, record):
+        computed = engine.cached_result(services.cache, bundle, image, record["method"], record["target"],
+                                        record["options"]) is None  # a cached one says nothing of the time
+        started = time.perf_counter()
+        done = add_curves(bundle, image, record, services.cache)
+        if computed:
+            remember_curve_seconds(services, bundle, time.perf_counter() - started)
         waiting.remove(record)
         results = [done if r is record else r for r in state["results"]]
         return {**state, "results": results, "curving": ", ".join(r["label"] for r in waiting) or None}
@@ -273,8 +251,8 @@ def explain_stream(services, image_path, model_name, methods, target=AUTO, value
         state = with_map(state, method)
     yield state, image
     last = time.perf_counter()
-    for record, done in curves_side_by_side(services, bundle, image, list(waiting)):
-        state = with_curves(state, record, done)
+    for record in list(waiting):
+        state = with_curves(state, record)
         if waiting or len(quick) < len(order):
             if not waiting or time.perf_counter() - last >= UPDATE_SECONDS:
                 yield state, image
@@ -286,8 +264,7 @@ def explain_stream(services, image_path, model_name, methods, target=AUTO, value
                 yield state, image
             continue
         yield state, image
-        (record, done), = curves_side_by_side(services, bundle, image, waiting[:1])
-        state = with_curves(state, record, done)
+        state = with_curves(state, waiting[0])
         if state["pending"]:
             yield state, image
     state = {k: v for k, v in state.items() if k not in ("pending", "curving")}

@@ -77,27 +77,6 @@ def test_quick_methods_come_in_one_update_with_the_prediction(tmp_path, monkeypa
     assert alone[0]["results"] == [] and len(alone) == 3  # prediction, RISE's map, done
 
 
-def test_curves_computed_side_by_side_are_those_computed_one_by_one(tmp_path):
-    """With two curve replicas (a 2-core server) the quick methods' curves run two at once, each on its own copy
-    of the model: the same curves as one by one, the results in menu order, every computed time remembered."""
-    from saliency_lab.services import Services
-
-    bundle = tiny_cnn("stream-pair", num_classes=8)
-    methods = ["gradcam", "occlusion", "random"]
-    finals = []
-    for parallel in (1, 2):
-        services = Services(lambda name: bundle, [bundle.name], tmp_path / str(parallel), parallel=parallel)
-        assert services.cache.replicas.size == parallel
-        finals.append([s for s, _ in explain.explain_stream(services, CELL, bundle.name, methods)][-1])
-        measured = services.measured_seconds(bundle.name, explain.CURVES_KEY)
-        assert measured is not None and measured > 0
-    one, two = finals
-    assert [r["method"] for r in two["results"]] == [r["method"] for r in one["results"]]
-    for a, b in zip(one["results"], two["results"]):
-        assert np.allclose(a["deletion"], b["deletion"], atol=1e-6) and np.allclose(a["insertion"], b["insertion"],
-                                                                                    atol=1e-6)
-
-
 def test_a_method_that_cannot_run_is_skipped_in_the_stream(tmp_path):
     bundle = tiny_cnn("stream-skip", num_classes=8)
     warnings = []
