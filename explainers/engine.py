@@ -14,6 +14,8 @@ a pool of model replicas for the curves, one method's map with its deletion/inse
 `explain_batch` is the one path from a method to its maps: the bundle's lock, the seed, the applicability and
 target checks, what the method resolved (AHA's mode) and its caveat. `run_method` (one image, cached, with
 curves) runs it; so do the evaluation over a data set, the grid pointing game, the sanity checks and the CLI.
+A target is a class index or any `explainers.targets.Target` (a segmentation model's region): the map, the cache
+key and the curves (`Target.curve_score`) all follow it.
 
 Methods with a `prepare` hook and live options (GradSkip's alpha) are prepared once per (image, target) and
 recombined for every value (`recombine`), without a model pass.
@@ -38,6 +40,7 @@ from PIL import Image
 from .images import Geometry, crop_region, image_digest, map_array, map_to_original, overlay, prepare_for_model
 from .methods import METHODS, Method, as_targets, check_targets, get_method
 from .metrics import Curves, curve_note, deletion_insertion
+from .targets import Target, target_key
 
 CURVE_NOTE = curve_note()
 DISPLAY_MIN, DISPLAY_MAX = 256, 512
@@ -270,7 +273,8 @@ class BatchMaps:
 def explain_batch(bundle, method, images: torch.Tensor, targets, *, seed: int | None = SEED,
                   progress=None) -> BatchMaps:
     """The one run path from a method to its maps. `method`: a registered name or a Method; `targets`: an int,
-    B class indices or a function of the logits (methods with `score_targets`). Checks that the method can
+    B class indices, any `Target` (a region: methods with `any_target`) or a function of the logits (methods with
+    `score_targets`). Checks that the method can
     explain the model (MethodNotApplicable, in words a user can act on) and the targets, holds the bundle's
     lock (no other caller's hooks see the passes), and reseeds the global generator with `seed` first (a method
     that draws from it gives the same maps every run; RISE and the random map carry generators of their own);
@@ -316,13 +320,16 @@ def method_state(bundle, prepared: PreparedInput, method: str, target, options: 
     """The prepared state of a method with a `prepare` hook for this image and target (the options other than
     its live ones fixed): one model pass, then cached; `state.map(**live options)` costs no model pass."""
     fixed = {k: v for k, v in (options or {}).items() if k not in _live(method)}
-    key = ExplanationCache.key("state", method, bundle.name, id(bundle.network), prepared.digest, int(target), fixed)
+    key = ExplanationCache.key("state", method, bundle.name, id(bundle.network), prepared.digest, target_key(target),
+                               fixed)
     state = cache.get_state(key) if cache else None
     if state is None:
         method_obj = get_method(method, **fixed)
         method_obj.check(bundle)
+        check_targets(method_obj, target)
+        targets = target if isinstance(target, Target) else int(target)
         with bundle.lock:
-            state = method_obj.prepare(bundle, prepared.tensor, as_targets(int(target), 1, prepared.tensor.device))
+            state = method_obj.prepare(bundle, prepared.tensor, as_targets(targets, 1, prepared.tensor.device))
         if cache:
             cache.put_state(key, state)
     return state
@@ -332,18 +339,28 @@ def _live_values(method: str, options: dict) -> dict:
     return {k: options[k] for k in _live(method) if k in options}
 
 
-def compute_curves(bundle, prepared: PreparedInput, maps: np.ndarray, target: int, *, steps: int = 20,
+def compute_curves(bundle, prepared: PreparedInput, maps: np.ndarray, target, *, steps: int = 20,
                    reference: str = "mean", replicas: ReplicaPool | None = None) -> Curves:
+    """The curves of one map for one image's target (a class index or a `Target`: its `curve_score`)."""
     tensor = torch.as_tensor(maps, dtype=torch.float32, device=prepared.tensor.device).unsqueeze(0)
+    targets = target if isinstance(target, Target) else [int(target)]
     with (replicas or ReplicaPool(1)).lease(bundle) as model:
-        return deletion_insertion(model, prepared.tensor, tensor, [int(target)], steps=steps, reference=reference)
+        return deletion_insertion(model, prepared.tensor, tensor, targets, steps=steps, reference=reference)
 
 
-def result_record(method: str, target: int, options: dict, maps: np.ndarray, seconds: float,
+def _target_fields(target, bundle) -> tuple:
+    """(the record's target, its name): a class index as an int with its class name; another `Target` as itself
+    (its curves read it again) with its description."""
+    if isinstance(target, Target):
+        return target, (target.describe(bundle.class_names) if bundle is not None else target.key())
+    return int(target), (bundle.class_name(int(target)) if bundle is not None else str(target))
+
+
+def result_record(method: str, target, options: dict, maps: np.ndarray, seconds: float,
                   curves: Curves | None, bundle=None) -> dict:
     """A plain, copyable record of one method's explanation (what the app keeps in per-session state)."""
-    record = {"method": method, "label": method_label(method), "target": int(target),
-              "target_name": bundle.class_name(int(target)) if bundle is not None else str(target),
+    target, target_name = _target_fields(target, bundle)
+    record = {"method": method, "label": method_label(method), "target": target, "target_name": target_name,
               "options": dict(options), "map": maps.astype(np.float32), "seconds": float(seconds),
               "fractions": None, "deletion": None, "insertion": None, "deletion_auc": None, "insertion_auc": None,
               "caveat": None}
@@ -362,11 +379,11 @@ def set_curves(record: dict, curves: Curves) -> dict:
 
 
 def _result_key(bundle, prepared, method, target, options, steps, reference) -> str:
-    return ExplanationCache.key("map", bundle.name, id(bundle.network), prepared.digest, int(target), method,
+    return ExplanationCache.key("map", bundle.name, id(bundle.network), prepared.digest, target_key(target), method,
                                 dict(options), steps, reference)
 
 
-def cached_result(cache, bundle, prepared: PreparedInput, method: str, target: int, options: dict, *,
+def cached_result(cache, bundle, prepared: PreparedInput, method: str, target, options: dict, *,
                   steps: int = 20, reference: str = "mean") -> dict | None:
     """The cached record (with curves) of an earlier `run_method` call with the same arguments, or None."""
     if cache is None:
@@ -375,10 +392,11 @@ def cached_result(cache, bundle, prepared: PreparedInput, method: str, target: i
     return copy.deepcopy(found) if found is not None else None
 
 
-def run_method(bundle, prepared: PreparedInput, method: str, target: int, options: dict | None = None, *,
+def run_method(bundle, prepared: PreparedInput, method: str, target, options: dict | None = None, *,
                cache: ExplanationCache | None = None, curves: bool = True, steps: int = 20,
                reference: str = "mean", progress=None) -> dict:
-    """One method's map (and curves) for one image and target, as a `result_record`.
+    """One method's map (and curves) for one image and target (a class index or a `Target` of one row), as a
+    `result_record`.
 
     The map and the curves are cached separately (a map shown first, its curves added later, is computed once).
     A method with a `prepare` hook and live options (GradSkip) is prepared once per (image, target) and
@@ -386,7 +404,7 @@ def run_method(bundle, prepared: PreparedInput, method: str, target: int, option
     `explain` call it.
     Raises MethodNotApplicable / ValueError with user-facing messages."""
     options = dict(options or {})
-    target = int(target)
+    target = target if isinstance(target, Target) else int(target)
     if curves:
         found = cached_result(cache, bundle, prepared, method, target, options, steps=steps, reference=reference)
         if found is not None:
@@ -487,8 +505,8 @@ def curves_csv(results: list, path) -> Path:
                 continue
             options = json.dumps(record["options"], sort_keys=True)
             for f, d, i in zip(record["fractions"], record["deletion"], record["insertion"]):
-                writer.writerow([record["method"], options, record["target"], record["target_name"], f"{f:.4f}",
-                                 f"{d:.6f}", f"{i:.6f}"])
+                writer.writerow([record["method"], options, target_key(record["target"]), record["target_name"],
+                                 f"{f:.4f}", f"{d:.6f}", f"{i:.6f}"])
     return path
 
 
@@ -500,9 +518,9 @@ def report(bundle_name: str, results: list, *, image_name: str = "", prediction=
         "model": bundle_name,
         "image": image_name,
         "prediction": [{"class_index": i, "class_name": n, "probability": round(p, 6)} for i, n, p in (prediction or [])],
-        "methods": [{"method": r["method"], "label": r["label"], "options": r["options"], "target": r["target"],
-                     "target_name": r["target_name"], "deletion_auc": r["deletion_auc"],
-                     "insertion_auc": r["insertion_auc"], "map_seconds": r["seconds"],
+        "methods": [{"method": r["method"], "label": r["label"], "options": r["options"],
+                     "target": target_key(r["target"]), "target_name": r["target_name"],
+                     "deletion_auc": r["deletion_auc"], "insertion_auc": r["insertion_auc"], "map_seconds": r["seconds"],
                      **({"caveat": r["caveat"]} if r.get("caveat") else {})} for r in results],
         "protocol": {"steps": steps, "reference": reference, "score": "softmax probability of the target",
                      "auc": "trapezoid over p in [0, 1]", "note": CURVE_NOTE},

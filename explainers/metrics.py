@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .targets import as_target
+
 REFERENCES = ("mean", "black", "blur", "road")
 TIE_BREAK_SEED = 0
 ROAD_NOISE = 0.01  # in normalised input units (the model's mean/std), as ROAD's authors add it
@@ -217,12 +219,15 @@ def fraction_counts(steps: int, num_pixels: int) -> tuple:
 @torch.no_grad()
 def deletion_insertion(bundle, images: torch.Tensor, maps: torch.Tensor, targets, *, steps: int = 20,
                        reference: str = "mean", batch_size: int = 256) -> Curves:
-    """Deletion and insertion curves for B images at once (spec section 1)."""
+    """Deletion and insertion curves for B images at once (spec section 1). `targets`: class indices or any
+    `explainers.targets.Target` (a region): each perturbed image is read by its image's target (`curve_score`:
+    its probability form, a class's softmax share or a region's mean class probability)."""
+
     b, _, h, w = images.shape
     maps = torch.as_tensor(maps, device=images.device)
     if maps.shape != (b, h, w):
         raise ValueError(f"maps must be B x H x W = {(b, h, w)}, got {tuple(maps.shape)}")
-    targets = torch.as_tensor(targets, dtype=torch.long, device=images.device).view(-1)
+    target = as_target(targets, b, images.device)
     fractions, counts = fraction_counts(steps, h * w)
     counts = counts.to(images.device)
     ranks = pixel_ranks(maps)  # B x HW
@@ -254,8 +259,7 @@ def deletion_insertion(bundle, images: torch.Tensor, maps: torch.Tensor, targets
     for start in range(0, total, batch_size):
         indices = torch.arange(start, min(start + batch_size, total), device=images.device)
         batch, image_index = make(indices)
-        probabilities = bundle(batch).softmax(dim=1)
-        scores[indices] = probabilities.gather(1, targets[image_index].view(-1, 1)).squeeze(1)
+        scores[indices] = target.take(image_index).curve_score(bundle(batch))
     scores = scores.view(b, 2, points).cpu().numpy().astype(np.float64)
     return Curves(fractions=fractions, deletion=scores[:, 0], insertion=scores[:, 1])
 

@@ -11,7 +11,6 @@ and insertion curves.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from explainers.engine import explain_batch
 from explainers.images import ImageError, colorize, load_image
 from explainers.segmentation.methods import SEGMENTATION_METHODS, get_segmentation_method, list_segmentation_methods
 from explainers.segmentation.model import (BUNDLED_SEGMENTATION_MODELS, HUB_SEGMENTATION_MODELS, class_colours,
@@ -217,10 +217,9 @@ class SegmentationView:
         for name in methods:
             method_options = {**interactive_options(name, self.bundle), **(options or {}).get(name, {})}
             method = get_segmentation_method(name, self.bundle, **method_options)
-            started = time.perf_counter()
-            heat = method.attribute(self.bundle, shown.image, target).detach().float()[0].cpu()
-            seconds = time.perf_counter() - started
-            records.append(self._record(name, method, heat, seconds, shown, target, class_index))
+            batch = explain_batch(self.bundle, method, shown.image, target)  # the one run path: lock, seed, checks
+            heat = batch.maps.float()[0].cpu()
+            records.append(self._record(name, method, heat, batch.seconds, shown, target, class_index))
         if steps:
             maps = torch.stack([torch.from_numpy(r["map"]) for r in records]).to(self.bundle.device)
             curves = region_curves(self.bundle, shown.image, maps, target, steps=steps)

@@ -193,7 +193,7 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
     tau 0.3, finest grid, 16 fractions, mean reference) deletion / insertion AUCs of the explainer's top-1
     maps, next to the same images explained by an untrained explainer (the class activation map it starts
     from) and by the `compare` methods."""
-    from ..methods import get_method
+    from ..engine import explain_batch
     from ..metrics import deletion_insertion
 
     bundle = explainer.bundle
@@ -219,7 +219,7 @@ def held_out_figures(explainer: AHAExplainer, images: torch.Tensor, labels: torc
         soft_ins.append(terms.insertion_auc.cpu())
         candidates = {"aha": maps, "aha_untrained": untrained(x, targets).detach()}
         for name in compare:
-            candidates[name] = get_method(name).attribute(bundle, x, targets).detach()
+            candidates[name] = explain_batch(bundle, name, x, targets, seed=None).maps  # seeded above
         for name, method_maps in candidates.items():
             curves = deletion_insertion(bundle, x, method_maps, targets, steps=20, reference="mean")
             rows[name].append(np.stack([curves.deletion_auc, curves.insertion_auc], 1))
@@ -319,6 +319,7 @@ def validation_class_dependence(explainer: AHAExplainer, images: torch.Tensor, b
 def baseline_scores(bundle, method: str, images: torch.Tensor, *, batch_size: int = 16, steps: int = 20) -> dict:
     """Per-image hard deletion / insertion AUCs (mean-colour reference) of a method's maps of the top-1 classes:
     {"deletion": array, "insertion": array}. A method that cannot explain the model is refused (`check`)."""
+    from ..engine import explain_batch
     from ..methods import get_method
     from ..metrics import deletion_insertion
 
@@ -329,7 +330,7 @@ def baseline_scores(bundle, method: str, images: torch.Tensor, *, batch_size: in
         x = images[start:start + batch_size].to(bundle.device)
         with torch.no_grad():
             targets = bundle(x).argmax(1)
-        maps = peer.attribute(bundle, x, targets).detach().float()
+        maps = explain_batch(bundle, peer, x, targets, seed=None).maps.float()
         curves = deletion_insertion(bundle, x, maps, targets, steps=steps, reference="mean")
         scores["deletion"].append(np.asarray(curves.deletion_auc))
         scores["insertion"].append(np.asarray(curves.insertion_auc))

@@ -21,8 +21,9 @@ from ..aha.per_image import (PER_IMAGE_LR, PER_IMAGE_STEPS, expected_seconds, op
                               step_passes)
 from ..aha.refine import MAX_REFINE_STEPS
 from ..aha.store import ExplainerUnavailable, get_explainer
+from ..targets import ClassTarget, TargetScoreModel, as_target
 from . import register
-from .base import Method, MethodNotApplicable, Option
+from .base import ANY_TARGET_FAMILIES, Method, MethodNotApplicable, Option
 
 MODES = ("auto", "trained", "per-image")
 PER_IMAGE_LABEL = "AHA (per image)"  # its label in the per-image mode (`label_for`)
@@ -46,6 +47,8 @@ class AHA(Method):
                    "enters the curves).")
     colour = "#0072B2"
     order = 0
+    families = ANY_TARGET_FAMILIES
+    any_target = True  # class indices in either mode; any other target in the per-image mode
     user_options = (Option("refine_steps", "AHA refinement steps T", 0, 0, MAX_REFINE_STEPS, 1, int,
                            "0 = one pass (fastest); each step optimises the map for this image (about one "
                            "forward and backward pass of the model over 28 perturbed images).",
@@ -201,7 +204,37 @@ class AHA(Method):
         return settings
 
     def attribute(self, bundle, images, targets, progress=None):
-        return self.predict_and_explain(bundle, images, targets, progress=progress)[1]
+        """`targets`: class indices (either mode), or any other `Target` (a region: the per-image mode)."""
+        target = as_target(targets, images.shape[0], images.device)
+        if not isinstance(target, ClassTarget):
+            return self.explain_target(bundle, images, target, progress=progress)
+        return self.predict_and_explain(bundle, images, target.classes, progress=progress)[1]
+
+    def explain_target(self, bundle, images, target, progress=None):
+        """B x H x W maps for a target other than class indices (a region): the per-image optimisation of each
+        image's target in its probability form (`TargetScoreModel`), from the prior method's map of the target."""
+        if self.mode == "trained":
+            raise MethodNotApplicable(f"AHA's trained explainer draws maps of a classifier's classes; a {target.kind} "
+                                      "target is explained by AHA's per-image mode (mode 'per-image' or 'auto').")
+        self._refuse_blur_without_explainer(bundle)
+        prior = prior_method(bundle)
+        from . import get_method
+
+        prior_maps = get_method(prior).attribute(bundle, images, target).detach()
+        count = images.shape[0]
+        maps = []
+        for index in range(count):
+            def step(done, total, offset=index):
+                progress(offset * total + done, count * total)
+
+            one = TargetScoreModel(bundle, target.take([index]))  # softmax class 0: the target's probability
+            zero = torch.zeros(1, dtype=torch.long, device=images.device)
+            maps.append(optimise_maps(one, images[index:index + 1], zero, steps=self.per_image_steps,
+                                      lr=self.per_image_lr, reference=self.reference,
+                                      prior_maps=prior_maps[index:index + 1],
+                                      progress=None if progress is None else step).detach())
+        self.resolved_options = {"mode": "per-image", "prior": prior, "steps": self.per_image_steps}
+        return torch.cat(maps)
 
     def predict_and_explain(self, bundle, images, targets=None, progress=None):
         """(logits, maps, targets); top-1 targets when None. `progress(done, total)` follows optimisation steps."""

@@ -3,7 +3,9 @@
     method = get_method("gradcam", **options)
     maps = method.attribute(bundle, images, targets)   # B x H x W float, higher = more important
 
-`images` are B x 3 x H x W in [0, 1] (the bundle normalises), `targets` a LongTensor of B class indices.
+`images` are B x 3 x H x W in [0, 1] (the bundle normalises), `targets` a LongTensor of B class indices, or,
+for the methods that read their score through the target (`any_target`: occlusion, RISE, Grad-CAM, AHA, the
+random map), any `explainers.targets.Target` (a segmentation model's region, ...).
 A method that cannot explain a model (e.g. attention rollout on a CNN) raises `MethodNotApplicable` with
 a message a user can act on, from `check(bundle)`.
 
@@ -25,8 +27,11 @@ from typing import ClassVar
 import torch
 
 from ..resize import resize_bilinear
+from ..targets import ClassTarget, Target, as_target
 
 ALL_FAMILIES = frozenset({"vit", "swin", "convnext", "resnet", "efficientnet", "cnn"})
+# the methods that read their score through the target (`any_target`) explain a segmentation model's regions too
+ANY_TARGET_FAMILIES = ALL_FAMILIES | {"segformer"}
 
 
 class MethodNotApplicable(ValueError):
@@ -88,6 +93,7 @@ class Method(ABC):
     flag_options: ClassVar[tuple] = ()  # Option(...) a caller sets (a CLI flag, a spec) that is no slider
     details: ClassVar[str] = ""  # title of the diagnostics panel (a prepared state with `diagnostics(**options)`)
     score_targets: ClassVar[bool] = False  # accepts a target given as a function of the output (logits -> B scores)
+    any_target: ClassVar[bool] = False  # reads its score through the target (`explainers.targets`): any model kind
 
     @classmethod
     def default_for(cls, bundle) -> bool:
@@ -170,35 +176,36 @@ class Method(ABC):
 
 
 def as_targets(targets, batch_size: int, device=None):
-    """Accept an int, a list or a tensor; return a LongTensor of B targets. A callable (logits -> B scores, e.g.
-    a critic's value V(s)) is passed through: the methods that accept one (Grad-CAM) differentiate its output;
-    the others refuse it (`check_targets`)."""
-    if callable(targets) and not isinstance(targets, torch.Tensor):
+    """What the engine hands a method: a LongTensor of B class indices for an int, a list or a tensor; a `Target`
+    (a region, `explainers.targets`) or a plain function of the outputs passed through. The methods that take any
+    target (`any_target`) read it through `as_target`; `check_targets` refuses what a method cannot take."""
+    if isinstance(targets, ClassTarget):
+        targets = targets.classes
+    elif isinstance(targets, Target) or (callable(targets) and not isinstance(targets, torch.Tensor)):
         return targets
-    if isinstance(targets, int):
-        targets = [targets] * batch_size
-    targets = torch.as_tensor(targets, dtype=torch.long, device=device).flatten()
-    if targets.numel() != batch_size:
-        raise ValueError(f"Got {targets.numel()} targets for {batch_size} images")
-    return targets
+    return as_target(targets, batch_size, device).classes
 
 
 def check_targets(method, targets) -> None:
-    """MethodNotApplicable when `targets` is a function of the output and the method explains class indices only."""
-    if callable(targets) and not isinstance(targets, torch.Tensor) and not method.score_targets:
-        raise MethodNotApplicable(f"{method.label or method.name} explains class indices only; a target given as a "
+    """MethodNotApplicable when the method cannot take this target: a method of class indices only (attention
+    rollout, GradSkip, ...) takes neither a region nor a function of the output; a function of the whole batch's
+    outputs (a critic's V(s)) needs a method that differentiates it (`score_targets`: Grad-CAM, CAMAL)."""
+    if isinstance(targets, ClassTarget) or method.score_targets:
+        return
+    name = method.label or method.name
+    if isinstance(targets, Target) and targets.rows_known:
+        if not method.any_target:
+            raise MethodNotApplicable(f"{name} explains class indices only; a {targets.kind} target works with "
+                                      "occlusion, RISE, Grad-CAM, AHA (per image) and the random map.")
+    elif callable(targets) and not isinstance(targets, torch.Tensor):
+        raise MethodNotApplicable(f"{name} explains class indices only; a target given as a "
                                   "function of the model output (a scalar per image) works with Grad-CAM and CAMAL.")
 
 
 def target_scores(logits: torch.Tensor, targets) -> torch.Tensor:
-    """B scores to explain: logits[b, targets[b]] for class indices, or `targets(logits)` for a callable."""
-    if callable(targets) and not isinstance(targets, torch.Tensor):
-        scores = targets(logits)
-        if scores.shape != (logits.shape[0],):
-            raise ValueError(f"a target function must return one score per image (shape ({logits.shape[0]},)), "
-                             f"got {tuple(scores.shape)}")
-        return scores
-    return logits.gather(1, targets.view(-1, 1).to(logits.device).clone()).flatten()
+    """B scores to explain: the target's score (`Target.score`; class indices: logits[b, targets[b]]; a function
+    of the outputs: its value)."""
+    return as_target(targets).score(logits)
 
 
 def repeated_runs(images: torch.Tensor) -> list:

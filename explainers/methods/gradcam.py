@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..attention import model_lock
 from . import register
-from .base import Method, normalize_max, target_scores, upsample
+from .base import ANY_TARGET_FAMILIES, Method, normalize_max, target_scores, upsample
 
 
 def gradcam_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, layer_name: str | None = None,
@@ -32,7 +32,7 @@ def gradcam_maps(bundle, images: torch.Tensor, targets: torch.Tensor, *, layer_n
                 if not any(p.requires_grad for p in bundle.network.parameters()) and not images.requires_grad:
                     inputs = images.detach().requires_grad_(True)  # a frozen model still needs a graph
                 logits = bundle(inputs)
-                score = target_scores(logits, targets).sum()  # class indices, or a function of the logits
+                score = target_scores(logits, targets).sum()  # class indices, any Target, a function of the outputs
                 activations = captured["activations"]
                 # detached weights need no second-order graph: the map stays differentiable through the
                 # activations alone, and the graph is only retained for the caller's loss
@@ -65,7 +65,9 @@ class GradCAM(Method):
                    "forward and one backward pass.")
     colour = "#009E73"
     order = 2
-    score_targets = True
+    families = ANY_TARGET_FAMILIES
+    any_target = True
+    score_targets = True  # also a function of the whole batch's outputs (a critic's V(s))
 
     @classmethod
     def default_for(cls, bundle) -> bool:

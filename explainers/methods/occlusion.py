@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .base import Method, Option, repeated_runs
+from ..targets import as_target
+from .base import ANY_TARGET_FAMILIES, Method, Option, repeated_runs
 
 SCORES = ("logit", "probability")
 
@@ -45,6 +46,8 @@ class Occlusion(Method):
                    "model-agnostic and easy to read, one forward pass per window position (225 by default).")
     colour = "#332288"
     order = 6
+    families = ANY_TARGET_FAMILIES
+    any_target = True
     slow = True
     quick_pixels = 128 * 128  # 226 passes of a 128 px mosaic take about 3 s on 2 CPU cores (tiny ViT)
     user_options = (
@@ -66,21 +69,21 @@ class Occlusion(Method):
         super().__init__(window_fraction=float(window_fraction), score=score, batch_size=int(batch_size))
         self.window_fraction, self.score, self.batch_size = float(window_fraction), score, int(batch_size)
 
-    def _scores(self, bundle, images):
-        logits = bundle(images)
-        return logits.softmax(dim=1) if self.score == "probability" else logits
-
     @torch.no_grad()
     def attribute(self, bundle, images, targets, progress=None):
+        """`targets`: class indices or any `Target` (a region: the drop of its score)."""
         b, _, height, width = images.shape
+        target = as_target(targets, b, images.device)
+        probability = self.score == "probability"
         window_h, window_w, corners = occlusion_windows(height, width, self.window_fraction)
         reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-        runs = repeated_runs(images)  # an image asked for several classes is occluded and classified once
+        runs = repeated_runs(images)  # an image asked about several targets is occluded and scored once
+        rows = {run: target.rows(*run) for run in runs}
         chunk = max(1, self.batch_size)
         chunks = [corners[start:start + chunk] for start in range(0, len(corners), chunk)]
         saliency = torch.zeros(b, height * width, device=images.device)
         covered = torch.zeros(height * width, device=images.device)
-        full = {run: self._scores(bundle, images[run[0]:run[0] + 1])[0, targets[run[0]:run[1]].to(images.device)]
+        full = {run: rows[run].copies(bundle(images[run[0]:run[0] + 1]), probability)[0]
                 for run in runs}  # each run's unoccluded scores, one per row
         steps = 0
         for part in chunks:
@@ -90,10 +93,9 @@ class Occlusion(Method):
             flat = windows.view(len(part), -1)
             covered += flat.sum(0)
             for start, stop in runs:
-                classes = targets[start:stop].to(images.device)
                 occluded = images[start:start + 1] * (1 - windows) + reference * windows
-                drops = full[(start, stop)].view(1, -1) - self._scores(bundle, occluded)[:, classes]  # windows x rows
-                saliency[start:stop] += drops.T @ flat
+                drops = full[(start, stop)].view(1, -1) - rows[(start, stop)].copies(bundle(occluded), probability)
+                saliency[start:stop] += drops.T @ flat  # windows x rows above
                 steps += 1
                 if progress is not None:
                     progress(steps / (len(chunks) * len(runs)))

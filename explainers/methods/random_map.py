@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .base import Method
+from .base import ANY_TARGET_FAMILIES, Method
 
 
 @register
@@ -14,6 +14,8 @@ class RandomMap(Method):
     description = "Uniform noise: any method worth using must beat it on deletion and insertion."
     colour = "#999999"
     order = 7
+    families = ANY_TARGET_FAMILIES
+    any_target = True  # draws the same noise whatever the target
     baseline = True
 
     def __init__(self, seed: int = 0):

@@ -1,4 +1,5 @@
-"""RISE (Petsiuk et al. 2018): the class probability under N random masks, averaged per pixel.
+"""RISE (Petsiuk et al. 2018): the target's probability (a class's; a region's mean class probability) under N
+random masks, averaged per pixel.
 
 Batched: masks go through the model `batch_size` at a time, and each chunk of masks is generated once
 (from a fixed seed) and applied to every image. Masked pixels take the reference colour (the data
@@ -11,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from . import register
-from .base import Method, Option, repeated_runs
+from ..targets import as_target
+from .base import ANY_TARGET_FAMILIES, Method, Option, repeated_runs
 
 
 def rise_mask_plan(count: int, cells: int, cell_hw: tuple, keep_probability: float, seed: int) -> tuple:
@@ -41,6 +43,8 @@ class RISE(Method):
                    "class probability. Model-agnostic and faithful, but slow: N forward passes.")
     colour = "#56B4E9"
     order = 5
+    families = ANY_TARGET_FAMILIES
+    any_target = True
     slow = True
     quick_pixels = 96 * 96
 
@@ -72,7 +76,9 @@ class RISE(Method):
         saliency = torch.zeros(b, height * width, device=images.device)
         cell_hw = (math.ceil(height / self.cells), math.ceil(width / self.cells))
         grids, shifts_y, shifts_x = rise_mask_plan(self.n_masks, self.cells, cell_hw, self.keep_probability, self.seed)
-        runs = repeated_runs(images)  # an image asked for several classes is masked and classified once
+        target = as_target(targets, b, images.device)
+        runs = repeated_runs(images)  # an image asked about several targets is masked and scored once
+        rows = {run: target.rows(*run) for run in runs}
         done = 0
         while done < self.n_masks:
             count = min(self.batch_size, self.n_masks - done)
@@ -83,8 +89,8 @@ class RISE(Method):
             masks = masks.unsqueeze(1)
             for start, stop in runs:
                 masked = images[start:start + 1] * masks + reference * (1 - masks)
-                probabilities = bundle(masked).softmax(dim=1)
-                saliency[start:stop] += probabilities[:, targets[start:stop].to(images.device)].T @ flat_masks
+                probabilities = rows[(start, stop)].copies(bundle(masked), probability=True)  # masks x rows
+                saliency[start:stop] += probabilities.T @ flat_masks
             done += count
             if progress is not None:
                 progress(done / self.n_masks)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write_text
+from ..engine import explain_batch
 from ..statistics import N_RESAMPLES
 from .scoring import BINARY_THRESHOLD, binarise, binarise_top, box_energy, box_mask, pa_iou, region_curves
 
@@ -132,7 +133,7 @@ def _score_region(bundle, methods, image, target, name, class_name, index, args,
         if bundle.device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
-        found = method.attribute(bundle, image, target).detach().float()
+        found = explain_batch(bundle, method, image, target).maps.float()  # the one run path: lock, seed, checks
         if bundle.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
