@@ -34,6 +34,7 @@ from ..methods.rise import RISE, rise_mask_plan, rise_masks
 from ..methods.rollout import AttentionRollout
 from .capture import area_fractions, capture, spread_keys, to_finer_by_window, to_finer_grid
 from .model import SEGMENTATION_FAMILY, is_segmentation
+from ..targets import TargetScoreModel as _RegionScoreModel  # one image's region as a two-class "classifier"
 from .targets import RegionTarget, require_region_target
 
 SEGMENTATION_METHODS: dict = {}
@@ -454,25 +455,6 @@ class SegRISE(SegmentationMethod):
             if progress is not None:
                 progress(min(1.0, (start + count) / o["n_masks"]))
         return normalize_max((maps / (o["n_masks"] * o["keep_probability"])).view(b, height, width))
-
-
-class _RegionScoreModel:
-    """A one-image region score as a two-class "classifier" for the AHA objective and the curve engine:
-    logits (log p, log(1 - p)) with p the region's mean class-c probability, so softmax class 0 is p."""
-
-    def __init__(self, bundle, target: RegionTarget):
-        self.bundle = bundle
-        self.target = target
-        self.reference_color = bundle.reference_color
-        self.input_size = bundle.input_size
-
-    @property
-    def device(self):
-        return self.bundle.device
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        p = self.target.repeated(images.shape[0]).probability(self.bundle(images)).clamp(1e-6, 1 - 1e-6)
-        return torch.stack([p.log(), (1 - p).log()], dim=1)
 
 
 @register_segmentation
