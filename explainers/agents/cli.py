@@ -24,9 +24,10 @@ def cmd_train_agent(args) -> int:
 
     torch.set_num_threads(args.threads)
     config = PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, lr=args.lr,
-                       minibatch=args.minibatch, epochs=args.epochs, cam_mode=args.cam_mode)
-    net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden))
-                   if value is not None}
+                       minibatch=args.minibatch, epochs=args.epochs, cam_mode=args.cam_mode, clip=args.clip,
+                       entropy_coef=args.entropy_coef, camal_max_grad_norm=args.camal_max_grad_norm)
+    net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden),
+                                                 ("frame_hw", args.frame_hw)) if value is not None}
     summary = train_agent(scenario_name=args.scenario, out_dir=args.out, name=args.name, seed=args.seed,
                           lam=args.lam, arch=args.arch, steps=args.steps, budget_s=args.budget_s,
                           device=_device(args.device), config=config, net_options=net_options,
@@ -66,7 +67,15 @@ def add_agent_parsers(commands) -> None:
     train.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable",
                        help="CAMAL's V(s)-CAM: second-order through the channel weights, or the cheaper update "
                             "with the weights detached (the map moves through the activations only)")
-    train.add_argument("--arch", choices=["cnn", "vit"], default="cnn")
+    train.add_argument("--arch", choices=["cnn", "nature", "vit"], default="cnn",
+                       help="cnn: the compact CNN (CAM grid a quarter of the frame); nature: stable-baselines3's "
+                            "CnnPolicy network; vit: a small vision transformer")
+    train.add_argument("--frame-hw", type=int, nargs=2, default=None, metavar=("H", "W"),
+                       help="the network's frame size (default 60 80); masks and maps follow it")
+    train.add_argument("--clip", type=float, default=0.1, help="PPO clip range")
+    train.add_argument("--entropy-coef", type=float, default=0.01)
+    train.add_argument("--camal-max-grad-norm", type=float, default=0.5,
+                       help="the CAMAL term's gradient is clipped to this norm, apart from the PPO loss's")
     train.add_argument("--steps", type=int, default=None, help="stop after this many environment steps")
     train.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds")
     train.add_argument("--num-envs", type=int, default=8)

@@ -2,12 +2,13 @@
 
 Each scenario declares its Gymnasium id, a reward scale (the critic's targets stay near unit size) and its mask rule:
 the labelled objects that matter (`state.labels` names each object; the labels buffer gives its pixels). A frame is
-the 160x120 RGB screen downscaled to FRAME_HW = 60x80 (height x width, area interpolation), one frame per
-observation (no stacking); the mask is computed at the same 60x80: a network pixel is inside when at least
-MASK_COVERAGE = 1/4 of its 2x2 source pixels belong to a relevant object. Actions repeat for FRAME_SKIP = 4 tics.
+the RGB screen downscaled to the network's frame size `frame_hw` (height x width, area interpolation; default
+FRAME_HW = 60x80 from the 160x120 screen, larger frames from the 320x240 screen), one frame per observation (no
+stacking); the mask is computed at the same size: a network pixel is inside when at least MASK_COVERAGE = 1/4 of
+its source pixels belong to a relevant object. Actions repeat for FRAME_SKIP = 4 tics.
 
     env = make_env("defend_the_center", seed=3)
-    frame, mask = env.reset(seed=3)          # uint8 3 x 60 x 80, bool 60 x 80
+    frame, mask = env.reset(seed=3)          # uint8 3 x 60 x 80, bool 60 x 80 (make_env(..., frame_hw=(100, 156)))
     frame, mask, reward, done, info = env.step(action)
 """
 from __future__ import annotations
@@ -21,6 +22,20 @@ FRAME_HW = (60, 80)
 FRAME_SKIP = 4
 MASK_COVERAGE = 0.25
 SOURCE_RESOLUTION = "RES_160X120"
+LARGE_SOURCE_RESOLUTION = "RES_320X240"
+
+
+def source_resolution(frame_hw) -> str:
+    """The screen a frame is cut from: 160x120 for frames up to 60x80 (at least 2x2 source pixels per frame
+    pixel), 320x240 for larger ones."""
+    return SOURCE_RESOLUTION if frame_hw[0] <= 60 and frame_hw[1] <= 80 else LARGE_SOURCE_RESOLUTION
+
+
+def check_frame_hw(frame_hw) -> tuple:
+    frame_hw = tuple(int(v) for v in frame_hw)
+    if len(frame_hw) != 2 or not (16 <= frame_hw[0] <= 240 and 16 <= frame_hw[1] <= 320):
+        raise ScenarioError("The frame size must be two numbers, height 16-240 and width 16-320.")
+    return frame_hw
 
 
 @dataclass(frozen=True)
@@ -76,15 +91,15 @@ def _allow_headless_wrapper() -> None:
         sys.modules["pygame"] = types.ModuleType("pygame")
 
 
-def downscale(screen: np.ndarray) -> np.ndarray:
-    """H x W x 3 uint8 -> 3 x 60 x 80 uint8 (area interpolation)."""
+def downscale(screen: np.ndarray, frame_hw=FRAME_HW) -> np.ndarray:
+    """H x W x 3 uint8 -> 3 x h x w uint8 (area interpolation)."""
     import cv2
 
-    small = cv2.resize(screen, FRAME_HW[::-1], interpolation=cv2.INTER_AREA)
+    small = cv2.resize(screen, tuple(frame_hw)[::-1], interpolation=cv2.INTER_AREA)
     return np.ascontiguousarray(small.transpose(2, 0, 1))
 
 
-def relevant_mask(labels_buffer: np.ndarray, labels, relevant: tuple) -> np.ndarray:
+def relevant_mask(labels_buffer: np.ndarray, labels, relevant: tuple, frame_hw=FRAME_HW) -> np.ndarray:
     """The mask rule at the network's resolution: pixels of the labelled objects named in `relevant`.
 
     `labels`: objects with `.value` (their id in the buffer) and `.object_name`."""
@@ -93,21 +108,22 @@ def relevant_mask(labels_buffer: np.ndarray, labels, relevant: tuple) -> np.ndar
     values = [label.value for label in labels if label.object_name in relevant]
     full = np.isin(labels_buffer, values).astype(np.float32) if values else \
         np.zeros(labels_buffer.shape, np.float32)
-    coverage = cv2.resize(full, FRAME_HW[::-1], interpolation=cv2.INTER_AREA)
+    coverage = cv2.resize(full, tuple(frame_hw)[::-1], interpolation=cv2.INTER_AREA)
     return coverage >= MASK_COVERAGE
 
 
 class DoomEnv:
     """One ViZDoom scenario (Gymnasium env, discrete actions) giving (frame, mask) observations."""
 
-    def __init__(self, name: str, *, keep_screen: bool = False):
+    def __init__(self, name: str, *, keep_screen: bool = False, frame_hw=FRAME_HW):
         self.scenario = scenario(name)
+        self.frame_hw = check_frame_hw(frame_hw)
         if not vizdoom_available():
             raise ScenarioError(INSTALL_HINT)
         import gymnasium as gym
 
         self.env = gym.make(self.scenario.gym_id, frame_skip=FRAME_SKIP, labels_buffer_enabled=True,
-                            screen_resolution=SOURCE_RESOLUTION)
+                            screen_resolution=source_resolution(self.frame_hw))
         self.num_actions = int(self.env.action_space.n)
         self.keep_screen = keep_screen  # the app shows the full-resolution screen
         self.screen = None
@@ -117,11 +133,11 @@ class DoomEnv:
     def _observe(self, observation):
         game_state = self.env.unwrapped.state
         if game_state is None:  # terminal step: no state, a blank frame stands in (never learned from)
-            return np.zeros((3, *FRAME_HW), np.uint8), np.zeros(FRAME_HW, bool)
+            return np.zeros((3, *self.frame_hw), np.uint8), np.zeros(self.frame_hw, bool)
         if self.keep_screen:
             self.screen = observation["screen"].copy()
-        mask = relevant_mask(game_state.labels_buffer, game_state.labels, self.scenario.relevant)
-        return downscale(observation["screen"]), mask
+        mask = relevant_mask(game_state.labels_buffer, game_state.labels, self.scenario.relevant, self.frame_hw)
+        return downscale(observation["screen"], self.frame_hw), mask
 
     def reset(self, seed: int | None = None):
         observation, _ = self.env.reset(seed=seed)
@@ -149,8 +165,8 @@ class VecEnv:
     length are reported in `infos`). Env i starts from reset seed `seed + i`; later episodes draw their game seeds
     from the env's own generator (Gymnasium's convention), so a run is reproducible from its seed."""
 
-    def __init__(self, name: str, num_envs: int, seed: int):
-        self.envs = [make_env(name) for _ in range(num_envs)]
+    def __init__(self, name: str, num_envs: int, seed: int, frame_hw=FRAME_HW):
+        self.envs = [make_env(name, frame_hw=frame_hw) for _ in range(num_envs)]
         self.num_actions = self.envs[0].num_actions
         self.seed = seed
 

@@ -2,6 +2,8 @@
 
     loss = PPO loss + lambda * (1/B) * sum over frames b with a non-empty mask of (beta_b - alpha_b)
 
+The two parts' gradients are clipped separately (`clipped_step`) and both norms are logged per update.
+
 alpha_b / beta_b = mean of the V(s) Grad-CAM H_b (batch-level, differentiable; `networks.value_cam`) inside /
 outside the frame's mask of what matters. Frames whose mask is empty (or covers the whole frame) add no term; the
 sum is divided by the minibatch size B, so lambda weighs one frame's regulariser against one frame's PPO loss.
@@ -33,7 +35,8 @@ class PPOConfig:
     clip: float = 0.1
     value_coef: float = 0.5
     entropy_coef: float = 0.01
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = 0.5  # the PPO loss's gradient is clipped to this norm
+    camal_max_grad_norm: float = 0.5  # ... and the CAMAL term's, separately (it cannot shrink the PPO step)
     camal_lambda: float = 0.0  # 0 = vanilla PPO (no CAM is computed)
     cam_mode: str = "differentiable"  # or "detach-weights"
 
@@ -110,12 +113,42 @@ def ppo_loss(net, frames, masks, actions, old_log_probs, advantages, returns, co
     parts = {"policy_loss": float(policy_loss.detach()), "value_loss": float(value_loss.detach()),
              "entropy": float(entropy.detach()),
              "clip_fraction": float(((ratio - 1).abs() > config.clip).float().mean())}
+    camal = None
     if config.camal_lambda:
         gap_sum, usable, alpha_sum, beta_sum = camal_term(cams, masks)
-        loss = loss + config.camal_lambda * gap_sum / frames.shape[0]
+        camal = config.camal_lambda * gap_sum / frames.shape[0]
         parts.update({"camal_gap": float(gap_sum.detach()) / max(usable, 1), "camal_frames": usable / frames.shape[0],
                       "cam_inside": float(alpha_sum) / max(usable, 1), "cam_outside": float(beta_sum) / max(usable, 1)})
-    return loss, parts
+    return loss, camal, parts
+
+
+def clipped_step(net, optimizer, loss: torch.Tensor, camal: torch.Tensor | None, config: PPOConfig) -> dict:
+    """One optimiser step. The PPO loss's gradient and the CAMAL term's are clipped to their own norms
+    (`max_grad_norm`, `camal_max_grad_norm`) and then added, so a large CAMAL gradient cannot shrink the PPO step
+    (one shared clip did: a CAMAL norm 13x the PPO norm cut every PPO step 13-fold). Returns both norms before
+    clipping."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer.zero_grad(set_to_none=True)
+    if camal is None:
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        optimizer.step()
+        return {"ppo_grad_norm": float(norm)}
+    ppo_grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    camal_grads = torch.autograd.grad(camal, params, allow_unused=True)
+    norms = {}
+    scaled = []
+    for key, grads, limit in (("ppo_grad_norm", ppo_grads, config.max_grad_norm),
+                              ("camal_grad_norm", camal_grads, config.camal_max_grad_norm)):
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        norms[key] = float(norm)
+        factor = min(1.0, limit / (float(norm) + 1e-6))
+        scaled.append([g * factor for g in grads])
+    for p, g_ppo, g_camal in zip(params, *scaled):
+        p.grad = g_ppo + g_camal
+    optimizer.step()
+    return norms
 
 
 def ppo_update(net, optimizer, rollout: Rollout, last_values: torch.Tensor, config: PPOConfig,
@@ -133,13 +166,10 @@ def ppo_update(net, optimizer, rollout: Rollout, last_values: torch.Tensor, conf
         order = torch.randperm(total, generator=generator).to(device)
         for start in range(0, total, config.minibatch):
             index = order[start:start + config.minibatch]
-            loss, parts = ppo_loss(net, flat["frames"][index], flat["masks"][index], flat["actions"][index],
+            loss, camal, parts = ppo_loss(net, flat["frames"][index], flat["masks"][index], flat["actions"][index],
                                    flat["log_probs"][index], flat["advantages"][index], flat["returns"][index],
                                    config)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), config.max_grad_norm)
-            optimizer.step()
+            parts.update(clipped_step(net, optimizer, loss, camal, config))
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
             count += 1

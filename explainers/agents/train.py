@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from .checkpoint import check_name, load_checkpoint, save_agent, save_checkpoint
-from .envs import FRAME_HW, FRAME_SKIP, MASK_COVERAGE, VecEnv, scenario
-from .networks import build_network, value_cam
+from .envs import FRAME_SKIP, MASK_COVERAGE, VecEnv, scenario, source_resolution
+from .networks import build_network, frame_hw_of, value_cam
 from .ppo import PPOConfig, Rollout, act, ppo_update
 
 EVAL_SEED_BASE = 10_000_000
@@ -53,7 +53,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                 progress=None, cancelled=None, log=None) -> dict:
     """Returns a summary (steps, seconds, history); writes NAME.safetensors + NAME.json when done (the budget or
     the step cap reached), and the resumable checkpoint whenever it stops (also when cancelled).
-    `net_options`: the architecture's size (e.g. {"width": 8} for tests)."""
+    `net_options`: the architecture's size (e.g. {"width": 8} for tests) and its frame size ("frame_hw", default
+    60 x 80): the environments, the masks and the maps follow the network's frame size."""
     if steps is None and budget_s is None:
         raise ValueError("give a step cap (--steps) or a time budget (--budget-s), or both")
     spec = scenario(scenario_name)
@@ -64,6 +65,7 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     net = build_network(arch, _num_actions(scenario_name), **(net_options or {})).to(device)
+    frame_hw = frame_hw_of(net)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr, eps=1e-5)
     stem = out_dir / f"{name}.ckpt"
     state = load_checkpoint(net, optimizer, stem) or {"steps": 0, "updates": 0, "seconds": 0.0, "history": [],
@@ -72,9 +74,9 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
     if state["resumes"]:
         generator.manual_seed(seed + 7919 * state["resumes"])
         _say(log, f"[train-agent] {name}: resumed at step {state['steps']} (update {state['updates']})")
-    envs = VecEnv(scenario_name, config.num_envs, seed * 1000 + 100 * state["resumes"])
+    envs = VecEnv(scenario_name, config.num_envs, seed * 1000 + 100 * state["resumes"], frame_hw=frame_hw)
     frames, masks = envs.reset()
-    rollout = Rollout(config.rollout_steps, config.num_envs, (3, *FRAME_HW), device)
+    rollout = Rollout(config.rollout_steps, config.num_envs, (3, *frame_hw), device)
     started, stopped_by = time.time(), "steps"
     try:
         while steps is None or state["steps"] < steps:
@@ -120,7 +122,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                "stopped_by": stopped_by, "history": state["history"]}
     if stopped_by != "cancelled":
         card = {"kind": "agent", "scenario": scenario_name, "what_matters": spec.what_matters,
-                "mask_rule": list(spec.relevant), "frame_hw": list(FRAME_HW), "frame_skip": FRAME_SKIP,
+                "mask_rule": list(spec.relevant), "frame_hw": list(frame_hw), "frame_skip": FRAME_SKIP,
+                "source_resolution": source_resolution(frame_hw),
                 "frame_stack": 1, "mask_coverage": MASK_COVERAGE, "lambda": float(lam), "seed": seed,
                 "steps": state["steps"], "updates": state["updates"], "train_seconds": state["seconds"],
                 "device": str(device), "ppo": config.to_dict(), "resumes": state["resumes"],
