@@ -9,7 +9,7 @@ import torch
 from explainers.agents import envs
 from explainers.agents.envs import FRAME_HW, ScenarioError, relevant_mask, scenario
 from explainers.agents.networks import build_network, value_cam, value_cam_per_sample
-from explainers.agents.ppo import PPOConfig, Rollout, camal_term, ppo_loss
+from explainers.agents.ppo import PPOConfig, Rollout, camal_term, clipped_step, ppo_loss
 
 needs_vizdoom = pytest.mark.skipif(not envs.vizdoom_available(), reason="ViZDoom is not installed")
 Label = namedtuple("Label", "value object_name")
@@ -134,12 +134,58 @@ def test_camal_loss_is_differentiable_and_moves_the_cam_into_the_mask():
 
     before = inside_share()
     for _ in range(25):
-        loss, parts = ppo_loss(net, frames, masks, actions, zeros - 1.386, torch.randn(16), zeros, config)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert parts["camal_frames"] == pytest.approx(15 / 16)
+        loss, camal, parts = ppo_loss(net, frames, masks, actions, zeros - 1.386, torch.randn(16), zeros, config)
+        parts.update(clipped_step(net, optimizer, loss, camal, config))
+    assert parts["camal_frames"] == pytest.approx(15 / 16) and parts["camal_grad_norm"] > 0
     assert inside_share() > 2 * before
+
+
+def test_ppo_and_camal_gradients_are_clipped_apart():
+    """A CAMAL gradient far larger than the PPO gradient must not shrink the PPO step: the step is the sum of the
+    two gradients, each clipped to its own norm."""
+    torch.manual_seed(1)
+    net = build_network("cnn", 4, **SMALL_NET)
+    frames = torch.randint(0, 256, (8, 3, *FRAME_HW), dtype=torch.uint8)
+    masks = torch.zeros(8, *FRAME_HW, dtype=torch.bool)
+    masks[:, 5:25, 10:40] = True
+    config = PPOConfig(camal_lambda=1000.0, max_grad_norm=0.5, camal_max_grad_norm=0.25)
+    loss, camal, _ = ppo_loss(net, frames, masks, torch.arange(8) % 4, torch.zeros(8) - 1.386, torch.randn(8),
+                              torch.randn(8), config)
+    params = list(net.parameters())
+    references = []
+    for part, limit in ((loss, 0.5), (camal, 0.25)):
+        grads = [torch.zeros_like(p) if g is None else g
+                 for g, p in zip(torch.autograd.grad(part, params, retain_graph=True, allow_unused=True), params)]
+        norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
+        references.append((grads, float(norm), min(1.0, limit / float(norm))))
+    before = [p.detach().clone() for p in params]
+    norms = clipped_step(net, torch.optim.SGD(params, lr=1.0), loss, camal, config)
+    (g_ppo, n_ppo, f_ppo), (g_camal, n_camal, f_camal) = references
+    assert norms["ppo_grad_norm"] == pytest.approx(n_ppo, rel=1e-4)
+    assert norms["camal_grad_norm"] == pytest.approx(n_camal, rel=1e-4) and n_camal > 10 * n_ppo
+    for b, p, gp, gc in zip(before, params, g_ppo, g_camal):
+        assert torch.allclose(b - p.detach(), f_ppo * gp + f_camal * gc, atol=1e-6)
+    ppo_part = torch.sqrt(sum(((b - p.detach() - f_camal * gc) ** 2).sum() for b, p, gc in zip(before, params, g_camal)))
+    assert float(ppo_part) == pytest.approx(min(n_ppo, 0.5), rel=1e-3)  # one shared clip would give ~0.5 * n_ppo / n_camal
+
+
+@pytest.mark.parametrize("arch,options,frame_hw,grid", [("cnn", SMALL_NET, (100, 156), (25, 39)),
+                                                         ("nature", {"hidden": 32}, (100, 156), (9, 16)),
+                                                         ("nature", {"hidden": 32}, (60, 80), (4, 6))])
+def test_networks_take_their_frame_size_and_maps_follow_it(arch, options, frame_hw, grid):
+    from explainers.agents.networks import frame_hw_of, network_from_arch
+
+    net = build_network(arch, 3, frame_hw=frame_hw, **options)
+    frames = torch.randint(0, 256, (2, 3, *frame_hw), dtype=torch.uint8)
+    cams, logits, values = value_cam(net, frames)
+    assert cams.shape == (2, *frame_hw) and logits.shape == (2, 3) and values.shape == (2,)
+    assert value_cam(net, frames, at_grid=True)[0].shape == (2, *grid)
+    again = network_from_arch(net.arch)
+    assert frame_hw_of(again) == frame_hw and again.arch == net.arch
+    buffer = np.zeros((240, 320), np.uint8)
+    buffer[40:80, 100:140] = 7
+    mask = relevant_mask(buffer, [Label(7, "Demon")], ("Demon",), frame_hw)
+    assert mask.shape == frame_hw and 0 < mask.mean() < 0.05
 
 
 def test_detached_weights_mode_needs_no_second_order_graph_and_keeps_the_gradients():
