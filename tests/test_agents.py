@@ -270,15 +270,17 @@ def test_episode_cap_and_value_curves(tmp_path):
     again = play_episode(net, "defend_the_center", 10_000_001, max_steps=12)
     assert again["actions"] == episode["actions"] and again["values"] == episode["values"]
     frames = torch.from_numpy(episode["frames"][:3])
-    fractions, deletion, insertion = value_curves(net, frames, torch.rand(3, *FRAME_HW))
+    fractions, deletion, insertion = value_curves(net, frames, torch.rand(3, *FRAME_HW), reference="black")
     with torch.no_grad():
         full, black = net(frames)[1], net(torch.zeros_like(frames))[1]
     assert np.allclose(deletion[:, 0], full.numpy(), atol=1e-5) and np.allclose(deletion[:, -1], black.numpy(),
                                                                                atol=1e-5)
     assert np.allclose(insertion[:, 0], black.numpy(), atol=1e-5) and np.allclose(insertion[:, -1], full.numpy(),
                                                                                  atol=1e-5)
+    _, blurred, _ = value_curves(net, frames, torch.rand(3, *FRAME_HW))
+    assert np.allclose(blurred[:, 0], full.numpy(), atol=1e-5) and not np.allclose(blurred[:, -1], black.numpy())
     scores = fidelity(net, episode["frames"][:4])
-    assert len(scores["deletion_auc"]) == 4
+    assert len(scores["deletion_auc"]) == len(scores["deletion_drop"]) == 4 and scores["value_spread"] > 0
 
 
 @pytest.mark.parametrize("arch,options", [("cnn", SMALL_NET), ("vit", {"dim": 32, "depth": 2, "heads": 2,
@@ -316,3 +318,44 @@ def test_no_pygame_needed_headless(monkeypatch):
     envs._allow_headless_wrapper()
     assert not hasattr(sys.modules["pygame"], "__file__")  # the empty stand-in
     monkeypatch.delitem(sys.modules, "pygame")
+
+
+def test_iou_references_random_prior_and_ceiling():
+    from explainers.agents.baselines import ceiling_maps, iou_references
+
+    masks = np.zeros((6, *FRAME_HW), bool)
+    for i in range(5):
+        masks[i, 20:30, 8 * i:8 * i + 6] = True  # monsters; the last frame has none and is left out
+    references = iou_references(masks, (15, 20), prior=masks[:5].mean(axis=0))
+    assert len(references["random"]) == len(references["ceiling"]) == len(references["prior"]) == 5
+    assert np.mean(references["random"]) < 0.1 < np.mean(references["prior"]) < np.mean(references["ceiling"])
+    assert all(0.5 < c <= 1.0 for c in references["ceiling"])
+    exact = torch.zeros(1, *FRAME_HW, dtype=torch.bool)
+    exact[0, 20:32, 8:16] = True  # aligned with the 4 x 4 cells of a 15 x 20 grid: the ceiling is exact
+    assert float(top_pixel_iou_of(ceiling_maps(exact, (15, 20)), exact)) == pytest.approx(1.0)
+
+
+def top_pixel_iou_of(maps, masks):
+    from explainers.metrics import top_pixel_iou
+
+    return top_pixel_iou(maps, masks)[0]
+
+
+@needs_vizdoom
+def test_scripted_policies_play_and_the_aimed_one_uses_the_mask():
+    from explainers.agents.baselines import _aimed, button_actions, play_scripted
+
+    env = envs.make_env("defend_the_center")
+    try:
+        assert set(button_actions(env)) >= {"TURN_LEFT", "TURN_RIGHT", "ATTACK"}
+        for policy in ("random", "blind", "aimed"):
+            record = play_scripted(policy, "defend_the_center", 10_000_003, max_steps=40, env=env, keep_masks=True)
+            assert record["length"] == 40 and record["masks"].shape == (40, *FRAME_HW)
+    finally:
+        env.close()
+    mask = np.zeros(FRAME_HW, bool)
+    mask[20:30, 60:66] = True
+    assert _aimed(None, mask, 0, None, None) == "TURN_RIGHT"
+    assert _aimed(None, np.fliplr(mask), 0, None, None) == "TURN_LEFT"
+    mask[20:30, 38:42] = True
+    assert _aimed(None, mask, 0, None, None) == "ATTACK"

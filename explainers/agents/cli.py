@@ -44,11 +44,21 @@ def cmd_evaluate_agent(args) -> int:
     torch.set_num_threads(args.threads)
     result = evaluate_agents(args.agents, episodes=args.episodes, seed_base=args.seed_base,
                              device=_device(args.device), max_steps=args.max_steps, curve_every=args.curve_every,
+                             greedy=args.greedy, prior=_prior(args.prior),
                              log=lambda text: print(text, file=sys.stderr, flush=True))
     atomic_write_text(Path(args.out), json.dumps(result))
     print(f"wrote {args.out}: {len(result['episodes'])} episodes, {result['fidelity_frames']} frames with curves",
           file=sys.stderr)
     return 0
+
+
+def _prior(path):
+    """The fixed prior map (the mean mask over training-seed frames) from a .npy file, or None."""
+    if path is None:
+        return None
+    import numpy as np
+
+    return np.load(path, allow_pickle=False)
 
 
 def add_agent_parsers(commands) -> None:
@@ -99,6 +109,9 @@ def add_agent_parsers(commands) -> None:
     evaluate.add_argument("--max-steps", type=int, default=MAX_EPISODE_STEPS)
     evaluate.add_argument("--curve-every", type=int, default=10,
                           help=f"every N-th frame gets {CURVE_STEPS}-step deletion/insertion curves")
+    evaluate.add_argument("--greedy", action="store_true", help="play the most probable action (default: sampled)")
+    evaluate.add_argument("--prior", default=None,
+                          help="a .npy mean mask from training seeds (bench/agents_baselines.py): its IoU is reported")
     evaluate.add_argument("--out", required=True, help="results JSON (per-episode records)")
     evaluate.add_argument("--device", default="auto")
     evaluate.add_argument("--threads", type=int, default=1)
