@@ -1,0 +1,92 @@
+"""What an agent must beat, with no trained agent: the scripted policies' returns and the IoU reference points.
+
+    PYTHONPATH=. python bench/agents_baselines.py --frame-hw 100 156 --episodes 100 \
+        --grids 9x16 25x39 --out bench/results/agents-baselines-100x156.json \
+        --prior-out bench/results/agents-mask-prior-100x156.npy
+
+- Returns: `random`, `blind` (TURN_LEFT / ATTACK alternating) and `aimed` (privileged: aims with the labels mask)
+  on held-out reset seeds SEED_BASE + k (k < episodes), mean with a 95% bootstrap interval, and steps alive.
+- The fixed prior map: the mean mask over the frames of `--prior-episodes` episodes of the random and the aimed
+  script on TRAINING reset seeds (1000 + k), saved as .npy for `evaluate-agent --prior`.
+- IoU reference points on the held-out frames of the blind and the aimed scripts: a random map, the prior map, and
+  the ceiling of each CAM grid (the mask average-pooled to the grid and upsampled), mean and 95% interval over
+  episodes (an episode's score is its frames' mean).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from explainers.agents.baselines import iou_references, play_scripted  # noqa: E402
+from explainers.agents.envs import make_env  # noqa: E402
+from explainers.agents.train import EVAL_SEED_BASE  # noqa: E402
+from explainers.statistics import bootstrap_ci  # noqa: E402
+
+
+def summary(values) -> dict:
+    values = [v for v in values if v is not None and np.isfinite(v)]
+    return {"mean": float(np.mean(values)) if values else None, "ci95": bootstrap_ci(values), "n": len(values)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="defend_the_center")
+    parser.add_argument("--frame-hw", type=int, nargs=2, default=(100, 156))
+    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--seed-base", type=int, default=EVAL_SEED_BASE)
+    parser.add_argument("--prior-episodes", type=int, default=20)
+    parser.add_argument("--grids", nargs="+", default=["9x16", "25x39"], help="CAM grids, HxW")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--prior-out", required=True)
+    args = parser.parse_args(argv)
+    frame_hw = tuple(args.frame_hw)
+    grids = [tuple(int(v) for v in g.split("x")) for g in args.grids]
+    started = time.time()
+    env = make_env(args.scenario, frame_hw=frame_hw)
+    try:
+        training = [play_scripted(policy, args.scenario, 1000 + k, frame_hw=frame_hw, env=env, keep_masks=True)
+                    for policy in ("random", "aimed") for k in range(args.prior_episodes)]
+        prior = np.concatenate([r["masks"] for r in training]).mean(axis=0).astype(np.float32)
+        np.save(args.prior_out, prior.astype(np.float16))
+        policies, references = {}, {}
+        for policy in ("random", "blind", "aimed"):
+            records = [play_scripted(policy, args.scenario, args.seed_base + k, frame_hw=frame_hw, env=env,
+                                     keep_masks=policy in ("blind", "aimed")) for k in range(args.episodes)]
+            policies[policy] = {"return": summary([r["return"] for r in records]),
+                                "steps_alive": summary([r["length"] for r in records]),
+                                "returns": [r["return"] for r in records]}
+            print(f"{policy}: return {policies[policy]['return']}", file=sys.stderr, flush=True)
+            if policy == "random":
+                continue
+            for grid in grids:
+                per_episode = {"random": [], "prior": [], "ceiling": []}
+                for r in records:
+                    scores = iou_references(r["masks"], grid, prior, seed=r["seed"])
+                    for key, values in scores.items():
+                        per_episode[key].append(float(np.mean(values)) if values else None)
+                references[f"{policy}_frames_grid_{grid[0]}x{grid[1]}"] = {k: summary(v)
+                                                                          for k, v in per_episode.items()}
+    finally:
+        env.close()
+    result = {"command": "python bench/agents_baselines.py " + " ".join(argv or sys.argv[1:]),
+              "scenario": args.scenario, "frame_hw": list(frame_hw), "episode_seeds": [args.seed_base,
+                                                                                         args.seed_base + args.episodes - 1],
+              "prior_from": f"mean mask over {len(training)} episodes of the random and aimed scripts on training "
+                            f"reset seeds 1000-{999 + args.prior_episodes}",
+              "policies": policies, "iou_references": references, "seconds": round(time.time() - started, 1),
+              "python": platform.python_version()}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v["return"] for k, v in policies.items()}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
