@@ -5,11 +5,11 @@ An agent becomes a model bundle (`agent_bundle`) whose "logits" are
   softmax probability (occlusion, RISE, AHA's per-image mode, the curves) see softmax([V, 0])[0] = sigmoid(V(s)),
   a monotone function of V(s), so their rankings of pixels are rankings by their effect on V(s);
 - target "action": the policy's logits; class = the chosen action, score = its probability.
-Frames enter as uint8 (3 x 60 x 80); the bundle takes [0, 1] images (mean 0, std 1/255 recovers the uint8 scale
+Frames enter as uint8 (3 x h x w, the network's frame size); the bundle takes [0, 1] images (mean 0, std 1/255 recovers the uint8 scale
 the network expects). The CNN is family "cnn" (Grad-CAM, occlusion, RISE, AHA); the ViT is family "vit"
 (also attention rollout, Chefer, GradSkip), its timm modules reached under the same names as a zoo ViT.
 
-    maps = explain_frames(net, frames, "occlusion", target="value")   # B x 60 x 80
+    maps = explain_frames(net, frames, "occlusion", target="value")   # B x h x w
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch.nn as nn
 from ..engine import explain
 from ..methods import METHODS, available_methods, ordered
 from ..models import ModelBundle
-from .envs import FRAME_HW
+from .networks import frame_hw_of
 
 TARGETS = ("value", "action")
 AGENT_FAMILIES = frozenset({"cnn", "vit"})  # agent_bundle's families: the CNN agent and the ViT agent
@@ -51,7 +51,7 @@ def agent_bundle(net: nn.Module, target: str = "value", name: str = "agent") -> 
     classes = ["V(s)", "0"] if target == "value" else [f"action {i}" for i in range(net.arch["num_actions"])]
     cam_layer = net.cam_layer_name.removeprefix("vit.") if is_vit else f"net.{net.cam_layer_name}"
     return ModelBundle(name=name, network=network, mean=(0.0, 0.0, 0.0), std=(1 / 255,) * 3,
-                       input_size=FRAME_HW, class_names=classes,
+                       input_size=frame_hw_of(net), class_names=classes,
                        family="vit" if is_vit else "cnn", reference_color=(0.0, 0.0, 0.0),
                        cam_layer_name=cam_layer, card={"kind": "agent"})
 
@@ -77,7 +77,7 @@ def agent_method_choices() -> list:
 
 def explain_frames(net: nn.Module, frames, method: str, *, target: str = "value", actions=None,
                    options: dict | None = None) -> torch.Tensor:
-    """B x 60 x 80 maps of one registry method for uint8 frames (B x 3 x 60 x 80)."""
+    """B x h x w maps of one registry method for uint8 frames (B x 3 x h x w)."""
     frames = torch.as_tensor(frames)
     device = next(net.parameters()).device
     images = frames.to(device).float() / 255.0
