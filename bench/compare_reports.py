@@ -3,8 +3,8 @@
     python bench/compare_reports.py bench/results/evaluate-bloodmnist-vit-mean-100x10.json \
         bench/results/evaluate-bloodmnist-vit-road-100x10.json --pairs aha,rollout gradskip,rollout
 
-For each report: the methods ranked by deletion (lower better), insertion and ins-del (higher better),
-with 95% bootstrap intervals, and the paired bootstrap interval (`explainers.statistics.paired_difference`)
+For each report: the methods ranked by every metric the report carries per image (deletion, insertion, ins-del, ...,
+best first by each metric's declared direction, `explainers.metrics.METRICS`), with 95% bootstrap intervals, and the paired bootstrap interval (`explainers.statistics.paired_difference`)
 of each requested pair on the same images. With two reports on the same files (e.g. the mean-colour and the
 ROAD reference), whether the rankings agree, and the per-method Spearman correlation of the per-image scores.
 
@@ -31,22 +31,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from explainers.statistics import compare_methods, format_comparison, format_interval  # noqa: E402
-
-KEYS = (("deletion_auc", "deletion_ci95", False), ("insertion_auc", "insertion_ci95", True),
-        ("ins_minus_del", "ins_minus_del_ci95", True))
+from explainers.metrics import METRICS, interval, per_image, summary_value
+from explainers.statistics import compare_methods, format_comparison, format_interval
 
 
-def ranking(report: dict, key: str, higher: bool) -> list:
+def ranking(report: dict, key: str) -> list:
     methods = report["methods"]
-    return sorted(methods, key=lambda m: -methods[m][key] if higher else methods[m][key])
+    return METRICS[key].ranked(methods, key=lambda m: summary_value(methods[m], key))
+
+
+def ranked_metrics(report: dict) -> list:
+    """The declared metrics every method of the report carries a mean of."""
+    rows = report["methods"].values()
+    return [name for name in METRICS if rows and all(summary_value(row, name) is not None for row in rows)]
 
 
 def rank_correlation(a, b) -> float:
@@ -111,7 +112,7 @@ def same_images(paths: list, reports: list) -> dict:
 
 def pooled(parts: list) -> dict:
     """One report over the images of all `parts` (each a path, or `A+B` of reports of the same images)."""
-    from explainers.statistics import method_intervals
+    from explainers.evaluate import score_summary
 
     reports = [same_images(part.split("+"), [load_report(p) for p in part.split("+")]) for part in parts]
     _same_protocol(parts, reports)
@@ -125,16 +126,15 @@ def pooled(parts: list) -> dict:
         print(f"--concat: left out {', '.join(dropped)} (not in every part)")
     methods = {}
     for name in common:
-        deletion = [v for r in reports for v in r["methods"][name]["per_image"]["deletion"]]
-        insertion = [v for r in reports for v in r["methods"][name]["per_image"]["insertion"]]
+        blocks = [per_image(r["methods"][name]["per_image"]) for r in reports]
+        scores = {key: [float(v) for block in blocks for v in block[key]] for key in blocks[0]
+                  if all(key in block for block in blocks)}  # the metrics every part carries
         seed = reports[0]["protocol"].get("seed", 0)
-        methods[name] = {"deletion_auc": float(np.mean(deletion)), "insertion_auc": float(np.mean(insertion)),
-                         "ins_minus_del": float(np.mean(insertion) - np.mean(deletion)),
-                         **method_intervals(deletion, insertion, seed=seed),
+        methods[name] = {**score_summary(scores, seed=seed),
                          "ms_per_image": float(np.average([r["methods"][name]["ms_per_image"] for r in reports],
                                                           weights=[r["n_images"] for r in reports])),
                          "options": reports[0]["methods"][name].get("options"),
-                         "per_image": {"deletion": deletion, "insertion": insertion}}
+                         "per_image": scores}
     return {"model": reports[0]["model"], "n_images": len(files), "files": files,
             "protocol": {**reports[0]["protocol"], "limit": None, "data": [r["protocol"].get("data") for r in reports]},
             "methods": methods, "pooled_from": list(parts)}
@@ -153,14 +153,15 @@ def merged(paths: list, reports: list) -> dict:
 
 
 def gridpg_main(args, reports: list) -> int:
-    """Grid pointing game (higher better): the ranking with intervals and the paired interval of each pair."""
+    """Grid pointing game: the ranking with intervals (best first by its declaration) and the paired interval of
+    each pair."""
     from explainers.statistics import paired_difference
 
     comparisons = []
     for path, report in zip(args.reports, reports):
         methods = report["methods"]
         print(f"== {path}: {report['model']}, {report['n_mosaics']} mosaics")
-        order = sorted(methods, key=lambda m: -methods[m]["gridpg"])
+        order = METRICS["gridpg"].ranked(methods, key=lambda m: methods[m]["gridpg"])
         print("  gridpg " + " > ".join(f"{m} {format_interval(methods[m]['gridpg'], methods[m]['gridpg_ci95'], 3)}"
                                         for m in order))
         for pair in args.pairs:
@@ -199,10 +200,11 @@ def main(argv=None) -> int:
     for path, report in zip(args.reports, reports):
         print(f"== {path}: {report['model']}, {report['n_images']} images, reference "
               f"{report['protocol']['reference']}, {report['protocol']['steps']} steps")
-        for key, ci, higher in KEYS:
-            order = ranking(report, key, higher)
-            print(f"  {key:<14} " + " > ".join(f"{m} {format_interval(report['methods'][m][key], report['methods'][m][ci], 3)}"
-                                             for m in order))
+        for key in ranked_metrics(report):
+            rows = report["methods"]
+            print(f"  {key:<14} " + " > ".join(
+                f"{m} {format_interval(summary_value(rows[m], key), interval(rows[m], key), 3)}"
+                for m in ranking(report, key)))
         for pair in args.pairs:
             first, second = pair.split(",")
             comparisons.append(compare_methods(report, first, second))
@@ -217,12 +219,12 @@ def main(argv=None) -> int:
             print("the two reports scored different images: no per-image comparison")
             return 0
         print(f"== {a['protocol']['reference']} vs {b['protocol']['reference']} on the same images")
-        for key, _, higher in KEYS:
-            same = ranking(a, key, higher) == ranking(b, key, higher)
+        for key in ranked_metrics(a):
+            same = ranking(a, key) == ranking(b, key)
             print(f"  {key:<14} ranking {'the same' if same else 'changes'}")
         for method in a["methods"]:
             if method in b["methods"]:
-                da, db = (np.asarray(r["methods"][method]["per_image"]["deletion"]) for r in (a, b))
+                da, db = (per_image(r["methods"][method]["per_image"])["deletion_auc"] for r in (a, b))
                 print(f"  {method:<10} per-image deletion Spearman {rank_correlation(da, db):.3f}; ms/image "
                       f"(maps only) {a['methods'][method]['ms_per_image']:.1f} / {b['methods'][method]['ms_per_image']:.1f}")
     return 0

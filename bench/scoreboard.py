@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from explainers.atomic import atomic_write_text
+from explainers.scoreboard import comparisons, display_name, scoreboard_markdown, summary_line
 
-from explainers.atomic import atomic_write_text  # noqa: E402
-from explainers.scoreboard import comparisons, display_name, scoreboard_markdown, summary_line  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL_ORDER = ("bloodmnist-vit", "bloodmnist-cnn", "efficientnet-lite0")
 
@@ -34,9 +32,7 @@ N(0, 0.01) noise in the model's normalised input units as the ROAD authors and p
 MoRF, insertion = LeRF read from the other end; on an even spread of the images because each step is a sparse solve).
 """
 
-README_HEAD = """## README section (for the lead to paste)
-
-#### Scoreboard (generated)
+README_HEAD = """## Summary
 
 Every headline method against every applicable baseline on the same held-out images, under three references (mean
 colour, blur, ROAD); a method wins a row only where the paired 95% interval of its improvement is above 0 under all

@@ -1,4 +1,4 @@
-"""Per-image deletion and insertion AUCs of every method on the same images under three references (mean colour,
+"""Per-image scores (every metric `explainers.metrics` scores per image: deletion and insertion AUCs, ...) of every method on the same images under three references (mean colour,
 blur, ROAD): the measurements behind the generated scoreboard (`explainers.scoreboard`, docs/scoreboard.md).
 
 Each method's map is computed once per batch and scored under every reference; ROAD (whose imputation runs on the
@@ -25,16 +25,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from explainers.atomic import atomic_write_text  # noqa: E402
-from explainers.data import UNLABELLED, item_names, model_batches, open_dataset, spread_indices  # noqa: E402
-from explainers.evaluate import build_methods  # noqa: E402
-from explainers.methods import split_method_specs  # noqa: E402
-from explainers.methods import MethodNotApplicable  # noqa: E402
-from explainers.metrics import ROAD_NOISE, deletion_insertion  # noqa: E402
-from explainers.models import load_model  # noqa: E402
+from explainers.atomic import atomic_write_text
+from explainers.data import UNLABELLED, item_names, model_batches, open_dataset, spread_indices
+from explainers.engine import explain_batch
+from explainers.methods import MethodNotApplicable, build_methods, split_method_specs
+from explainers.metrics import ROAD_NOISE, MapBatch, score_batch
+from explainers.models import load_model
 
 REFERENCES = ("mean", "blur", "road")
 
@@ -61,7 +57,7 @@ def run_shard(args) -> dict:
     rank, world = (int(part) for part in args.shard.split("/"))
     batches = [list(range(start, min(start + args.batch_size, n))) for start in range(0, n, args.batch_size)]
     mine = list(enumerate(batches))[rank::world]
-    scores = {ref: {label: {"index": [], "deletion": [], "insertion": []} for label, _ in methods} for ref in references}
+    scores = {ref: {label: {"index": []} for label, _ in methods} for ref in references}
     seconds = {label: 0.0 for label, _ in methods}
     curve_seconds = {ref: 0.0 for ref in references}
     correct, labelled, indices_done = 0, 0, []
@@ -81,22 +77,22 @@ def run_shard(args) -> dict:
         indices_done.extend(batch_indices)
         road_rows = [row for row, index in enumerate(batch_indices) if index in road_set]
         for label, method in methods:
-            torch.manual_seed(args.seed + batch_number)  # RISE, the random map: the same draws whatever the shards
-            tick = time.perf_counter()
-            maps = method.attribute(bundle, images, targets).detach()
-            seconds[label] += time.perf_counter() - tick
+            # RISE, the random map: the same draws whatever the shards
+            batch = explain_batch(bundle, method, images, targets, seed=args.seed + batch_number)
+            maps = batch.maps
+            seconds[label] += batch.seconds
             for ref in references:
                 rows = road_rows if ref == "road" else list(range(len(batch_indices)))
                 if not rows:
                     continue
                 tick = time.perf_counter()
-                curves = deletion_insertion(bundle, images[rows], maps[rows], targets[rows], steps=args.steps,
-                                            reference=ref, batch_size=args.curve_batch)
+                scored = score_batch(MapBatch(bundle, images[rows], maps[rows], targets[rows], steps=args.steps,
+                                              reference=ref, curve_batch=args.curve_batch))
                 curve_seconds[ref] += time.perf_counter() - tick
                 target = scores[ref][label]
                 target["index"].extend(batch_indices[row] for row in rows)
-                target["deletion"].extend(curves.deletion_auc.tolist())
-                target["insertion"].extend(curves.insertion_auc.tolist())
+                for name, values in scored.items():
+                    target.setdefault(name, []).extend(values.tolist())
         print(f"[{args.model} shard {args.shard}] batch {batch_number + 1}/{len(batches)} done "
               f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     return {"model": args.model, "files": item_names(dataset), "indices": indices_done, "correct": correct,
@@ -141,10 +137,11 @@ def merge(parts: list) -> dict:
     for ref in first["scores"]:
         methods = {}
         for label in first["scores"][ref]:
-            rows = sorted((index, d, i) for part in parts for index, d, i in
-                          zip(*(part["scores"][ref][label][key] for key in ("index", "deletion", "insertion"))))
+            keys = [key for key in first["scores"][ref][label] if key != "index"]  # the metrics scored
+            rows = sorted(row for part in parts for row in
+                          zip(*(part["scores"][ref][label].get(key, []) for key in ["index", *keys])))
             methods[label] = {"options": first["options"][label],
-                              "per_image": {"deletion": [r[1] for r in rows], "insertion": [r[2] for r in rows]},
+                              "per_image": {key: [r[1 + k] for r in rows] for k, key in enumerate(keys)},
                               "indices": [r[0] for r in rows]}
         indices = next(iter(methods.values()))["indices"] if methods else []
         for label, row in methods.items():

@@ -74,7 +74,7 @@ def cmd_explain(args) -> int:
     from . import engine
     from .images import conversion_notes, crop_region, file_facts, load_image, map_to_original, overlay
     from .methods import parse_method_spec, split_method_specs
-    from .metrics import better_text
+    from .metrics import CURVE_METRICS, METRICS, summary_value
     from .models import load_model
 
     specs = [parse_method_spec(spec)[:2] for spec in split_method_specs(args.method)]
@@ -107,9 +107,10 @@ def cmd_explain(args) -> int:
                                          reference=args.reference))
     print(f"model {bundle.name}; prediction: " + ", ".join(f"{n} {p:.3f}" for _, n, p in top[:3]))
     for record in records:
+        scores = [f"{METRICS[name].phrase} {summary_value(record, name):.4f} ({METRICS[name].better_text})"
+                  for name in CURVE_METRICS if summary_value(record, name) is not None]
         print(f"{record['method']} for class {target} ({bundle.class_name(target)}): "
-              f"deletion AUC {record['deletion_auc']:.4f} ({better_text('deletion_auc')}), insertion AUC "
-              f"{record['insertion_auc']:.4f} ({better_text('insertion_auc')}), {1000 * record['seconds']:.1f} ms")
+              + ", ".join(scores + [f"{1000 * record['seconds']:.1f} ms"]))
         if record.get("caveat"):
             print(f"note: {record['caveat']}")
     if not one_file:  # the app's download: overlay-<method>.png each, curves.csv, report.json
@@ -364,7 +365,7 @@ def add_evaluate_parser(commands) -> None:
     parser.add_argument("--out", default=None, help="JSON report")
     parser.add_argument("--compare", action="append", default=None, metavar="A,B",
                           help="print (and store) the paired bootstrap 95%% interval of A - B on the same images "
-                               "for deletion, insertion and ins-del (repeatable)")
+                               "for every metric scored per image (repeatable)")
     _add_curve_options(parser)
     add_method_flags(parser)
     parser.set_defaults(handler=cmd_evaluate)

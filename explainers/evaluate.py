@@ -15,21 +15,23 @@ from .data import UNLABELLED, item_names, open_dataset
 from .distributed import gather_items, world
 from .engine import explain_batch
 from .methods import build_methods
-from .metrics import METRICS, REFERENCES, deletion_insertion, pointing_game, pointing_tolerance
-from .statistics import N_RESAMPLES, format_interval, method_intervals
+from .metrics import (METRICS, REFERENCES, MapBatch, interval, per_image, pointing_tolerance, score_batch,
+                      scored_metrics, summary_value)
+from .statistics import N_RESAMPLES, bootstrap_ci, format_interval
 
 
 def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", limit: int | None = None,
                      steps: int = 20, reference: str = "mean", seed: int = 0, batch_size: int = 16,
                      method_options: dict | None = None, masks=None, progress: bool = True) -> dict:
-    """Deletion/insertion (and pointing game where masks exist) for each method over a data set.
+    """Every declared per-image metric (`metrics.scored_metrics`: deletion/insertion, the pointing game where masks
+    exist, ...) for each method over a data set.
 
     Targets are the model's predicted classes, so `data` may be a plain folder of images (no labels.csv: the
     report's accuracy is None); each image is read as an upload of the file would be. Where the model has
     familiarity statistics the report's `familiarity` names the images unlike its training images (read in the
     pass that picks the targets). `ms_per_image` is each method's own time to produce maps (curves excluded),
     measured in this run so that methods compare as ratios. The report keeps `files` (the images, in order), each
-    method's `per_image` scores in that order and percentile-bootstrap 95% intervals of each mean
+    method's `per_image` scores in that order (keyed by metric name) and percentile-bootstrap 95% intervals of each mean
     (`statistics.bootstrap_ci`, `bootstrap_resamples` resamples, seeded by `seed`).
     """
     if reference not in REFERENCES:
@@ -46,7 +48,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
 
     method_objects = build_methods(bundle, methods, method_options)
 
-    totals = {label: {"deletion": [], "insertion": [], "seconds": 0.0, "pointing": []} for label, _ in method_objects}
+    totals = {label: {"scores": {}, "seconds": 0.0} for label, _ in method_objects}
     correct = 0
     tolerance = pointing_tolerance(size)  # 15 px at 224 px, scaled
     all_indices = list(range(len(dataset)))
@@ -66,17 +68,15 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         verdicts.extend(checked or [])
         targets = logits.argmax(dim=1)
         correct += int(((targets.cpu() == labels) & (labels != UNLABELLED)).sum())
+        batch_masks = None if masks is None else torch.stack([torch.as_tensor(masks[i]) for i in batch_indices])
         for label, method_obj in method_objects:
             batch = explain_batch(bundle, method_obj, images, targets, seed=None)  # seeded once, above
-            maps = batch.maps
             totals[label]["seconds"] += batch.seconds
             caveats[label] = batch.caveat
-            curves = deletion_insertion(bundle, images, maps, targets, steps=steps, reference=reference)
-            totals[label]["deletion"].extend(curves.deletion_auc.tolist())
-            totals[label]["insertion"].extend(curves.insertion_auc.tolist())
-            if masks is not None:
-                batch_masks = torch.stack([torch.as_tensor(masks[i]) for i in batch_indices])
-                totals[label]["pointing"].extend(pointing_game(maps.cpu(), batch_masks, tolerance).tolist())
+            scored = score_batch(MapBatch(bundle, images, batch.maps, targets, steps=steps, reference=reference,
+                                          masks=batch_masks, tolerance=tolerance))
+            for name, values in scored.items():
+                totals[label]["scores"].setdefault(name, []).extend(values.tolist())
         bar.update(len(batch_indices))
     bar.close()
 
@@ -103,23 +103,14 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         "methods": {},
     }
     for label, method_obj in method_objects:
-        stats = totals[label]
-        deletion, insertion = np.mean(stats["deletion"]), np.mean(stats["insertion"])
         report["methods"][label] = {
-            "deletion_auc": float(deletion),
-            "insertion_auc": float(insertion),
-            "ins_minus_del": float(insertion - deletion),
-            **method_intervals(stats["deletion"], stats["insertion"], seed=seed),
-            "pointing_game": float(np.nanmean(stats["pointing"])) if stats["pointing"] else None,
-            "ms_per_image": 1000.0 * stats["seconds"] / max(n, 1),
+            **score_summary(totals[label]["scores"], seed=seed),
+            "ms_per_image": 1000.0 * totals[label]["seconds"] / max(n, 1),
             "options": {**method_obj.options, **(getattr(method_obj, "resolved_options", None) or {})},
             **({"caveat": caveats[label]} if caveats.get(label) else {}),
-            "per_image": {"deletion": [float(v) for v in stats["deletion"]],
-                          "insertion": [float(v) for v in stats["insertion"]]},
+            "per_image": {name: [None if np.isnan(v) else float(v) for v in values]
+                          for name, values in totals[label]["scores"].items()},
         }
-        if stats["pointing"]:
-            report["methods"][label]["per_image"]["pointing"] = [None if np.isnan(v) else float(v)
-                                                                 for v in stats["pointing"]]
     return report
 
 
@@ -130,45 +121,51 @@ def _familiarity_summary(verdicts: list, files: list) -> dict:
             "unfamiliar_files": flagged, "scores": [verdict["score"] for verdict in verdicts]}
 
 
+def score_summary(scores: dict, seed: int = 0) -> dict:
+    """Per scored metric its mean over the images (NaN left out) and its 95% bootstrap interval; None for a metric
+    that was not scored (the pointing game without masks). `scores`: a per-image block (`metrics.per_image`)."""
+    named = per_image(scores)
+    row = {}
+    for metric in scored_metrics():
+        values = named.get(metric.name, np.empty(0))
+        measured = len(values) > 0 and not np.all(np.isnan(values))
+        row[metric.name] = float(np.nanmean(values)) if measured else None
+        row[metric.interval_key] = bootstrap_ci(values, seed=seed) if measured else None
+    return row
+
+
 def _gather(totals: dict, correct: int, indices: list, n: int) -> tuple:
     """All processes' per-image scores, put back in image order (every process gets the whole)."""
-    keys = ("deletion", "insertion", "pointing")
-    per_item = {(label, key): totals[label][key] for label in totals for key in keys}
+    keys = [metric.name for metric in scored_metrics()]
+    per_item = {(label, key): totals[label]["scores"].get(key, []) for label in totals for key in keys}
     sums = {("seconds", label): totals[label]["seconds"] for label in totals}
     per_item, sums = gather_items(per_item, {**sums, "correct": correct}, indices, n)
     merged = {}
     for label in totals:
-        row = {"seconds": sums[("seconds", label)]}
-        for key in keys:
-            values = per_item[(label, key)]
-            row[key] = values if any(v is not None for v in values) else []
-        merged[label] = row
+        scores = {key: per_item[(label, key)] for key in keys if any(v is not None for v in per_item[(label, key)])}
+        merged[label] = {"seconds": sums[("seconds", label)], "scores": scores}
     return merged, sums["correct"]
 
 
-TABLE_SCORES = ("deletion_auc", "insertion_auc", "ins_minus_del")  # with intervals; then the pointing game
-
-
-def interval_key(score: str) -> str:
-    """Where a report keeps a score's interval: 'deletion_auc' -> 'deletion_ci95' (`statistics.method_intervals`)."""
-    return f"{score.removesuffix('_auc')}_ci95"
-
-
 def format_table(report: dict) -> str:
-    """The evaluate table; each AUC with its 95% interval where the report has one."""
+    """The evaluate table: a column per scored metric (its heading from its declaration), each mean with its 95%
+    interval where the report has one."""
+    names = [metric.name for metric in scored_metrics()]
     accuracy = ("no labels" if report.get("accuracy") is None else f"accuracy {report['accuracy']:.4f}")
     lines = [f"{report['model']}: {report['n_images']} images, {accuracy}, "
              f"reference {report['protocol']['reference']}, {report['protocol']['steps']} steps"
              + (" (95% bootstrap intervals)" if report["n_images"] > 1 else ""),
-             f"{'method':<28}" + "".join(f"{METRICS[key].heading():>27}" for key in TABLE_SCORES)
-             + f"{METRICS['pointing_game'].heading():>26}{'ms/image':>11}"]
+             f"{'method':<28}" + "".join(f"{METRICS[name].heading():>27}" for name in names) + f"{'ms/image':>11}"]
     checked = report.get("familiarity")
     if checked and checked["unfamiliar"]:
         lines.insert(1, f"warning: {checked['unfamiliar']} of {report['n_images']} images do not look like the images "
                         f"{report['model']} learned from (the familiarity check; report: familiarity.unfamiliar_files)"
                         ": their predictions, and so their scores, may mean nothing")
     for label, row in report["methods"].items():
-        pointing = "-" if row["pointing_game"] is None else f"{row['pointing_game']:.3f}"
-        cells = "".join(f"{format_interval(row[key], row.get(interval_key(key))):>27}" for key in TABLE_SCORES)
-        lines.append(f"{label:<28}{cells}{pointing:>26}{row['ms_per_image']:>11.1f}")
+        cells = "".join(f"{_cell(summary_value(row, name), interval(row, name)):>27}" for name in names)
+        lines.append(f"{label:<28}{cells}{row['ms_per_image']:>11.1f}")
     return "\n".join(lines)
+
+
+def _cell(mean, ci) -> str:
+    return "-" if mean is None else format_interval(mean, ci)

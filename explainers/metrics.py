@@ -19,7 +19,8 @@ pytorch-grad-cam ships it (`pytorch_grad_cam.metrics.road.NoisyLinearImputer`), 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -330,13 +331,38 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------------------------------------
-# What each metric is: declared once, as data (Quantus's shape), so that every table, arrow and text that
-# names a metric (the CLI, the reports, the app) is generated from the declaration
+# What each metric is: declared once, as data, with the scorer that computes it. Every table, arrow, interval and
+# comparison that names a metric (evaluate, statistics, the scoreboard, the CLI, the app's figures) loops over the
+# declarations; adding a metric is one `Metric(...)` in `METRICS` below.
 # ------------------------------------------------------------------------------------------------
+class MapBatch:
+    """What a per-image scorer reads for B images: the model, the images, the maps (B x H x W), the targets, the
+    masks (B x H x W or None) and the curve protocol; `curves` (deletion/insertion, `curve_batch` perturbed images
+    per forward pass) is computed once, on first use."""
+
+    def __init__(self, bundle, images, maps, targets, *, steps: int = 20, reference: str = "mean", masks=None,
+                 tolerance: int | None = None, curve_batch: int = 256):
+        self.bundle, self.images, self.maps, self.targets = bundle, images, maps, targets
+        self.steps, self.reference, self.masks, self.tolerance = steps, reference, masks, tolerance
+        self.curve_batch = curve_batch
+        self._curves = None
+
+    @property
+    def curves(self) -> Curves:
+        if self._curves is None:
+            self._curves = deletion_insertion(self.bundle, self.images, self.maps, self.targets, steps=self.steps,
+                                              reference=self.reference, batch_size=self.curve_batch)
+        return self._curves
+
+
 @dataclass(frozen=True)
 class Metric:
-    """A metric's facts. `better`: "higher" or "lower"; `low`, `high`: its range; `chance`: what a map that
-    knows nothing scores (None where there is no such level); `short`: its column title in narrow tables."""
+    """A metric's facts and its computation. `name`: its key everywhere (a report's mean, `<name>_ci95` its
+    interval, `per_image[name]` its per-image scores); `better`: "higher" or "lower" (the only place a direction is
+    written); `low`, `high`: its range; `chance`: what a map that knows nothing scores (None where there is no such
+    level); `short`: its column title in narrow tables; `colour`: its line in figures; `score`: the per-image scorer,
+    `score(MapBatch) -> B values` (None where it cannot be scored on that batch, e.g. no masks), or None for a metric
+    measured by its own protocol (GridPG's mosaics, the sanity checks) rather than per image by `evaluate`."""
     name: str
     label: str
     better: str
@@ -345,6 +371,8 @@ class Metric:
     what: str
     short: str = ""
     chance: float | None = None
+    colour: str = "#000000"
+    score: Callable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.better not in ("higher", "lower"):
@@ -358,25 +386,63 @@ class Metric:
     def better_text(self) -> str:
         return f"{self.better} is better"
 
+    @property
+    def phrase(self) -> str:
+        """The label inside a sentence: 'deletion AUC'."""
+        return self.label[0].lower() + self.label[1:]
+
+    @property
+    def interval_key(self) -> str:
+        """Where a report keeps this metric's 95% interval: 'deletion_auc_ci95'."""
+        return f"{self.name}_ci95"
+
     def heading(self) -> str:
         """A table column's title: 'deletion (lower better)'."""
         return f"{self.short or self.label} ({self.better} better)"
+
+    def title(self) -> str:
+        """A narrow column's title: 'deletion \u2193'."""
+        return f"{self.short or self.label} {self.arrow}"
 
     def is_better(self, a: float, b: float) -> bool:
         """Whether score `a` is better than score `b`."""
         return a > b if self.better == "higher" else a < b
 
+    def gain(self, a, b):
+        """How much better `a` is than `b` (positive: better), elementwise: a - b, or b - a where lower is better."""
+        return np.subtract(a, b) if self.better == "higher" else np.subtract(b, a)
+
+    def best(self, items, key=lambda item: item):
+        """The item whose `key` scores best."""
+        return (max if self.better == "higher" else min)(items, key=key)
+
+    def ranked(self, items, key=lambda item: item) -> list:
+        """The items, best score first."""
+        return sorted(items, key=key, reverse=self.better == "higher")
+
+
+def _curve_score(attribute: str) -> Callable:
+    return lambda batch: np.asarray(getattr(batch.curves, attribute), dtype=np.float64)
+
+
+def _pointing_score(batch: "MapBatch"):
+    if batch.masks is None:
+        return None
+    return pointing_game(torch.as_tensor(batch.maps).cpu(), batch.masks, batch.tolerance)
+
 
 METRICS = {metric.name: metric for metric in (
-    Metric("deletion_auc", "Deletion AUC", "lower", 0.0, 1.0, short="deletion",
+    Metric("deletion_auc", "Deletion AUC", "lower", 0.0, 1.0, short="deletion", colour="#D55E00",
+           score=_curve_score("deletion_auc"),
            what="the target's probability as the map's top pixels are removed first, area under the curve: it falls "
                 "fast when the map found the evidence"),
-    Metric("insertion_auc", "Insertion AUC", "higher", 0.0, 1.0, short="insertion",
+    Metric("insertion_auc", "Insertion AUC", "higher", 0.0, 1.0, short="insertion", colour="#0072B2",
+           score=_curve_score("insertion_auc"),
            what="the target's probability as the map's top pixels come back first, area under the curve: it rises "
                 "fast when the map found the evidence"),
-    Metric("ins_minus_del", "Insertion \u2212 deletion", "higher", -1.0, 1.0, short="ins-del",
-           what="insertion AUC minus deletion AUC: both curves in one number"),
-    Metric("pointing_game", "Pointing game", "higher", 0.0, 1.0, short="pointing",
+    Metric("ins_minus_del", "Insertion \u2212 deletion", "higher", -1.0, 1.0, short="ins-del", colour="#009E73",
+           score=_curve_score("ins_minus_del"), what="insertion AUC minus deletion AUC: both curves in one number"),
+    Metric("pointing_game", "Pointing game", "higher", 0.0, 1.0, short="pointing", score=_pointing_score,
            what="share of maps whose peak falls inside the object's mask (within a tolerance)"),
     Metric("top_pixel_iou", "Top-pixel IoU", "higher", 0.0, 1.0, short="IoU",
            what="overlap of the map's top pixels (as many as the mask has) with the mask"),
@@ -391,6 +457,66 @@ METRICS = {metric.name: metric for metric in (
            what="rank correlation of the map with the trained model's after its top layers are re-initialised: a "
                 "faithful map changes"),
 )}
+CURVE_METRICS = ("deletion_auc", "insertion_auc", "ins_minus_del")  # what one image's two curves give
+
+
+def scored_metrics() -> list:
+    """The metrics `evaluate` scores per image (those with a scorer), in declaration order."""
+    return [metric for metric in METRICS.values() if metric.score is not None]
+
+
+def score_batch(batch: MapBatch) -> dict:
+    """{metric name: B values} of every per-image metric that can be scored on this batch."""
+    out = {}
+    for metric in scored_metrics():
+        values = metric.score(batch)
+        if values is not None:
+            out[metric.name] = np.asarray(values, dtype=np.float64).reshape(-1)
+    return out
+
+
+# the per-image keys and interval keys of reports written before one name per metric
+LEGACY_KEYS = {"deletion": "deletion_auc", "insertion": "insertion_auc", "pointing": "pointing_game"}
+LEGACY_INTERVALS = {"deletion_auc": "deletion_ci95", "insertion_auc": "insertion_ci95"}
+
+
+def per_image(scores: dict) -> dict:
+    """{metric name: array} from a per-image block (a report row's `per_image`, or {key: values} built by a caller),
+    in declaration order; reads the older keys ('deletion', 'insertion', 'pointing') and derives ins-del from the
+    two curves where the block does not carry it. Keys that name no metric are left out."""
+    named = {LEGACY_KEYS.get(key, key): value for key, value in scores.items()}
+    if "ins_minus_del" not in named and {"deletion_auc", "insertion_auc"} <= set(named):
+        named["ins_minus_del"] = np.subtract(np.asarray(named["insertion_auc"], dtype=np.float64),
+                                             np.asarray(named["deletion_auc"], dtype=np.float64))
+    return {name: np.asarray([np.nan if v is None else v for v in np.asarray(named[name], dtype=object).reshape(-1)],
+                             dtype=np.float64)
+            for name in METRICS if name in named}
+
+
+def summary_value(row: dict, name: str):
+    """A record's or report row's value of a curve metric (ins-del derived from the two AUCs where absent)."""
+    if row.get(name) is None and name == "ins_minus_del" and None not in (row.get("deletion_auc"),
+                                                                           row.get("insertion_auc")):
+        return row["insertion_auc"] - row["deletion_auc"]
+    return row.get(name)
+
+
+def interval(row: dict, name: str):
+    """A report row's 95% interval of a metric (older reports: 'deletion_ci95' for deletion_auc)."""
+    return row.get(METRICS[name].interval_key, row.get(LEGACY_INTERVALS.get(name, "")))
+
+
+def register(metric: Metric) -> Metric:
+    """Add a metric to the declarations (what a plug-in or a test does; the built-in ones are declared above)."""
+    if metric.name in METRICS:
+        raise ValueError(f"a metric named '{metric.name}' is already declared")
+    METRICS[metric.name] = metric
+    return metric
+
+
+def unregister(name: str) -> None:
+    METRICS.pop(name, None)
+
 
 # A method whose maps for the two top classes correlate this much (mean Spearman rho) draws nearly the same map
 # whatever the class: it shows where the evidence lies, not which class it supports (ours; rollout, which never
@@ -420,7 +546,7 @@ def better_text(name: str) -> str:
 def curve_note() -> str:
     """One sentence on reading deletion and insertion AUCs, from their declarations."""
     deletion, insertion = METRICS["deletion_auc"], METRICS["insertion_auc"]
-    return (f"{deletion.better.capitalize()} {deletion.label[0].lower()}{deletion.label[1:]} is better "
+    return (f"{deletion.better.capitalize()} {deletion.phrase} is better "
             "(the score falls fast when the top pixels go); "
-            f"{insertion.better} {insertion.label[0].lower()}{insertion.label[1:]} is better "
+            f"{insertion.better} {insertion.phrase} is better "
             "(the score rises fast when they come back).")

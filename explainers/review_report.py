@@ -284,6 +284,8 @@ def _reviewers_best(study, position):
 
 
 def _faithfulness(study) -> dict:
+    from .metrics import METRICS
+
     images = []
     for item in study.items:
         aucs = study.auc.get(item["position"], {})
@@ -293,7 +295,7 @@ def _faithfulness(study) -> dict:
                  "deletion_auc": {m: _round(a[0]) for m, a in aucs.items() if a[0] is not None}}
         if study.protocol == "blinded":
             liked = _reviewers_best(study, item["position"])
-            top = max(insertion.values()) if insertion else None
+            top = METRICS["insertion_auc"].best(insertion.values()) if insertion else None
             faithful = [m for m, v in insertion.items() if v == top] if insertion else []
             entry.update({"reviewers_best": liked, "best_insertion": faithful[0] if len(faithful) == 1 else None,
                           "match": (liked == faithful[0]) if liked and len(faithful) == 1 else None})

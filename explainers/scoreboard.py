@@ -5,23 +5,20 @@ under three references side by side (mean colour, blur, ROAD).
     text = scoreboard_markdown(reports)
 
 A report: {"model", "n_images", "protocol", "references": {ref: {"files": [...], "methods": {label: {"options",
-"per_image": {"deletion": [...], "insertion": [...]}}}}}}; within a reference every method is scored on the same
-files (ROAD may use a named subset of them). A row compares a headline method with one baseline on one metric by the
-paired bootstrap interval of the per-image improvement (deletion: baseline - method, lower deletion being better;
-insertion and ins-del: method - baseline), one interval per reference. The method **wins** a row only where the
+"per_image": {"deletion_auc": [...], "insertion_auc": [...]}}}}}}; within a reference every method is scored on the
+same files (ROAD may use a named subset of them). A row compares a headline method with one baseline on one declared
+metric (`metrics.METRICS`: every metric both carry per image) by the paired bootstrap interval of the per-image
+improvement (baseline - method where the declaration says lower is better, method - baseline otherwise), one
+interval per reference. The method **wins** a row only where the
 lower bound is above 0 under all three references; the verdict names the references where it is not.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from .statistics import N_RESAMPLES, bootstrap_ci, paired_difference
+from .metrics import METRICS, per_image
+from .statistics import N_RESAMPLES, bootstrap_ci, format_interval, paired_difference
 
 REFERENCE_ORDER = ("mean", "blur", "road")
 REFERENCE_NAMES = {"mean": "mean colour", "blur": "blur", "road": "ROAD"}
-METRIC_NAMES = {"deletion": "deletion (lower better)", "insertion": "insertion (higher better)",
-                "ins_minus_del": "ins-del (higher better)"}
-SHORT_METRIC = {"deletion": "deletion", "insertion": "insertion", "ins_minus_del": "ins-del"}
 DISPLAY = {"aha": "AHA T=0", "aha:T3": "AHA T=3", "gradskip": "GradSkip", "gradcam": "Grad-CAM", "rollout": "rollout", "chefer": "Chefer",
            "occlusion": "occlusion", "rise": "RISE", "random": "random"}
 # the methods the README makes claims for, and the baselines each is compared with (None: every other method
@@ -56,15 +53,21 @@ def display_name(label: str, options: dict | None = None) -> str:
 
 
 def scores(row: dict) -> dict:
-    deletion = np.asarray(row["per_image"]["deletion"], dtype=np.float64)
-    insertion = np.asarray(row["per_image"]["insertion"], dtype=np.float64)
-    return {"deletion": deletion, "insertion": insertion, "ins_minus_del": insertion - deletion}
+    """{metric name: per-image values} of a method's row (`metrics.per_image`: older reports' keys read too)."""
+    return per_image(row["per_image"])
 
 
 def improvement(method_row: dict, baseline_row: dict, metric: str, seed: int = 0) -> dict:
-    """Paired mean and interval of the method's improvement over the baseline on one metric (positive: better)."""
+    """Paired mean and interval of the method's improvement over the baseline on one metric (positive: better, by
+    the metric's declared direction)."""
     a, b = scores(method_row)[metric], scores(baseline_row)[metric]
-    return paired_difference(b, a, seed=seed) if metric == "deletion" else paired_difference(a, b, seed=seed)
+    return paired_difference(b, a, seed=seed) if METRICS[metric].better == "lower" else paired_difference(a, b, seed=seed)
+
+
+def compared_metrics(rows: dict) -> list:
+    """The declared metrics every row carries per image, in declaration order."""
+    carried = [scores(row) for row in rows.values()]
+    return [name for name in METRICS if carried and all(name in value for value in carried)]
 
 
 def by_method(report: dict, reference: str) -> dict:
@@ -86,7 +89,7 @@ def comparisons(report: dict, method: str, seed: int = 0) -> list:
         name in BASELINES[method] if method in BASELINES else not name.startswith("aha"))]
     out = []
     for baseline in baselines:
-        for metric in METRIC_NAMES:
+        for metric in compared_metrics({name: first[name] for name in (method, baseline)}):
             cells = {ref: improvement(rows_by_ref[ref][method], rows_by_ref[ref][baseline], metric, seed)
                      for ref in references if baseline in rows_by_ref[ref]}
             out.append({"method": method, "baseline": baseline, "baseline_label": first[baseline]["label"],
@@ -125,23 +128,21 @@ def format_cell(cell: dict, digits: int = 4) -> str:
 
 
 def score_table(report: dict) -> list:
-    """Markdown lines: each method's mean deletion / insertion and ins-del with its bootstrap interval, per reference."""
+    """Markdown lines: each method's mean of every compared metric with its bootstrap interval, per reference."""
     references = [ref for ref in REFERENCE_ORDER if ref in report["references"]]
-    header = "| method | " + " | ".join(f"{REFERENCE_NAMES[r]}: del / ins | {REFERENCE_NAMES[r]}: ins-del"
-                                        for r in references) + " |"
-    lines = [header, "|" + " --- |" * (1 + 2 * len(references))]
     rows_by_ref = {ref: by_method(report, ref) for ref in references}
+    names = compared_metrics(rows_by_ref[references[0]])
+    header = "| method | " + " | ".join(f"{REFERENCE_NAMES[r]}: {METRICS[m].title()}" for r in references
+                                        for m in names) + " |"
+    lines = [header, "|" + " --- |" * (1 + len(names) * len(references))]
     for name, row in rows_by_ref[references[0]].items():
         cells = []
         for ref in references:
             if name not in rows_by_ref[ref]:
-                cells += ["-", "-"]
+                cells += ["-"] * len(names)
                 continue
             value = scores(rows_by_ref[ref][name])
-            interval = bootstrap_ci(value["ins_minus_del"])
-            spread = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
-            cells += [f"{value['deletion'].mean():.3f} / {value['insertion'].mean():.3f}",
-                      f"{value['ins_minus_del'].mean():.3f}{spread}"]
+            cells += [format_interval(float(value[m].mean()), bootstrap_ci(value[m]), 3) for m in names]
         lines.append(f"| {display_name(row['label'], row.get('options'))} | " + " | ".join(cells) + " |")
     return lines
 
@@ -152,7 +153,7 @@ def comparison_table(rows: list, references) -> list:
     lines = [header, "|" + " --- |" * (3 + len(references))]
     for row in rows:
         cells = [format_cell(row["cells"][r]) if r in row["cells"] else "-" for r in references]
-        lines.append(f"| {display_name(row['baseline_label'], row['baseline_options'])} | {METRIC_NAMES[row['metric']]}"
+        lines.append(f"| {display_name(row['baseline_label'], row['baseline_options'])} | {METRICS[row['metric']].heading()}"
                      f" | " + " | ".join(cells) + f" | {row['verdict']} |")
     return lines
 
@@ -169,11 +170,13 @@ def summary_line(report: dict, method: str, rows: list) -> str:
         grouped = {}  # verdict -> the metrics with it, so that one reason is said once
         for row in mine:
             if row["verdict"] != "**wins**":
-                grouped.setdefault(row["verdict"].removeprefix("no: "), []).append(SHORT_METRIC[row["metric"]])
+                grouped.setdefault(row["verdict"].removeprefix("no: "), []).append(METRICS[row["metric"]].short)
         failed = [f"{', '.join(metrics)} {reason}" for reason, metrics in grouped.items()]
         (not_beaten if failed else beaten).append(name if not failed else f"{name} ({'; '.join(failed)})")
     text = f"- `{report['model']}`, {DISPLAY.get(method, method)}: "
-    text += ("wins deletion, insertion and ins-del under all three references against " + ", ".join(beaten)
+    compared = [METRICS[name].short for name in dict.fromkeys(row["metric"] for row in rows)]
+    listed = " and ".join(filter(None, [", ".join(compared[:-1]), compared[-1]]))
+    text += (f"wins {listed} under all three references against " + ", ".join(beaten)
              if beaten else "wins against no baseline on every curve and reference")
     if not_beaten:
         text += ". Not a win against " + ", ".join(not_beaten)

@@ -60,42 +60,20 @@ def excludes_zero(interval) -> bool:
     return interval is not None and (interval[0] > 0 or interval[1] < 0)
 
 
-METRICS = ("deletion", "insertion", "ins_minus_del")  # per-image keys; their declarations: `declared(metric)`
-
-
-def declared(metric: str):
-    """The declaration (label, which way is better) of a per-image score key: `explainers.metrics.METRICS`."""
-    from .metrics import METRICS as DECLARED
-
-    return DECLARED[metric if metric in DECLARED else f"{metric}_auc"]
-
-
-def per_image_scores(row: dict) -> dict:
-    """{'deletion': [...], 'insertion': [...], 'ins_minus_del': [...]} from an evaluate report's method row."""
-    deletion = np.asarray(row["per_image"]["deletion"], dtype=np.float64)
-    insertion = np.asarray(row["per_image"]["insertion"], dtype=np.float64)
-    return {"deletion": deletion, "insertion": insertion, "ins_minus_del": insertion - deletion}
-
-
-def method_intervals(deletion, insertion, **options) -> dict:
-    """The three intervals an evaluate row carries."""
-    deletion = np.asarray(deletion, dtype=np.float64)
-    insertion = np.asarray(insertion, dtype=np.float64)
-    return {"deletion_ci95": bootstrap_ci(deletion, **options), "insertion_ci95": bootstrap_ci(insertion, **options),
-            "ins_minus_del_ci95": bootstrap_ci(insertion - deletion, **options)}
-
-
 def compare_methods(report: dict, first: str, second: str, **options) -> dict:
-    """Paired differences first - second of deletion, insertion and ins-del on the report's images (which sign
-    favours `first`: each metric's declaration, `declared(metric).better`)."""
+    """Paired differences first - second of every declared metric both methods carry per image, on the report's
+    images, keyed by metric name (which sign favours `first`: the metric's declaration, `METRICS[name].better`)."""
+    from .metrics import per_image
+
     methods = report["methods"]
     for name in (first, second):
         if name not in methods:
             raise KeyError(f"--compare: '{name}' is not among the evaluated methods ({', '.join(methods)})")
         if "per_image" not in methods[name]:
             raise ValueError(f"the report has no per-image scores for '{name}' (written by an older version?)")
-    a, b = per_image_scores(methods[first]), per_image_scores(methods[second])
-    return {"a": first, "b": second, **{metric: paired_difference(a[metric], b[metric], **options) for metric in METRICS}}
+    a, b = per_image(methods[first]["per_image"]), per_image(methods[second]["per_image"])
+    return {"a": first, "b": second, **{metric: paired_difference(a[metric], b[metric], **options)
+                                        for metric in a if metric in b}}
 
 
 def format_interval(mean: float, interval, digits: int = 4) -> str:
@@ -106,34 +84,36 @@ def format_interval(mean: float, interval, digits: int = 4) -> str:
 
 
 def format_comparison(comparison: dict) -> str:
+    from .metrics import METRICS
+
+    names = [name for name in METRICS if name in comparison]
     lines = [f"paired bootstrap, {comparison['a']} - {comparison['b']} "
-             f"(n = {comparison['deletion']['n']}, 95% percentile interval):"]
-    for metric in METRICS:
-        result = comparison[metric]
+             f"(n = {comparison[names[0]]['n'] if names else 0}, 95% percentile interval):"]
+    for name in names:
+        result = comparison[name]
         verdict = "excludes 0: significant" if result["significant"] else "includes 0: not significant"
         if result["ci95"] is None:
             verdict = "too few images for an interval"
-        lines.append(f"  {metric:<14}{format_interval(result['mean'], result['ci95']):>32}  {verdict} "
-                     f"({declared(metric).better_text})")
+        lines.append(f"  {METRICS[name].short or name:<14}{format_interval(result['mean'], result['ci95']):>32}  "
+                     f"{verdict} ({METRICS[name].better_text})")
     return "\n".join(lines)
 
 
 def score_table(methods: dict, *, digits: int = 3, **options) -> list:
-    """Rows for a score table (the app's Review and batch views): per method each AUC as 'mean [low, high]'
-    and, for each metric, whether it differs significantly (paired interval excludes 0) from the best method
-    on that metric. `methods`: {name: {'deletion': [...], 'insertion': [...]}} per-image scores on the same
-    images (an evaluate report's `per_image` blocks). One image: means only, nothing marked."""
-    scores = {name: {"deletion": np.asarray(v["deletion"], dtype=np.float64),
-                     "insertion": np.asarray(v["insertion"], dtype=np.float64)} for name, v in methods.items()}
-    for value in scores.values():
-        value["ins_minus_del"] = value["insertion"] - value["deletion"]
-    best = {metric: (max if declared(metric).better == "higher" else min)(scores,
-                                                                        key=lambda m: scores[m][metric].mean())
-            for metric in METRICS} if scores else {}
+    """Rows for a score table (the app's Review and batch views): per method and declared metric its mean as
+    'mean [low, high]' and whether it differs significantly (paired interval excludes 0) from the best method on
+    that metric (best by the metric's declared direction). `methods`: {name: per-image block} on the same images
+    (an evaluate report's `per_image` blocks, read by `metrics.per_image`); the metrics every method carries, in
+    declaration order. One image: means only, nothing marked."""
+    from .metrics import METRICS, per_image
+
+    scores = {name: per_image(block) for name, block in methods.items()}
+    names = [m for m in METRICS if scores and all(m in value for value in scores.values())]
+    best = {metric: METRICS[metric].best(scores, key=lambda m: scores[m][metric].mean()) for metric in names}
     rows = []
     for name, value in scores.items():
         row = {"method": name}
-        for metric in METRICS:
+        for metric in names:
             mean = float(value[metric].mean())
             row[metric] = format_interval(mean, bootstrap_ci(value[metric], **options), digits)
             row[f"{metric}_best"] = best[metric] == name

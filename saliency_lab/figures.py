@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from explainers.methods import METHODS, ordered
+from explainers.metrics import CURVE_METRICS, METRICS, summary_value
 from .pictures import options_text
 
 FALLBACK_COLORS = ("#000000", "#F0E442", "#882255", "#44AA99")
@@ -95,7 +96,9 @@ def wrapped(text: str, width: int) -> str:
 def panel_title(record: dict, columns: int) -> str:
     """A panel's title: the method's name in bold, then both AUCs. In three columns (panels ~95 px wide on a
     phone) the name is wrapped and each AUC has its own line, so that neighbouring titles never overlap."""
-    dele, ins = f"del {record['deletion_auc']:.3f} ↓", f"ins {record['insertion_auc']:.3f} ↑"
+    deletion, insertion = METRICS["deletion_auc"], METRICS["insertion_auc"]
+    dele = f"del {record['deletion_auc']:.3f} {deletion.arrow}"
+    ins = f"ins {record['insertion_auc']:.3f} {insertion.arrow}"
     if columns < 3:
         return f"<b>{record['label']}</b><br>{dele} · {ins}"
     return f"<b>{wrapped(record['label'], NARROW_LINE_CHARS)}</b><br>{dele}<br>{ins}"
@@ -124,13 +127,15 @@ def curves_figure(results: list, title: str | None = None) -> FigureSpec:
         data.append({"type": "scatter", "x": x, "y": record["deletion"], "mode": "lines+markers",
                      "xaxis": f"x{suffix}", "yaxis": f"y{suffix}", "showlegend": False,
                      "line": {"color": colour, "width": 2.5}, "marker": {"size": 4},
-                     "name": f"{record['label']}: deletion AUC {record['deletion_auc']:.3f} ↓ · insertion "
-                             f"{record['insertion_auc']:.3f} ↑",
+                     "name": f"{record['label']}: deletion AUC {record['deletion_auc']:.3f} "
+                             f"{METRICS['deletion_auc'].arrow} · insertion {record['insertion_auc']:.3f} "
+                             f"{METRICS['insertion_auc'].arrow}",
                      "hovertemplate": "%{x:.0f}% deleted: p=%{y:.3f}<extra></extra>"})
         data.append({"type": "scatter", "x": x, "y": record["insertion"], "mode": "lines+markers",
                      "xaxis": f"x{suffix}", "yaxis": f"y{suffix}", "showlegend": False,
                      "line": {"color": colour, "width": 2.5, "dash": "dash"}, "marker": {"size": 4, "symbol": "diamond"},
-                     "name": f"{record['label']} insertion · AUC {record['insertion_auc']:.3f} (higher is better)",
+                     "name": f"{record['label']} insertion · AUC {record['insertion_auc']:.3f} "
+                             f"({METRICS['insertion_auc'].better_text})",
                      "hovertemplate": "%{x:.0f}% inserted: p=%{y:.3f}<extra></extra>"})
         gap = 0.06
         left = column / columns + (gap / 2 if column else 0)
@@ -236,39 +241,48 @@ def head_weights_figure(diagnostics: dict) -> FigureSpec:
 
 
 def auc_table(results: list) -> list:
-    """Rows [method, options, deletion AUC, insertion AUC, ins - del, ms] for a table."""
+    """Rows [method, options, a column per curve metric, ms] for a table (`AUC_HEADERS`)."""
     rows = []
     for record in results:
-        dele, ins = record.get("deletion_auc"), record.get("insertion_auc")
+        values = [summary_value(record, name) for name in CURVE_METRICS]
         rows.append([record["label"], options_text(record) or "-",
-                     None if dele is None else round(dele, 4), None if ins is None else round(ins, 4),
-                     None if dele is None else round(ins - dele, 4), round(1000 * record["seconds"], 1)])
+                     *[None if value is None else round(value, 4) for value in values],
+                     round(1000 * record["seconds"], 1)])
     return rows
 
 
-AUC_HEADERS = ["method", "options", "deletion AUC ↓", "insertion AUC ↑", "ins − del ↑", "ms"]  # short: fits a phone
+def _titles(names) -> list:
+    """Short column titles with each metric's arrow, from its declaration ('deletion ↓', 'ins-del ↑')."""
+    return [METRICS[name].title() for name in names]
 
 
-SCORE_HEADERS = ["method", "deletion AUC ↓", "insertion AUC ↑", "ins − del ↑"]
-SCORE_KEYS = ("deletion", "insertion", "ins_minus_del")
+AUC_HEADERS = ["method", "options", *_titles(CURVE_METRICS), "ms"]  # short: fits a phone
 BEST_MARK, WORSE_MARK = "(best)", "*"
 SCORE_LEGEND = (f"Mean over the images with its 95% bootstrap interval (images resampled). {BEST_MARK}: the best "
                 f"mean on that score; {WORSE_MARK}: significantly worse than the best (the paired 95% interval of "
                 "the difference, over the same images, excludes 0); no mark: within the noise of the best.")
 
 
+def score_headers(per_image: dict) -> list:
+    """The score table's headers: 'method', then the declared metrics every method carries per image."""
+    from explainers.metrics import per_image as named
+
+    carried = [named(block) for block in per_image.values()]
+    return ["method", *_titles([m for m in METRICS if carried and all(m in value for value in carried)])]
+
+
 def score_table_rows(per_image: dict, **options) -> list:
-    """Rows [method, deletion, insertion, ins − del] of a score table over several images. `per_image`:
-    {method: {'deletion': [...], 'insertion': [...]}}, the same images in the same order for every method. Each
-    cell is 'mean [low, high]' with the best method marked and those significantly worse than it starred
+    """Rows [method, a cell per metric] of a score table over several images. `per_image`: {method: {metric:
+    [...]}} (e.g. 'deletion_auc', 'insertion_auc'), the same images in the same order for every method. Each cell is
+    'mean [low, high]' with the best method marked and those significantly worse than it starred
     (`explainers.statistics.score_table`: seeded bootstrap, paired differences); one image: means only."""
     from explainers.statistics import score_table
 
-    several = len(per_image) > 1 and all(len(v["deletion"]) > 1 for v in per_image.values())
+    several = len(per_image) > 1 and all(_images(v) > 1 for v in per_image.values())
     rows = []
     for row in score_table(per_image, **options):
         cells = [row["method"]]
-        for key in SCORE_KEYS:
+        for key in [m for m in METRICS if m in row]:
             mark = (f" {BEST_MARK}" if row[f"{key}_best"] and several else
                     f" {WORSE_MARK}" if row[f"{key}_worse_than_best"] else "")
             cells.append(row[key] + mark)
@@ -276,16 +290,20 @@ def score_table_rows(per_image: dict, **options) -> list:
     return rows
 
 
+def _images(block: dict) -> int:
+    return len(next(iter(block.values()), []))
+
+
 def score_table_markdown(per_image: dict, labels: dict | None = None, **options) -> str:
     """The score table as Markdown (method names through `labels`), its legend under it when there are intervals."""
     rows = score_table_rows(per_image, **options)
-    lines = ["| " + " | ".join(SCORE_HEADERS) + " |", "|---" * len(SCORE_HEADERS) + "|"]
+    headers = score_headers(per_image)
+    lines = ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     for method, *cells in rows:
         lines.append(f"| {(labels or {}).get(method, method)} | " + " | ".join(cells) + " |")
-    if any(len(v["deletion"]) > 1 for v in per_image.values()):
+    if any(_images(v) > 1 for v in per_image.values()):
         lines += ["", SCORE_LEGEND]
     return "\n".join(lines)
-
 
 
 def sanity_figure(stages: list, title: str = "Sanity check") -> FigureSpec:
@@ -346,9 +364,8 @@ def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:
 # ------------------------------------------------------------------------------------------------
 # AHA training jobs
 # ------------------------------------------------------------------------------------------------
-AHA_SERIES = (("val_deletion_auc", "deletion AUC (lower is better)", "#D55E00", "solid"),
-              ("val_insertion_auc", "insertion AUC (higher is better)", "#0072B2", "dash"),
-              ("val_ins_minus_del", "insertion − deletion", "#009E73", "dot"))
+AHA_SERIES = tuple((f"val_{name}", f"{METRICS[name].phrase} ({METRICS[name].better_text})", METRICS[name].colour, dash)
+    for name, dash in zip(CURVE_METRICS, ("solid", "dash", "dot")))
 
 
 def aha_validation_figure(history: list, title: str = "AHA explainer: validation during training") -> FigureSpec:
@@ -364,7 +381,7 @@ def aha_validation_figure(history: list, title: str = "AHA explainer: validation
                      "hovertemplate": "step %{x}: %{y:.4f}<extra></extra>"})
     shapes, annotations = [], []
     if points:
-        best = max(points, key=lambda p: p["val_ins_minus_del"])
+        best = METRICS["ins_minus_del"].best(points, key=lambda p: p["val_ins_minus_del"])
         shapes.append({"type": "line", "xref": "x", "x0": best["step"], "x1": best["step"], "yref": "paper", "y0": 0,
                        "y1": 1, "line": {"color": "#009E73", "dash": "dot", "width": 1}})
         annotations.append({"text": f"best so far: step {best['step']}", "xref": "x", "x": best["step"], "yref": "paper",

@@ -14,6 +14,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from explainers.metrics import METRICS
+
 from . import job_panel
 from .browse import inside, on_space, resolve_folder
 from .datasets import build_mask_set, mask_set_choices, ready_folder
@@ -151,7 +153,8 @@ def describe_job(services, job, history, report) -> job_panel.JobReport:
 
 CAMAL_ROWS = {"accuracy": "accuracy", "iou": "IoU of CAM with mask", "pointing_game": "pointing game",
               "cam_inside": "mean CAM inside mask", "cam_outside": "mean CAM outside mask",
-              "deletion_auc": "deletion AUC (lower is better)", "insertion_auc": "insertion AUC (higher is better)"}
+              **{key: f"{METRICS[key].phrase} ({METRICS[key].better_text})"
+                 for key in ("deletion_auc", "insertion_auc")}}
 
 
 def camal_comparison_rows(result: dict) -> list:

@@ -9,6 +9,7 @@ from PIL import Image
 from explainers.engine import PreparedInput
 from explainers.images import crop_region, map_to_original, overlay
 from explainers.methods import METHODS
+from explainers.metrics import METRICS
 
 
 def map_to_display(record: dict, prepared: PreparedInput) -> np.ndarray:
@@ -100,7 +101,8 @@ def caption(record: dict) -> str:
     if option_text:
         text += f" ({option_text})"
     if record.get("deletion_auc") is not None:
-        text += f" · del {record['deletion_auc']:.3f} ↓ · ins {record['insertion_auc']:.3f} ↑"
+        text += (f" · del {record['deletion_auc']:.3f} {METRICS['deletion_auc'].arrow} · ins "
+                 f"{record['insertion_auc']:.3f} {METRICS['insertion_auc'].arrow}")
     return text
 
 

@@ -267,7 +267,7 @@ def fill_faithfulness(services, study: dict, progress=None) -> int:
 @dataclass
 class StudyResults:
     """The report (dict, as the CLI writes it), a Markdown summary, the ratings and kappa figures, and the
-    score table's rows (`figures.SCORE_HEADERS`: each AUC with its interval, significance marked)."""
+    score table's rows (`figures.score_headers`: each AUC with its interval, significance marked)."""
 
     report: dict
     summary: str
@@ -310,7 +310,7 @@ def study_results(services, name, code, *, faithfulness=True, progress=None, n_b
 
 
 def faithfulness_scores(report: dict) -> tuple:
-    """({method: {'deletion': [...], 'insertion': [...]}}, images): each method's deletion and insertion AUCs on
+    """({method: {'deletion_auc': [...], 'insertion_auc': [...]}}, images): each method's deletion and insertion AUCs on
     the study's images that have both for every method (the same images, in the study's order, so that the
     methods compare pairwise); ({}, 0) when no image has them all."""
     methods = report["study"]["methods"]
@@ -318,8 +318,7 @@ def faithfulness_scores(report: dict) -> tuple:
               if all(m in entry["deletion_auc"] and m in entry["insertion_auc"] for m in methods)]
     if not paired or not methods:
         return {}, 0
-    per_image = {m: {"deletion": [e["deletion_auc"][m] for e in paired],
-                     "insertion": [e["insertion_auc"][m] for e in paired]} for m in methods}
+    per_image = {m: {key: [e[key][m] for e in paired] for key in ("deletion_auc", "insertion_auc")} for m in methods}
     return per_image, len(paired)
 
 

@@ -394,7 +394,7 @@ def test_evaluate_cli_per_image_before_and_trained_after(data_dir, tmp_path):
     assert sorted(p.name for p in models.WEIGHTS_DIR.iterdir()) == shipped  # never into the code's weights/
     after = evaluate(tmp_path / "after.json")
     assert after["methods"]["aha"]["options"]["mode"] == "trained"
-    assert len(after["methods"]["aha"]["per_image"]["deletion"]) == 4
+    assert len(after["methods"]["aha"]["per_image"]["deletion_auc"]) == 4
 
 
 # ------------------------------------------------------------------------------------------------ (f) part 3

@@ -35,9 +35,9 @@ def test_evaluate_writes_the_documented_json(tiny_folder, tmp_path, registered, 
         assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
         assert row["ins_minus_del"] == pytest.approx(row["insertion_auc"] - row["deletion_auc"])
         assert row["pointing_game"] is None and row["ms_per_image"] > 0
-        assert len(row["per_image"]["deletion"]) == 5 and len(row["per_image"]["insertion"]) == 5
-        assert row["deletion_auc"] == pytest.approx(np.mean(row["per_image"]["deletion"]))
-        for key, mean in (("deletion_ci95", "deletion_auc"), ("insertion_ci95", "insertion_auc"),
+        assert len(row["per_image"]["deletion_auc"]) == 5 and len(row["per_image"]["insertion_auc"]) == 5
+        assert row["deletion_auc"] == pytest.approx(np.mean(row["per_image"]["deletion_auc"]))
+        for key, mean in (("deletion_auc_ci95", "deletion_auc"), ("insertion_auc_ci95", "insertion_auc"),
                           ("ins_minus_del_ci95", "ins_minus_del")):
             low, high = row[key]
             assert low <= row[mean] <= high
@@ -55,10 +55,10 @@ def test_evaluate_compare_prints_and_stores_the_paired_interval(tiny_folder, tmp
     first, same = report["comparisons"]
     assert (first["a"], first["b"]) == ("gradcam", "random")
     a, b = (report["methods"][m]["per_image"] for m in ("gradcam", "random"))
-    assert first["deletion"]["mean"] == pytest.approx(np.mean(np.subtract(a["deletion"], b["deletion"])))
-    low, high = first["insertion"]["ci95"]
-    assert low <= first["insertion"]["mean"] <= high
-    assert same["deletion"]["ci95"] == [0.0, 0.0] and not same["deletion"]["significant"]
+    assert first["deletion_auc"]["mean"] == pytest.approx(np.mean(np.subtract(a["deletion_auc"], b["deletion_auc"])))
+    low, high = first["insertion_auc"]["ci95"]
+    assert low <= first["insertion_auc"]["mean"] <= high
+    assert same["deletion_auc"]["ci95"] == [0.0, 0.0] and not same["deletion_auc"]["significant"]
     printed = capsys.readouterr().out
     assert "gradcam - random" in printed and "random - random" in printed
     assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(tiny_folder),
@@ -191,7 +191,7 @@ def test_torchrun_two_processes_write_the_report_of_one(tiny_folder, tmp_path):
         "ms_per_image")
     assert a["files"] == b["files"] and len(a["files"]) == 6
     for method in ("gradcam", "rollout", "random"):  # random too: whole batches go to a process
-        for key in ("deletion", "insertion"):
+        for key in ("deletion_auc", "insertion_auc"):
             assert np.allclose(a["methods"][method]["per_image"][key], b["methods"][method]["per_image"][key],
                                atol=1e-6)
     same(a, b)  # everything else: the same report (floats to 1e-6: summation order within a batch)
@@ -203,7 +203,7 @@ def test_evaluate_with_the_road_reference(tiny_folder, tmp_path, registered):
     assert main(["evaluate", "--model", "cli-tiny-cnn", "--methods", "gradcam", "--data", str(tiny_folder),
                  "--limit", "2", "--steps", "4", "--reference", "road", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["protocol"]["reference"] == "road" and len(report["methods"]["gradcam"]["per_image"]["deletion"]) == 2
+    assert report["protocol"]["reference"] == "road" and len(report["methods"]["gradcam"]["per_image"]["deletion_auc"]) == 2
 
 
 def test_method_specs_keep_several_options_of_one_method_together():

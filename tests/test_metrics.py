@@ -371,5 +371,5 @@ def test_the_score_table_picks_the_best_method_by_the_declared_direction():
     rows = {row["method"]: row for row in score_table({
         "a": {"deletion": [0.1, 0.2, 0.15], "insertion": [0.5, 0.6, 0.55]},
         "b": {"deletion": [0.3, 0.4, 0.35], "insertion": [0.7, 0.8, 0.75]}}, seed=0)}
-    assert rows["a"]["deletion_best"] and not rows["b"]["deletion_best"]  # lower deletion is better
-    assert rows["b"]["insertion_best"] and not rows["a"]["insertion_best"]  # higher insertion is better
+    assert rows["a"]["deletion_auc_best"] and not rows["b"]["deletion_auc_best"]  # lower deletion is better
+    assert rows["b"]["insertion_auc_best"] and not rows["a"]["insertion_auc_best"]  # higher insertion is better

@@ -49,11 +49,11 @@ def test_a_win_needs_all_three_references():
     gradcam = rows[("gradcam", "ins_minus_del")]
     assert gradcam["cells"]["mean"]["ci95"][0] > 0 and gradcam["cells"]["blur"]["ci95"][0] > 0
     assert gradcam["verdict"] == "no: ahead under mean colour, blur; level under ROAD"
-    assert rows[("random", "deletion")]["verdict"] == "**wins**"  # far better under all three
+    assert rows[("random", "deletion_auc")]["verdict"] == "**wins**"  # far better under all three
     # the ROAD cell is paired on ROAD's own subset: n is half the images
     assert gradcam["cells"]["road"]["n"] == 30 and gradcam["cells"]["mean"]["n"] == 60
     everywhere = {(r["baseline"], r["metric"]): r for r in comparisons(fake_report({"mean": .05, "blur": .05, "road": .05}), "aha")}
-    assert all(everywhere[("gradcam", m)]["verdict"] == "**wins**" for m in ("deletion", "insertion", "ins_minus_del"))
+    assert all(everywhere[("gradcam", m)]["verdict"] == "**wins**" for m in ("deletion_auc", "insertion_auc", "ins_minus_del"))
 
 
 def test_refinement_steps_are_compared_with_the_one_pass_only():
@@ -65,7 +65,7 @@ def test_refinement_steps_are_compared_with_the_one_pass_only():
     refined = comparisons(report, "aha:T3")
     assert {row["baseline"] for row in refined} == {"aha"}
     verdicts = {row["metric"]: row["verdict"] for row in refined}
-    assert verdicts["deletion"] == "**wins**" and verdicts["insertion"] == "no: level under mean colour, blur, ROAD"
+    assert verdicts["deletion_auc"] == "**wins**" and verdicts["insertion_auc"] == "no: level under mean colour, blur, ROAD"
     assert "aha:T3" not in {row["baseline"] for row in comparisons(report, "aha")}
     assert display_name("aha:refine_steps=3") == "AHA T=3"
 
@@ -77,9 +77,9 @@ def test_improvement_signs_follow_each_curve():
     aha = report["references"]["mean"]["methods"]["aha"]["per_image"]
     gradcam = report["references"]["mean"]["methods"]["gradcam"]["per_image"]
     expected = paired_difference(gradcam["deletion"], aha["deletion"])
-    assert rows[("gradcam", "deletion")]["cells"]["mean"]["mean"] == pytest.approx(expected["mean"])
+    assert rows[("gradcam", "deletion_auc")]["cells"]["mean"]["mean"] == pytest.approx(expected["mean"])
     assert expected["mean"] > 0
-    assert rows[("gradcam", "insertion")]["cells"]["mean"]["mean"] > 0
+    assert rows[("gradcam", "insertion_auc")]["cells"]["mean"]["mean"] > 0
 
 
 def test_verdict_wording():
@@ -124,8 +124,8 @@ def test_runner_shards_merge_to_the_single_process_result(tiny_folder, tmp_path,
     for ref in ("mean", "blur", "road"):
         assert merged["references"][ref]["files"] == single["references"][ref]["files"]
         for label, row in single["references"][ref]["methods"].items():
-            assert np.allclose(merged["references"][ref]["methods"][label]["per_image"]["deletion"],
-                               row["per_image"]["deletion"], atol=1e-6)
+            assert np.allclose(merged["references"][ref]["methods"][label]["per_image"]["deletion_auc"],
+                               row["per_image"]["deletion_auc"], atol=1e-6)
     # the CNN cannot use rollout: listed as skipped, not silently dropped
     runner.main(["run", *[c.replace("board-tiny-vit", "board-tiny-cnn") for c in common], "--references", "mean",
                  "--out", str(tmp_path / "cnn.json")])

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from explainers.statistics import (bootstrap_ci, bootstrap_means, compare_methods, excludes_zero, format_comparison,
-                                   format_interval, method_intervals, paired_difference, score_table)
+                                   format_interval, paired_difference, score_table)
 
 
 def test_constant_data_gives_a_zero_width_interval():
@@ -79,18 +79,20 @@ def test_compare_methods_on_a_report():
     insertion = [0.6, 0.7, 0.8, 0.7]
     report = {"methods": {"a": {"per_image": {"deletion": deletion_a, "insertion": insertion}},
                           "b": {"per_image": {"deletion": deletion_b, "insertion": insertion}}}}
-    comparison = compare_methods(report, "a", "b")
-    assert comparison["deletion"]["mean"] == pytest.approx(-0.2)
-    assert comparison["deletion"]["ci95"] == pytest.approx([-0.2, -0.2]) and comparison["deletion"]["significant"]
-    assert comparison["insertion"]["ci95"] == pytest.approx([0.0, 0.0]) and not comparison["insertion"]["significant"]
+    comparison = compare_methods(report, "a", "b")  # a report written with the older keys ('deletion') is read
+    assert comparison["deletion_auc"]["mean"] == pytest.approx(-0.2)
+    assert comparison["deletion_auc"]["ci95"] == pytest.approx([-0.2, -0.2]) and comparison["deletion_auc"]["significant"]
+    assert comparison["insertion_auc"]["ci95"] == pytest.approx([0.0, 0.0]) and not comparison["insertion_auc"]["significant"]
     assert comparison["ins_minus_del"]["mean"] == pytest.approx(0.2)
     text = format_comparison(comparison)
     assert "a - b" in text and "excludes 0: significant" in text and "includes 0" in text
     with pytest.raises(KeyError, match="not among"):
         compare_methods(report, "a", "c")
-    intervals = method_intervals(deletion_a, insertion)
-    assert set(intervals) == {"deletion_ci95", "insertion_ci95", "ins_minus_del_ci95"}
-    assert intervals["ins_minus_del_ci95"] == pytest.approx([0.5, 0.5])
+    from explainers.evaluate import score_summary
+
+    found = score_summary({"deletion_auc": deletion_a, "insertion_auc": insertion})
+    assert {"deletion_auc_ci95", "insertion_auc_ci95", "ins_minus_del_ci95"} <= set(found)
+    assert found["ins_minus_del_ci95"] == pytest.approx([0.5, 0.5]) and found["pointing_game_ci95"] is None
 
 
 def test_score_table_marks_significant_differences_from_the_best():
@@ -101,11 +103,12 @@ def test_score_table_marks_significant_differences_from_the_best():
                "bad": {"deletion": base * 0.5 + 0.2, "insertion": base * 0.5 + 0.1}}
     rows = {row["method"]: row for row in score_table(methods)}
     assert rows["good"]["ins_minus_del_best"] and not rows["good"]["ins_minus_del_worse_than_best"]
-    assert rows["bad"]["deletion_worse_than_best"] and rows["bad"]["ins_minus_del_worse_than_best"]
-    assert "[" in rows["bad"]["deletion"]
-    assert rows["tied"]["deletion_worse_than_best"] and not rows["tied"]["insertion_worse_than_best"]
-    single = score_table({"a": {"deletion": [0.2], "insertion": [0.6]}, "b": {"deletion": [0.3], "insertion": [0.5]}})
-    assert single[0]["deletion"] == "0.200" and not single[1]["deletion_worse_than_best"]
+    assert rows["bad"]["deletion_auc_worse_than_best"] and rows["bad"]["ins_minus_del_worse_than_best"]
+    assert "[" in rows["bad"]["deletion_auc"]
+    assert rows["tied"]["deletion_auc_worse_than_best"] and not rows["tied"]["insertion_auc_worse_than_best"]
+    single = score_table({"a": {"deletion_auc": [0.2], "insertion_auc": [0.6]},
+                          "b": {"deletion_auc": [0.3], "insertion_auc": [0.5]}})
+    assert single[0]["deletion_auc"] == "0.200" and not single[1]["deletion_auc_worse_than_best"]
 
 
 def bench_script(name: str):
@@ -144,7 +147,7 @@ def test_compare_reports_pairs_methods_across_reports_of_the_same_images(tmp_pat
     result = json.loads(out.read_text())
     row = result["comparisons"][0]
     assert result["files_checked"] and row["a"] == "1:aha" and row["b"] == "2:aha"
-    assert row["deletion"]["mean"] == pytest.approx(-0.01) and row["ins_minus_del"]["mean"] == pytest.approx(0.03)
+    assert row["deletion_auc"]["mean"] == pytest.approx(-0.01) and row["ins_minus_del"]["mean"] == pytest.approx(0.03)
     assert row["ins_minus_del"]["significant"]
     old.write_text(json.dumps(report({"aha": (deletion, insertion)}, files[::-1])))  # other order: refused
     with pytest.raises(SystemExit, match="same images"):
@@ -184,10 +187,10 @@ def test_compare_reports_pools_reports_of_different_images(tmp_path):
     joined = json.loads(pooled.read_text())
     assert joined["n_images"] == 24 and joined["files"] == files and set(joined["methods"]) == {"aha", "rise"}
     assert joined["methods"]["aha"]["deletion_auc"] == pytest.approx(float(np.mean(deletion)))
-    low, high = joined["methods"]["aha"]["insertion_ci95"]
+    low, high = joined["methods"]["aha"]["insertion_auc_ci95"]
     assert low < float(np.mean(insertion)) < high
     row = json.loads(out.read_text())["comparisons"][0]
-    assert row["deletion"]["mean"] == pytest.approx(-0.02) and row["ins_minus_del"]["mean"] == pytest.approx(0.03)
+    assert row["deletion_auc"]["mean"] == pytest.approx(-0.02) and row["ins_minus_del"]["mean"] == pytest.approx(0.03)
     with pytest.raises(SystemExit, match="in two reports"):
         tool.main(["--concat", f"{first}+{stored}@rise", str(rest)])
     with pytest.raises(SystemExit, match="more than one part"):

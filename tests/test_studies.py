@@ -450,7 +450,7 @@ def test_study_score_table_pairs_images_and_one_image_has_no_interval(services):
     code = blinded_with_scores(services, "paired", deletion, insertion)
     results = studies.study_results(services, "paired", code, faithfulness=False, n_boot=200)
     per_image, images = studies.faithfulness_scores(results.report)
-    assert images == 2 and per_image["m1"]["deletion"] == [0.1, 0.3] and per_image["m2"]["deletion"] == [0.2, 0.4]
+    assert images == 2 and per_image["m1"]["deletion_auc"] == [0.1, 0.3] and per_image["m2"]["deletion_auc"] == [0.2, 0.4]
     assert "2 images (of 3" in results.summary
     code = blinded_with_scores(services, "single", {"m1": [0.1], "m2": [0.3]}, {"m1": [0.5], "m2": [0.6]})
     results = studies.study_results(services, "single", code, faithfulness=False, n_boot=200)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..metrics import METRICS
 from ..smoothing import gaussian_smooth
 from ..statistics import bootstrap_ci, paired_difference
 from .network import check_output_blur
@@ -71,9 +72,10 @@ def measure_output_blur(explainer, images: torch.Tensor, sigmas, *, batch_size: 
     return {s: {k: np.concatenate(v) for k, v in row.items()} for s, row in scores.items()}
 
 
-def _smaller_margin(row: dict, baseline: dict) -> float:
-    return min(float(np.mean(baseline["deletion"])) - row["deletion_auc"],
-               row["insertion_auc"] - float(np.mean(baseline["insertion"])))
+def _leads(row: dict, baseline: dict) -> list:
+    """The row's lead over the baseline's mean on each curve (positive: better, by each metric's declaration)."""
+    return [float(METRICS[name].gain(row[name], np.mean(baseline[key])))
+            for key, name in (("deletion", "deletion_auc"), ("insertion", "insertion_auc"))]
 
 
 def summarise(scores: dict, baseline: dict | None = None) -> tuple:
@@ -99,15 +101,15 @@ def summarise(scores: dict, baseline: dict | None = None) -> tuple:
                                                  "ci95": [round(v, 5) for v in diff["ci95"]]}
         rows.append(entry)
     if baseline is not None:
-        ahead = [r for r in rows if r["deletion_auc"] < float(np.mean(baseline["deletion"]))
-                 and r["insertion_auc"] > float(np.mean(baseline["insertion"]))]
+        ahead = [r for r in rows if min(_leads(r, baseline)) > 0]
         if ahead:  # the most robust lead: the largest of the smaller margins (deletion's, insertion's)
-            return rows, max(ahead, key=lambda r: (_smaller_margin(r, baseline), -r["sigma_px"]))["sigma_px"]
+            return rows, max(ahead, key=lambda r: (min(_leads(r, baseline)), -r["sigma_px"]))["sigma_px"]
     # only a gain the held-out images show beyond chance: a blur whose paired interval includes 0 is noise
     gains = [r for r in rows if r["sigma_px"] > 0 and r["ins_minus_del_vs_no_blur"]["ci95"][0] > 0]
     if not gains:
         return rows, 0.0
-    best = max(gains, key=lambda r: (r["ins_minus_del"], -r["sigma_px"]))  # ties: the smaller blur
+    ins_del = METRICS["ins_minus_del"]
+    best = max(gains, key=lambda r: (ins_del.gain(r["ins_minus_del"], 0.0), -r["sigma_px"]))  # ties: the smaller blur
     return rows, best["sigma_px"]
 
 

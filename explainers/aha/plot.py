@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageColor, ImageDraw
 
-from ..metrics import METRICS
+from ..metrics import CURVE_METRICS, METRICS
 
-SERIES = tuple((key, METRICS[key].heading(), colour) for key, colour in (
-    ("deletion_auc", (213, 94, 0)), ("insertion_auc", (0, 114, 178)), ("ins_minus_del", (0, 158, 115))))
+SERIES = tuple((key, METRICS[key].heading(), ImageColor.getrgb(METRICS[key].colour)) for key in CURVE_METRICS)
 
 
 def validation_plot(validation: list, path, *, exported_step: int | None = None, title: str = "",
