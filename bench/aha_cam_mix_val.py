@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
 from explainers.models import load_model
 from explainers.aha.store import load_explainer, explainer_stem
-from explainers.aha.train import load_eval_images
+from explainers.aha_training.data import load_eval_images
 from explainers.metrics import deletion_insertion
 from explainers.statistics import bootstrap_ci, paired_difference
 from explainers import gridpg as G

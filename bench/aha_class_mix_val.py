@@ -19,7 +19,7 @@ from scipy.stats import spearmanr
 def main(argv=None) -> int:
     from explainers.aha.network import AHAExplainer, standardise
     from explainers.aha.store import load_explainer
-    from explainers.aha.train import load_eval_images
+    from explainers.aha_training.data import load_eval_images
     from explainers.methods import get_method
     from explainers.metrics import deletion_insertion
     from explainers.models import load_model
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 def mosaic_shares(explainer, probe, data, count: int, lambdas: list) -> dict:
     """GridPG (positive share in the asked quadrant) of map(lambda) on `count` val mosaics, four classes each."""
     from explainers.aha.network import standardise
-    from explainers.aha.train import validation_mosaics
+    from explainers.aha_training.validation import validation_mosaics
     from explainers.gridpg import quadrant_share
 
     mosaics, classes = validation_mosaics(explainer.bundle, data, count)

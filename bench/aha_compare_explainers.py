@@ -14,9 +14,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from explainers.aha.output_blur import measure_output_blur  # noqa: E402
+from explainers.aha_training.output_blur import measure_output_blur  # noqa: E402
 from explainers.aha.store import load_explainer  # noqa: E402
-from explainers.aha.train import load_eval_images  # noqa: E402
+from explainers.aha_training.data import load_eval_images  # noqa: E402
 from explainers.models import load_model  # noqa: E402
 from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
 
@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 model, stem_a, stem_b, data, limit, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
 bundle = load_model(model)
 if len(sys.argv) > 7:  # photos: the images of DATA the explainer's training held out (train-aha --val-holdout F)
-    from explainers.aha.train import holdout_indices
+    from explainers.aha_training.data import holdout_indices
     from explainers.data import open_dataset
 
     held = holdout_indices(len(open_dataset(data, split="train")), float(sys.argv[7]))[1]

@@ -38,8 +38,8 @@ from explainers.aha.network import standardise  # noqa: E402
 from explainers.aha.per_image import optimise_maps  # noqa: E402
 from explainers.aha.refine import refine_maps  # noqa: E402
 from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
-from explainers.aha.train import (load_eval_images, validation_gridpg, validation_mosaics,  # noqa: E402
-                                  validation_scores)
+from explainers.aha_training.data import load_eval_images  # noqa: E402
+from explainers.aha_training.validation import validation_gridpg, validation_mosaics, validation_scores  # noqa: E402
 from explainers.methods.aha import AHA  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402
 
@@ -47,7 +47,7 @@ from explainers.models import kept_training_state, load_model  # noqa: E402
 def trainable_indices(data, holdout) -> list:
     """The images of `data` a teacher or a student may read: all of them, or without the `holdout` fraction that
     `train-aha --val-holdout` kept out of training (the same indices, so the validation photos stay unseen)."""
-    from explainers.aha.train import holdout_indices
+    from explainers.aha_training.data import holdout_indices
     from explainers.data import open_dataset
 
     total = len(open_dataset(data, split="train"))
@@ -170,7 +170,7 @@ def _train(args, bundle) -> None:
     with torch.no_grad():
         targets = torch.cat([bundle(images[s:s + 256]).argmax(1) for s in range(0, len(images), 256)])
     if args.val_holdout is not None:  # photos: the images of --data that the explainer's training held out
-        from explainers.aha.train import holdout_indices
+        from explainers.aha_training.data import holdout_indices
         from explainers.data import open_dataset
 
         held = holdout_indices(len(open_dataset(args.data, split="train")), args.val_holdout)[1]
@@ -272,7 +272,7 @@ def ship(args) -> None:
     the comparison and the commands); the previous weights stay in git history."""
     import shutil
 
-    from explainers.aha.plot import validation_plot
+    from explainers.aha_training.plot import validation_plot
     from explainers.aha.store import explainer_stem
 
     compare = json.loads(Path(args.compare).read_text())

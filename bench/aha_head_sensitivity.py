@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # aha_distill, also wh
 from aha_distill import chosen_cells, correction_teacher, teacher_arguments, write_in_chunks  # noqa: E402
 from explainers.aha.network import standardise  # noqa: E402
 from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
-from explainers.aha.train import load_eval_images, validation_scores  # noqa: E402
+from explainers.aha_training.data import load_eval_images  # noqa: E402
+from explainers.aha_training.validation import validation_scores  # noqa: E402
 from explainers.attention import model_lock  # noqa: E402
 from explainers.metrics import deletion_insertion, spearman  # noqa: E402
 from explainers.models import kept_training_state, load_model  # noqa: E402

@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from explainers.aha.train import class_following_key
+from explainers.aha_training.validation import class_following_key
 
 
 def exported_row(card: dict) -> dict:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from explainers.aha.train import load_eval_images  # noqa: E402
+from explainers.aha_training.data import load_eval_images  # noqa: E402
 from explainers.methods import get_method  # noqa: E402
 from explainers.models import load_model  # noqa: E402
 

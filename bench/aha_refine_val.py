@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from explainers.aha.per_image import optimise_maps  # noqa: E402
-from explainers.aha.train import load_eval_images  # noqa: E402
+from explainers.aha_training.data import load_eval_images  # noqa: E402
 from explainers.methods import get_method  # noqa: E402
 from explainers.metrics import deletion_insertion  # noqa: E402
 from explainers.models import load_model  # noqa: E402

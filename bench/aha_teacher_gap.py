@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from explainers.aha.store import load_explainer  # noqa: E402
-from explainers.aha.train import load_eval_images  # noqa: E402
+from explainers.aha_training.data import load_eval_images  # noqa: E402
 from explainers.metrics import deletion_insertion  # noqa: E402
 from explainers.models import load_model  # noqa: E402
 from explainers.statistics import paired_difference  # noqa: E402

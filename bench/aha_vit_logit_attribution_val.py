@@ -15,7 +15,7 @@ import numpy as np, torch
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
 from explainers.models import load_model
 from explainers.aha.store import load_explainer, explainer_stem
-from explainers.aha.train import load_eval_images
+from explainers.aha_training.data import load_eval_images
 from explainers.metrics import deletion_insertion, spearman
 from explainers.statistics import paired_difference
 from explainers.sanity import reinitialise

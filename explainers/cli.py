@@ -496,8 +496,8 @@ def add_class_dependence_parser(commands) -> None:
 def _registrars() -> tuple:
     """Every command's `add_<command>_parser(commands)`, in the order `--help` lists them."""
     from .agents.cli import add_agent_parsers  # train-agent, evaluate-agent (explainers/agents/)
-    from .aha.output_blur import add_output_blur_parser
-    from .aha.train import add_aha_figures_parser, add_train_aha_parser
+    from .aha_training.output_blur import add_output_blur_parser
+    from .aha_training.cli import add_aha_figures_parser, add_train_aha_parser
     from .decoy import add_decoy_parser
     from .familiarity import add_familiarity_parser
     from .masks import add_bccd_masks_parser

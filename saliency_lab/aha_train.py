@@ -7,7 +7,7 @@ ETA, the validation deletion / insertion curve over steps) and when it is done (
     job_id, message = start_training(services, "my-cells", "bloodmnist-cells", steps=200, minutes=10)
     report = job_panel.job_report(services, job_id)   # progress line with ETA, validation curve (`describe_job`)
 
-The job itself is the library's (`explainers.aha.train.run_aha_job`, the 'aha-train' kind of `saliency_lab.jobs`).
+The job itself is the library's (`explainers.aha_training.job.run_aha_job`, the 'aha-train' kind of `saliency_lab.jobs`).
 Where the explainer goes: the user's models folder, beside an imported or fine-tuned model's card; models that
 ship an explainer in the code's weights/ are refused (the loader takes the shipped one first; the job never writes
 into weights/): import a copy under another name to train your own. Errors meant for the user are ValueError.
@@ -79,7 +79,7 @@ def _stage_model_files(services, name) -> str | None:
 def start_training(services, model_name, dataset, validation=HOLDOUT, steps=200, minutes=None, seed=0,
                    backend="local") -> tuple:
     """Queue an 'aha-train' job; returns (job id, a Markdown line). `validation`: HOLDOUT or a data set name."""
-    from explainers.aha.train import job_out_stem
+    from explainers.aha_training.job import job_out_stem
 
     if not model_name:
         raise ValueError("Pick the model to train an explainer for.")
@@ -97,7 +97,7 @@ def start_training(services, model_name, dataset, validation=HOLDOUT, steps=200,
         raise ValueError(f"Steps: between 1 and {MAX_STEPS}.")
     minutes = float(minutes) if minutes not in (None, "") and float(minutes) > 0 else None
     data = datasets.resolve(dataset)
-    from explainers.aha.train import check_labels
+    from explainers.aha_training.data import check_labels
     from explainers.data import open_dataset
 
     check_labels([int(v) for v in open_dataset(data, split="train").labels], services.bundle(model_name), dataset)

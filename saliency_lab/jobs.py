@@ -439,8 +439,8 @@ def camal(params: dict, context: JobContext) -> dict:
 
 @register_job_kind("aha-train")
 def aha_train(params: dict, context: JobContext) -> dict:
-    """Training an AHA explainer for a model (`explainers.aha.train.run_aha_job`), registered here as camal is."""
-    from explainers.aha.train import run_aha_job
+    """Training an AHA explainer for a model (`explainers.aha_training.job.run_aha_job`), registered here as camal is."""
+    from explainers.aha_training.job import run_aha_job
 
     return run_aha_job(params, context)
 

@@ -422,7 +422,7 @@ def test_the_method_can_override_the_cards_output_blur_for_one_call():
 
 
 def test_output_blur_rule_takes_only_a_gain_beyond_chance():
-    from explainers.aha.output_blur import summarise
+    from explainers.aha_training.output_blur import summarise
 
     rng = np.random.default_rng(0)
     deletion = rng.uniform(0.1, 0.3, 40)
@@ -439,7 +439,7 @@ def test_output_blur_rule_takes_only_a_gain_beyond_chance():
 
 
 def test_output_blur_rule_with_a_baseline_takes_the_best_sigma_ahead_of_it_on_both_curves():
-    from explainers.aha.output_blur import summarise
+    from explainers.aha_training.output_blur import summarise
 
     rng = np.random.default_rng(1)
     deletion = rng.uniform(0.1, 0.3, 40)
@@ -458,7 +458,7 @@ def test_output_blur_rule_with_a_baseline_takes_the_best_sigma_ahead_of_it_on_bo
 
 
 def test_output_blur_selection_measures_every_sigma_and_writes_only_the_card(tmp_path, trained_cnn):
-    from explainers.aha.output_blur import select_output_blur
+    from explainers.aha_training.output_blur import select_output_blur
 
     torch.manual_seed(0)
     explainer = AHAExplainer(trained_cnn, width=16, embed_dim=16)
@@ -661,7 +661,7 @@ def write_folder(root: Path, count=16, size=32, seed=0) -> Path:
 
 
 def test_training_resumes_exactly(tmp_path, trained_cnn):
-    from explainers.aha.train import train_aha
+    from explainers.aha_training.loop import train_aha
 
     data = write_folder(tmp_path / "train")
     val = write_folder(tmp_path / "val", count=4, seed=1)
@@ -687,7 +687,7 @@ def test_training_can_start_from_an_existing_explainer(tmp_path, trained_cnn):
     """--init: the start explainer's architecture and weights, a new schedule, no output blur; recorded."""
     from safetensors.torch import load_file
 
-    from explainers.aha.train import train_aha
+    from explainers.aha_training.loop import train_aha
 
     data = write_folder(tmp_path / "train")
     torch.manual_seed(0)
@@ -712,7 +712,8 @@ def test_training_can_start_from_an_existing_explainer(tmp_path, trained_cnn):
 def test_training_can_require_a_grid_pointing_game_floor(tmp_path, trained_cnn):
     """--val-gridpg-min: every validation also scores val mosaics, only checkpoints at the floor are exported;
     when none reaches it the best by ins-del is, and the card says the floor was not met."""
-    from explainers.aha.train import train_aha, validation_gridpg, validation_mosaics
+    from explainers.aha_training.loop import train_aha
+    from explainers.aha_training.validation import validation_gridpg, validation_mosaics
 
     data = write_folder(tmp_path / "train")
     val = write_folder(tmp_path / "val", count=8, seed=1)
@@ -775,7 +776,7 @@ def test_validation_plot_draws_every_series(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from explainers.aha.plot import SERIES, validation_plot
+    from explainers.aha_training.plot import SERIES, validation_plot
 
     points = [{"step": s, "deletion_auc": 0.3 - s / 1000, "insertion_auc": 0.5 + s / 1000,
                "ins_minus_del": 0.2 + s / 500} for s in (0, 40, 80)]
@@ -788,7 +789,7 @@ def test_validation_plot_draws_every_series(tmp_path):
 
 
 def test_mosaic_batch_puts_four_cells_in_quadrants_and_names_one_label():
-    from explainers.aha.train import mosaic_batch
+    from explainers.aha_training.data import mosaic_batch
 
     cells = torch.arange(9, dtype=torch.float32).view(9, 1, 1, 1).expand(9, 3, 2, 2).contiguous()
     labels = torch.tensor([10, 11, 12, 13, 20, 21, 22, 23, 99])

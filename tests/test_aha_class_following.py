@@ -65,10 +65,10 @@ def test_other_scores_apply_to_chosen_rows_only_and_keep_the_probability_scale()
 
 
 def test_varied_targets_are_the_top_class_the_runner_up_and_another_class():
-    from explainers.aha.train import _targets
+    from explainers.aha_training.data import pick_targets
 
     logits = torch.tensor([[5.0, 4.0, 0.0, 1.0, 2.0], [0.0, 1.0, 9.0, 8.0, 2.0]]).repeat(20, 1)
-    index, target, not_top = _targets(logits, torch.zeros(40, dtype=torch.long), "varied",
+    index, target, not_top = pick_targets(logits, torch.zeros(40, dtype=torch.long), "varied",
                                       torch.Generator().manual_seed(0))
     assert index.tolist() == list(range(40)) * 3
     first, second, other = target.view(3, 40)
@@ -79,7 +79,7 @@ def test_varied_targets_are_the_top_class_the_runner_up_and_another_class():
 
 
 def test_mosaic_targets_are_different_present_quadrants():
-    from explainers.aha.train import mosaic_targets
+    from explainers.aha_training.data import mosaic_targets
 
     labels = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]])
     index, target = mosaic_targets(labels, torch.Generator().manual_seed(0), per_mosaic=2)
@@ -89,7 +89,7 @@ def test_mosaic_targets_are_different_present_quadrants():
 
 
 def test_the_class_following_key_ranks_follows_and_faithful_first():
-    from explainers.aha.train import class_following_key
+    from explainers.aha_training.validation import class_following_key
 
     def key(rho, insdel, gridpg=None):
         row = {"class_rho": rho, "ins_minus_del": insdel} | ({} if gridpg is None else {"gridpg": gridpg})
@@ -105,7 +105,7 @@ def test_the_class_following_key_ranks_follows_and_faithful_first():
 
 
 def test_schedule_factor_warms_up_then_falls_to_zero():
-    from explainers.aha.train import schedule_factor
+    from explainers.aha_training.loop import schedule_factor
 
     assert schedule_factor(0.03, 0.06) == pytest.approx(0.5)
     assert schedule_factor(0.06, 0.06) == pytest.approx(1.0)
@@ -145,7 +145,7 @@ def test_the_class_input_reads_each_token_through_the_head_row_and_starts_at_zer
 
 
 def test_class_input_survives_save_and_load_and_a_warm_start_across_models(tmp_path):
-    from explainers.aha.train import warm_start
+    from explainers.aha_training.loop import warm_start
 
     bundle = tiny_vit("tiny-a", seed=0)
     other_model = tiny_vit("tiny-b", seed=1)  # same shapes, other weights (as the grid ViT beside the cell ViT)
@@ -178,7 +178,9 @@ def test_class_input_survives_save_and_load_and_a_warm_start_across_models(tmp_p
 def test_class_following_training_on_native_size_mosaics_exports_the_rule_s_choice(tmp_path):
     """A class-token ViT trains on varied targets and on mosaics at its own input size; every validation row holds
     the class rho and GridPG; the exported checkpoint is the best by the class-following key."""
-    from explainers.aha.train import class_following_key, mosaic_cell_size, train_aha, validation_mosaics
+    from explainers.aha_training.validation import class_following_key, validation_mosaics
+    from explainers.aha_training.data import mosaic_cell_size
+    from explainers.aha_training.loop import train_aha
 
     bundle = tiny_vit("tiny-cells", num_classes=4)
     data = cell_folder(tmp_path / "train", count=16)

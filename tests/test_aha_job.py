@@ -157,7 +157,7 @@ def test_aha_train_job_end_to_end_on_an_imported_model(data_dir, tmp_path, runne
 
 
 def test_job_refuses_bad_params_and_never_writes_into_weights(data_dir, tmp_path):
-    from explainers.aha.train import job_out_stem, run_aha_job
+    from explainers.aha_training.job import job_out_stem, run_aha_job
 
     with pytest.raises(ValueError, match="unknown aha-train job params \\['bogus'\\]"):
         run_aha_job({"model": "m", "data": "d", "bogus": 1}, None)
@@ -175,7 +175,7 @@ def test_an_explainer_trained_for_a_shipped_model_without_one_is_found_in_the_us
     """A model shipped in weights/ without an explainer: the job's explainer goes to the user's models folder
     (never weights/) and the loader finds it there."""
     from explainers.aha.store import explainer_stem, forget_explainers
-    from explainers.aha.train import train_aha
+    from explainers.aha_training.loop import train_aha
     from explainers.training import export_classifier
 
     shipped = tmp_path / "shipped-weights"
@@ -191,7 +191,7 @@ def test_an_explainer_trained_for_a_shipped_model_without_one_is_found_in_the_us
     try:
         assert aha_mode("shipped-cnn") == "per-image"
         folder = labelled_folder(tmp_path / "train", n=8)
-        from explainers.aha.train import job_out_stem
+        from explainers.aha_training.job import job_out_stem
 
         out = job_out_stem("shipped-cnn")
         assert out == data_dir / "models" / "aha-shipped-cnn"
@@ -370,7 +370,7 @@ def test_hf_jobs_backend_uploads_the_data_and_the_imported_model_and_brings_the_
 
 # ------------------------------------------------------------------------------------------------ (e) evaluate
 def test_evaluate_cli_per_image_before_and_trained_after(data_dir, tmp_path):
-    from explainers.aha.train import train_aha
+    from explainers.aha_training.loop import train_aha
 
     name = import_cnn(tmp_path, "eval-cnn")
     folder = labelled_folder(tmp_path / "test", n=4)

@@ -325,7 +325,7 @@ def test_train_aha_for_an_imported_model_stores_it_next_to_the_model(data_dir, t
     """A short train-aha run on an imported model: the explainer lands in the data folder beside the model's card
     and AHA then runs in one pass for it (the app's job form for this is not built yet)."""
     from explainers.aha.store import forget_explainers
-    from explainers.aha.train import train_aha
+    from explainers.aha_training.loop import train_aha
     from explainers.methods import get_method
 
     torch.manual_seed(0)

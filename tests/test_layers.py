@@ -44,7 +44,7 @@ def run_probe(code: str) -> dict:
 def test_library_never_imports_the_ui_or_the_app():
     result = run_probe(PROBE)
     assert len(result["modules"]) >= 25, result["modules"]  # every library module was reached
-    for expected in ("explainers.engine", "explainers.methods.gradskip", "explainers.aha.train", "explainers.camal",
+    for expected in ("explainers.engine", "explainers.methods.gradskip", "explainers.aha_training.loop", "explainers.camal",
                      "explainers.cli", "explainers.sanity"):
         assert expected in result["modules"]
     assert result["failures"] == {} and result["loaded"] == []

@@ -319,7 +319,7 @@ def test_photo_teachers_never_read_the_held_out_validation_images(monkeypatch):
     import argparse
 
     import explainers.data
-    from explainers.aha.train import holdout_indices
+    from explainers.aha_training.data import holdout_indices
 
     tool = bench_script("aha_distill")
     monkeypatch.setattr(explainers.data, "open_dataset", lambda data, split=None, limit=None: range(400))
@@ -341,7 +341,7 @@ def test_more_teachers_skip_the_images_earlier_teacher_files_hold(monkeypatch, t
     from safetensors.torch import save_file
 
     import explainers.data
-    from explainers.aha.train import holdout_indices
+    from explainers.aha_training.data import holdout_indices
 
     tool = bench_script("aha_distill")
     monkeypatch.setattr(explainers.data, "open_dataset", lambda data, split=None, limit=None: range(400))

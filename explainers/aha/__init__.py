@@ -3,9 +3,10 @@
 - `sort`: Gumbel-Sinkhorn soft permutations, soft top-k masks.
 - `objective`: the soft deletion/insertion loss, peak penalty, references, grid augmentation, tau schedule.
 - `network`: `AHAExplainer`, a light DPT-style decoder on the frozen classifier's own features.
-- `train`: `train_aha` (`python -m explainers train-aha`, DDP through torchrun).
 - `refine`: test-time refinement of the output head (thread-safe).
 - `store`: trained explainers in `weights/aha-<model>.safetensors` + `.json`, cached per model.
+
+Training them is `explainers.aha_training` (above this package and the methods it compares with).
 """
 from .network import AHAExplainer, Encoded
 from .objective import aha_loss, soft_curves

@@ -27,8 +27,9 @@ from tqdm import tqdm
 from ..metrics import METRICS
 from ..smoothing import gaussian_smooth
 from ..statistics import bootstrap_ci, paired_difference
-from .network import check_output_blur
-from .train import baseline_scores
+from ..aha.network import check_output_blur
+from .data import load_eval_images
+from .validation import baseline_scores
 
 DEFAULT_SIGMAS = (0.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -120,8 +121,7 @@ def select_output_blur(model: str | None = None, *, bundle=None, sigmas=DEFAULT_
     (`baseline`: the rule that asks to be ahead of that method on both curves, see the module's note)."""
     from ..models import load_model
     from ..atomic import atomic_write_text
-    from .store import explainer_stem, forget_explainers, load_explainer, stem_from_out
-    from .train import load_eval_images
+    from ..aha.store import explainer_stem, forget_explainers, load_explainer, stem_from_out
 
     sigmas = sorted({check_output_blur(s) for s in sigmas} | {0.0})
     bundle = bundle or load_model(model)
