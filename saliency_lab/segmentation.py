@@ -23,12 +23,17 @@ from explainers.images import ImageError, colorize, load_image
 from explainers.segmentation.methods import SEGMENTATION_METHODS, get_segmentation_method, list_segmentation_methods
 from explainers.segmentation.model import (BUNDLED_SEGMENTATION_MODELS, HUB_SEGMENTATION_MODELS, class_colours,
                                            is_segmentation)
+from explainers.segmentation.familiarity import forward_and_check
 from explainers.segmentation.scoring import binarise_top, pa_iou, region_curves
 from explainers.segmentation.targets import RegionError, RegionTarget, clicked_region, drawn_region, predicted_region
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "explainers" / "segmentation" / "examples"
 LARGE_PHOTO_FACTOR = 4  # a photo over 4x the model's side is reduced with a note (detail is lost)
 DEFAULT_METHODS = ("gradskip", "seggradcam", "gradrollout", "rollout")
+# the methods from cheapest to dearest on a CPU (bccd-segformer, one 320 x 240 smear, one thread: Seg-Grad-CAM and
+# attention rollout ~0.13 s, gradient rollout ~0.28 s, GradSkip ~0.32 s; occlusion, RISE and AHA many seconds)
+COST_ORDER = ("random", "seggradcam", "rollout", "gradrollout", "gradskip", "occlusion", "rise", "aha")
+REGION_WORDS = {"predicted": "predicted region", "clicked": "clicked region", "drawn": "drawn region"}
 
 
 def segmentation_models() -> list:
@@ -106,6 +111,7 @@ class Shown:
     legend: list  # [(class name, "#rrggbb", share of pixels)]
     notes: list = field(default_factory=list)
     truth: np.ndarray | None = None  # H x W class indices (255 ignored), where the example has a mask
+    familiarity: dict | None = None  # the unfamiliar-photo check's verdict (None: the model has no statistics)
 
 
 def hex_colour(colour) -> str:
@@ -140,8 +146,8 @@ class SegmentationView:
 
     def predict(self, source, truth=None) -> Shown:
         image, notes = self.prepare(source)
-        with torch.no_grad():
-            prediction = self.bundle(image)[0].argmax(dim=0).cpu()
+        logits, verdicts = forward_and_check(self.bundle, image)  # the check is read in the prediction's pass
+        prediction = logits[0].argmax(dim=0).cpu()
         rgb = (image[0].permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
         shares = torch.bincount(prediction.flatten(), minlength=self.bundle.num_classes).float()
         shares = (shares / shares.sum()).tolist()
@@ -152,7 +158,7 @@ class SegmentationView:
                 truth = np.asarray(Image.fromarray(truth.astype(np.uint8)).resize(
                     (self.bundle.input_size[1], self.bundle.input_size[0]), Image.NEAREST))
         return Shown(image=image, prediction=prediction, rgb=rgb, overlay=self.paint(rgb, prediction.numpy()),
-                     legend=legend, notes=notes, truth=truth)
+                     legend=legend, notes=notes, truth=truth, familiarity=verdicts[0] if verdicts else None)
 
     def paint(self, rgb: np.ndarray, labels: np.ndarray, opacity: float = 0.5, outline=None) -> np.ndarray:
         """The class colours over the image (the background class left unpainted), optionally a region outline."""
@@ -206,29 +212,61 @@ class SegmentationView:
 
     # --- the explanations ----------------------------------------------------------------------
     def explain(self, shown: Shown, target: RegionTarget, methods, *, options: dict | None = None,
-                curve_steps: int | None = None) -> list:
-        """One record per method: its map, overlay, IoU / PA against the predicted region (and the ground truth
-        where `shown.truth` is known) and, unless `curve_steps` is 0, the region score's curves."""
+                curve_steps: int | None = None, region: str = "predicted") -> list:
+        """One record per method: its map, overlay, IoU / PA against the explained region (and the ground truth
+        where `shown.truth` is known) and, unless `curve_steps` is 0, the region score's curves. The last records
+        of `explain_stream`."""
+        records = []
+        for records in self.explain_stream(shown, target, methods, options=options, curve_steps=curve_steps,
+                                           region=region):
+            pass
+        return records
+
+    def explain_stream(self, shown: Shown, target: RegionTarget, methods, *, options: dict | None = None,
+                       curve_steps: int | None = None, region: str = "predicted"):
+        """The explanation as it is made: yields the records so far (in `methods` order) after each map and after
+        each method's curves. The quick methods' maps come first, cheapest first, then their curves in the same
+        order; then each slow method's map and its curves (a slow method never holds back the others' curves).
+        `region`: what the region is ("predicted", "clicked", "drawn"), said in the captions and the table."""
         if not methods:
             raise ValueError("Pick at least one explanation method.")
         steps = curve_steps if curve_steps is not None else (20 if self.bundle.device.type == "cuda" else 10)
         class_index = int(target.classes[0])
-        records = []
-        for name in methods:
+        done, known = {}, {}  # the curves' shared end points (the whole image, the all-reference one)
+
+        def in_order():
+            return [done[name] for name in methods if name in done]
+
+        def add_map(name):
             method_options = {**interactive_options(name, self.bundle), **(options or {}).get(name, {})}
             method = get_segmentation_method(name, self.bundle, **method_options)
             batch = explain_batch(self.bundle, method, shown.image, target)  # the one run path: lock, seed, checks
             heat = batch.maps.float()[0].cpu()
-            records.append(self._record(name, method, heat, batch.seconds, shown, target, class_index))
-        if steps:
-            maps = torch.stack([torch.from_numpy(r["map"]) for r in records]).to(self.bundle.device)
-            curves = region_curves(self.bundle, shown.image, maps, target, steps=steps)
-            for index, record in enumerate(records):
-                record.update({"fractions": curves.fractions.tolist(), "deletion": curves.deletion[index].tolist(),
-                               "insertion": curves.insertion[index].tolist(),
-                               "deletion_auc": float(curves.deletion_auc[index]),
-                               "insertion_auc": float(curves.insertion_auc[index])})
-        return records
+            done[name] = self._record(name, method, heat, batch.seconds, shown, target, class_index)
+            done[name]["region"] = REGION_WORDS.get(region, region)
+
+        quick, slow = cost_groups(methods)
+        for name in quick:
+            add_map(name)
+            yield in_order()
+        for name in quick if steps else ():
+            self._add_curves(done[name], shown, target, steps, known)
+            yield in_order()
+        for name in slow:
+            add_map(name)
+            yield in_order()
+            if steps:
+                self._add_curves(done[name], shown, target, steps, known)
+                yield in_order()
+
+    def _add_curves(self, record: dict, shown: Shown, target: RegionTarget, steps: int, known: dict) -> None:
+        started = time.perf_counter()
+        maps = torch.from_numpy(record["map"]).unsqueeze(0).to(self.bundle.device)
+        curves = region_curves(self.bundle, shown.image, maps, target, steps=steps, known=known)
+        record.update({"fractions": curves.fractions.tolist(), "deletion": curves.deletion[0].tolist(),
+                       "insertion": curves.insertion[0].tolist(), "deletion_auc": float(curves.deletion_auc[0]),
+                       "insertion_auc": float(curves.insertion_auc[0]),
+                       "curve_seconds": time.perf_counter() - started})
 
     def _record(self, name, method, heat, seconds, shown, target, class_index) -> dict:
         region = target.masks[0].cpu()
@@ -247,6 +285,16 @@ class SegmentationView:
                 top = binarise_top(counted[None], [int(mask.sum())])[0]
                 record["pa_truth"], record["iou_truth"] = pa_iou(top, mask, valid)
         return record
+
+
+def cost_groups(methods) -> list:
+    """[quick methods, slow methods], each cheapest first (COST_ORDER; unknown methods after the known ones)."""
+    def rank(name):
+        return COST_ORDER.index(name) if name in COST_ORDER else len(COST_ORDER)
+
+    ordered = sorted(methods, key=rank)
+    slow = [name for name in ordered if getattr(SEGMENTATION_METHODS.get(name), "slow", False)]
+    return [[name for name in ordered if name not in slow], slow]
 
 
 def interactive_options(name: str, bundle) -> dict:
@@ -273,29 +321,32 @@ def _edges(mask) -> np.ndarray:
 
 
 def scores_markdown(records: list) -> str:
-    """A table: method, IoU and PA against the predicted region (and the ground truth), curves' AUCs, seconds."""
+    """A table: method, IoU and PA against the explained region (and the ground truth), the curves' AUCs, seconds.
+    Short headers (eight columns fit a phone's width), each explained in the line under the table; a curve not
+    computed yet reads "…"."""
+    if not records:
+        return ""
+    region = records[0].get("region", REGION_WORDS["predicted"])
     truth = any("iou_truth" in r for r in records)
-    head = "| Method | IoU (predicted region) | PA (predicted region) |"
-    line = "|---|---|---|"
+    columns = [("Method", lambda r: r["label"]), ("IoU", lambda r: _number(r.get("iou_predicted"))),
+               ("PA", lambda r: _number(r.get("pa_predicted")))]
     if truth:
-        head += " IoU (ground truth) | PA (ground truth) |"
-        line += "---|---|"
-    curves = any("deletion_auc" in r for r in records)
-    if curves:
-        head += " Deletion AUC (lower is better) | Insertion AUC (higher is better) |"
-        line += "---|---|"
-    head += " Seconds |"
-    line += "---|"
-    rows = [head, line]
-    for r in records:
-        row = f"| {r['label']} | {_number(r.get('iou_predicted'))} | {_number(r.get('pa_predicted'))} |"
-        if truth:
-            row += f" {_number(r.get('iou_truth'))} | {_number(r.get('pa_truth'))} |"
-        if curves:
-            row += f" {_number(r.get('deletion_auc'))} | {_number(r.get('insertion_auc'))} |"
-        row += f" {r['seconds']:.2f} |"
-        rows.append(row)
-    return "\n".join(rows)
+        columns += [("IoU truth", lambda r: _number(r.get("iou_truth"))),
+                    ("PA truth", lambda r: _number(r.get("pa_truth")))]
+    columns += [("Del. AUC ↓", lambda r: _curve_number(r, "deletion_auc")),
+                ("Ins. AUC ↑", lambda r: _curve_number(r, "insertion_auc")),
+                ("Map s", lambda r: f"{r['seconds']:.2f}")]
+    rows = ["| " + " | ".join(name for name, _ in columns) + " |", "|---" * len(columns) + "|"]
+    rows += ["| " + " | ".join(cell(r) for _, cell in columns) + " |" for r in records]
+    key = (f"IoU, PA: the map's top pixels (as many as the region has) against the {region}"
+           + ("; truth: against the example's derived mask" if truth else "")
+           + ". Del. / Ins. AUC: area under the region's class probability as the map's top pixels are deleted "
+           "(lower is better) / inserted (higher is better). Map s: seconds to draw the map.")
+    return "\n".join(rows) + "\n\n" + key
+
+
+def _curve_number(record: dict, key: str) -> str:
+    return _number(record[key]) if key in record else "…"
 
 
 def _number(value) -> str:

@@ -108,11 +108,20 @@ def test_the_segmentation_endpoints_work_on_the_menus_model(running):
 
     client.predict(SEG, ["gradcam"], api_name="/select_model")
     image_path, _ = examples()[0]
-    _, legend, _, classes, _ = client.predict(SEG, gradio_client.handle_file(image_path), api_name="/segment")
+    _, legend, _, classes, _, unfamiliar = client.predict(SEG, gradio_client.handle_file(image_path),
+                                                           api_name="/segment")
+    assert not unfamiliar["visible"]  # the tiny model has no familiarity statistics: no warning
     assert "background" in legend and "round" in legend  # the legend names the model's classes
     present = [value for _, value in classes["choices"]]
     if not present:  # a random tiny model may predict background everywhere: nothing to explain then
         pytest.skip("the tiny model predicted no object")
-    text, maps, table, curves = client.predict(SEG, present[0], ["seggradcam"], api_name="/segment_explain")
+    text, maps, table, curves, _ = client.predict(SEG, present[0], ["seggradcam"], api_name="/segment_explain")
     assert present[0] in text and len(maps) == 1 and "IoU" in maps[0]["caption"]
     assert "IoU" in table and curves is not None
+
+
+def test_a_refused_explanation_is_said_on_the_target_line_not_raised(running):
+    _, client, _ = running
+    # a new session has segmented nothing: our sentence on the target line, no error event (no red badges)
+    text, *_ = client.predict(SEG, None, ["seggradcam"], api_name="/segment_explain")
+    assert text.startswith("⚠") and "Segment an image first" in text

@@ -67,7 +67,8 @@ def test_explain_gives_maps_scores_and_curves(view):
         assert 0 <= record["iou_predicted"] <= 1 and 0 <= record["pa_predicted"] <= 1
         assert 0 <= record["iou_truth"] <= 1 and len(record["deletion"]) == 5
     table = scores_markdown(records)
-    assert "IoU (ground truth)" in table and table.count("\n") == 4
+    assert "| IoU truth |" in table and "against the predicted region" in table
+    assert len([line for line in table.splitlines() if line.startswith("|")]) == 5  # header, rule, 3 methods
     with pytest.raises(ValueError, match="at least one"):
         view.explain(shown, target, [])
 

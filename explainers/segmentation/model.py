@@ -67,6 +67,35 @@ class SegmentationNetwork(nn.Module):
         return F.interpolate(logits, size=pixel_values.shape[-2:], mode="bilinear", align_corners=False)
 
 
+@torch.no_grad()
+def fast_logits(bundle, images: torch.Tensor) -> torch.Tensor:
+    """`bundle(images)` without gradients, about twice as fast on a CPU: the decode head's 1 x 1 fuse convolution is
+    folded into each stage's projection and applied before the upsampling (projection, upsampling and fuse are all
+    linear, so the logits are the same up to rounding, ~1e-6) and the 4 x 256-channel concatenation at a quarter
+    of the image's size is never made. For the curves' many passes; methods that hook the decode head, or need
+    gradients, call the bundle."""
+    segformer = bundle.network.segformer
+    pixel_values = bundle.normalize(images)
+    stages = segformer.segformer(pixel_values, output_hidden_states=True, return_dict=True).hidden_states
+    head = segformer.decode_head
+    width, count = head.config.decoder_hidden_size, len(stages)
+    fuse = head.linear_fuse.weight[:, :, 0, 0]  # the stages are concatenated last stage first
+    size = stages[0].shape[2:]
+    fused = None
+    for index, (hidden, projection) in enumerate(zip(stages, head.linear_projections)):
+        if hidden.dim() == 3:  # B x N x D tokens (reshape_last_stage off): a square grid
+            side = int(round(hidden.shape[1] ** 0.5))
+            hidden = hidden.transpose(1, 2).reshape(hidden.shape[0], -1, side, side)
+        block = fuse[:, (count - 1 - index) * width:(count - index) * width]
+        weight, bias = block @ projection.proj.weight, block @ projection.proj.bias
+        part = F.conv2d(hidden, weight[:, :, None, None], bias)
+        if part.shape[2:] != size:
+            part = F.interpolate(part, size=size, mode="bilinear", align_corners=False)
+        fused = part if fused is None else fused + part
+    logits = head.classifier(head.activation(head.batch_norm(fused)))
+    return F.interpolate(logits, size=images.shape[-2:], mode="bilinear", align_corners=False)
+
+
 def build_segformer(config, attention: str = "eager") -> SegmentationNetwork:
     """A randomly initialised SegFormer. `attention`: 'eager' (the explanations see the attention weights) or
     'sdpa' (training)."""

@@ -64,15 +64,41 @@ def box_energy(maps: torch.Tensor, box: torch.Tensor) -> float:
 
 
 def region_curves(bundle, image: torch.Tensor, maps: torch.Tensor, target, *, steps: int = 20,
-                  batch_size: int = 32):
+                  batch_size: int | None = None, known: dict | None = None):
     """Deletion and insertion curves (explainers.metrics engine) of one image's region score in its probability
     form (the region's mean class-c softmax probability): `maps` B x H x W for the same image and region (one per
-    method). Returns a `Curves` with B rows."""
-    from ..metrics import deletion_insertion
+    method). Returns a `Curves` with B rows. The passes go through `fast_logits`, a few images at a time (on a
+    CPU, batches of 2-4 smears were ~2x quicker per image than batches of 22-32, measured; None: 4 on a CPU, 32 on
+    a GPU). Each curve starts or ends at the whole image or the all-reference one, the same for every map: their
+    scores are computed once and kept in `known` (pass the same dict to the calls for one image and region, e.g.
+    one method at a time): 4 of each map's 2 x (steps + 1) passes."""
+    from ..metrics import deletion_insertion, reference_images
     from .methods import _RegionScoreModel
+    from .model import fast_logits
 
     image = image if image.dim() == 4 else image.unsqueeze(0)
-    model = _RegionScoreModel(bundle, target)
+    ends = (image[0], reference_images(image, "mean", bundle.reference_color)[0])
+    known = {} if known is None else known
+
+    class CurveScoreModel(_RegionScoreModel):
+        def __call__(self, images: torch.Tensor) -> torch.Tensor:
+            which = [next((e for e, end in enumerate(ends) if torch.equal(one, end)), None) for one in images]
+            todo = [i for i, e in enumerate(which) if e is None or e not in known]
+            out = torch.empty(images.shape[0], 2, device=images.device)
+            if todo:
+                rows = torch.zeros(len(todo), dtype=torch.long)
+                p = self.target.take(rows).probability(fast_logits(self.bundle, images[todo]))
+                p = p.clamp(1e-6, 1 - 1e-6)
+                out[todo] = torch.stack([p.log(), (1 - p).log()], dim=1)
+                known.update({which[i]: out[i].clone() for i in todo if which[i] is not None})
+            for i, e in enumerate(which):
+                if i not in todo:
+                    out[i] = known[e]
+            return out
+
+    if batch_size is None:
+        batch_size = 4 if image.device.type == "cpu" else 32
+    model = CurveScoreModel(bundle, target)
     count = maps.shape[0]
     return deletion_insertion(model, image.expand(count, -1, -1, -1), maps.to(image.device),
                               torch.zeros(count, dtype=torch.long), steps=steps, batch_size=batch_size)

@@ -15,9 +15,23 @@ import gradio as gr
 
 from saliency_lab import figures
 from saliency_lab import segmentation as service
+from saliency_lab.errors import is_user_error, user_message
 from saliency_lab.ui.common import friendly
 
 log = logging.getLogger("saliency_lab")
+
+
+def unfamiliar_update(shown):
+    """The warning above the prediction when the photo does not look like the model's training smears."""
+    verdict = getattr(shown, "familiarity", None) or {}
+    note = verdict.get("message", "") if verdict.get("unfamiliar") else ""
+    return gr.update(value=f"⚠ {note}" if note else "", visible=bool(note))
+
+
+def pictures_of(records) -> list:
+    """The gallery's (overlay, caption) pairs: each map's IoU and PA against the explained region."""
+    return [(r["overlay"], f"{r['label']}: IoU {r['iou_predicted']:.2f}, PA {r['pa_predicted']:.2f} "
+                           f"(vs the {r.get('region', 'predicted region')})") for r in records]
 
 
 def build(ctx, model=None) -> dict:
@@ -55,6 +69,7 @@ def build(ctx, model=None) -> dict:
         with gr.Column(scale=1, min_width=320):
             predicted = gr.Image(type="numpy", label="Predicted segmentation (click a region to explain it)",
                                  interactive=False, format="png", height=260, elem_id="seg-prediction")
+            unfamiliar = gr.Markdown(visible=False, elem_id="seg-unfamiliar", elem_classes="warning-note")
             legend = gr.Markdown(elem_id="seg-legend")
             notes = gr.Markdown(elem_id="seg-notes")
             target_text = gr.Markdown(elem_id="seg-target")
@@ -70,10 +85,12 @@ def build(ctx, model=None) -> dict:
 
     @friendly
     def segment(model_name, picture, truth):
-        if picture is None:
-            raise gr.Error("Upload a smear photo or pick an example first.")
-        if not model_name:
-            raise gr.Error("Pick a segmentation model.")
+        """The prediction, its legend and notes, the class menu, the picture for drawing, and the unfamiliar-photo
+        warning (shown before any explanation). A refusal (no picture, no model) is said in the notes and leaves
+        the rest as it was."""
+        if picture is None or not model_name:
+            return (*(gr.skip(),) * 3, "⚠ " + ("Upload a smear photo or pick an example first." if picture is None
+                                               else "Pick a segmentation model."), *(gr.skip(),) * 3)
         view = service.SegmentationView(loader(model_name))
         shown = view.predict(picture, truth=truth)
         present = view.classes_present(shown)
@@ -83,47 +100,70 @@ def build(ctx, model=None) -> dict:
             note = (note + " The model found no object in this image (all background): there is no region to "
                     "explain; draw one instead.").strip()
         return (shown, shown.overlay, view.legend_markdown(shown), note,
-                gr.update(choices=present, value=present[0] if present else None), shown.rgb)
+                gr.update(choices=present, value=present[0] if present else None), shown.rgb, unfamiliar_update(shown))
 
-    def _explain(model_name, shown, chosen, **region):
+    def _explain(model_name, shown, chosen, region, **where):
+        """Streamed: the maps as they come (cheapest first), then their curves; a region that cannot be explained
+        (a background click, an empty drawing) is said on the target line, the rest left as it was."""
         if shown is None:
-            raise gr.Error("Segment an image first.")
+            yield "⚠ Segment an image first.", *(gr.skip(),) * 4
+            return
         view = service.SegmentationView(loader(model_name))
-        target = view.region(shown, **region)
-        records = view.explain(shown, target, chosen)
-        pictures = [(r["overlay"], f"{r['label']}: IoU {r['iou_predicted']:.2f}, PA {r['pa_predicted']:.2f} "
-                                   f"(predicted region)") for r in records]
-        plot = figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
+        try:
+            target = view.region(shown, **where)
+            if not chosen:
+                raise ValueError("Pick at least one explanation method.")
+        except Exception as error:  # noqa: BLE001 - a refusal in our words; a bug goes on to `friendly`
+            if not is_user_error(error):
+                raise
+            yield "⚠ " + user_message(error), *(gr.skip(),) * 3, unfamiliar_update(shown)
+            return
         text = f"Explaining **{target.describe(view.bundle.class_names)}**."
-        return text, pictures, service.scores_markdown(records), plot
+        waiting = figures.empty_figure("The curves appear here once the maps are in.")
+        drawn = 0
+        for records in view.explain_stream(shown, target, chosen, region=region):
+            curves_in = sum("deletion" in r for r in records)
+            plot = (figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
+                    if curves_in else waiting)
+            pending = len(chosen) - curves_in
+            status = text + (f" Computing the curves… ({pending} to go)" if pending else "")
+            # the last message is whole (nothing skipped): it is what an API caller (gradio_client) receives
+            yield (status, pictures_of(records) if len(records) != drawn or not pending else gr.skip(),
+                   service.scores_markdown(records), plot, unfamiliar_update(shown))
+            drawn = len(records)
 
     @friendly
     def explain_class(model_name, shown, chosen_class, chosen):
-        return _explain(model_name, shown, chosen, class_name=chosen_class)
+        yield from _explain(model_name, shown, chosen, "predicted", class_name=chosen_class)
 
     @friendly
     def explain_click(model_name, shown, chosen, evt: gr.SelectData):
-        return _explain(model_name, shown, chosen, click=tuple(evt.index))
+        yield from _explain(model_name, shown, chosen, "clicked", click=tuple(evt.index))
 
     @friendly
     def explain_drawn(model_name, shown, chosen_class, chosen, painted):
         layers = (painted or {}).get("layers") or []
-        if not layers:
-            raise gr.Error("The drawn region is empty: paint over the part of the image to explain.")
-        return _explain(model_name, shown, chosen, class_name=chosen_class, drawing=layers[0][..., 3])
+        painted_layer = layers[0][..., 3] if layers else None
+        if painted_layer is None or not painted_layer.any():
+            yield "⚠ The drawn region is empty: paint over the part of the image to explain.", *(gr.skip(),) * 4
+            return
+        yield from _explain(model_name, shown, chosen, "drawn", class_name=chosen_class, drawing=painted_layer)
 
-    outputs = [target_text, gallery, table, curves]
+    outputs = [target_text, gallery, table, curves, unfamiliar]
     examples.select(pick_example, None, [image, truth_state], api_visibility="private", **ctx.light)
     # another model: the shown prediction was the previous model's (its regions, its classes)
-    model.change(lambda: (None, None, "", "", gr.update(choices=[], value=None)), None,
-                 [shown_state, predicted, legend, notes, class_name], api_visibility="private", queue=False,
-                 show_progress="hidden")
+    model.change(lambda: (None, None, "", "", gr.update(choices=[], value=None), gr.update(value="", visible=False)),
+                 None, [shown_state, predicted, legend, notes, class_name, unfamiliar], api_visibility="private",
+                 queue=False, show_progress="hidden")
     image.upload(lambda: None, None, [truth_state], **ctx.light)
     segment_button.click(segment, [model, image, truth_state],
-                         [shown_state, predicted, legend, notes, class_name, drawing], api_name="segment", **ctx.heavy)
+                         [shown_state, predicted, legend, notes, class_name, drawing, unfamiliar], api_name="segment",
+                         **ctx.heavy)
+    # one place shows progress (the maps), not a pending badge on every panel
+    streamed = dict(ctx.heavy, show_progress_on=[gallery], show_progress="minimal")
     explain_button.click(explain_class, [model, shown_state, class_name, methods], outputs,
-                         api_name="segment_explain", **ctx.heavy)
-    predicted.select(explain_click, [model, shown_state, methods], outputs, **ctx.heavy)
-    drawn_button.click(explain_drawn, [model, shown_state, class_name, methods, drawing], outputs, **ctx.heavy)
+                         api_name="segment_explain", **streamed)
+    predicted.select(explain_click, [model, shown_state, methods], outputs, **streamed)
+    drawn_button.click(explain_drawn, [model, shown_state, class_name, methods, drawing], outputs, **streamed)
     return {"segment_model": model, "segment_image": image, "segment_prediction": predicted,
             "segment_maps": gallery, "segment_scores": table, "segment_curves": curves}

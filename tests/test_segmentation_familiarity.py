@@ -1,0 +1,102 @@
+"""The segmentation view's unfamiliar-photo check, its streamed explanations (maps first, cheapest first, then the
+curves) and the curves' fast forward pass (the same logits as the model's own)."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from explainers import familiarity  # noqa: E402
+from explainers.segmentation import familiarity as seg_familiarity  # noqa: E402
+from explainers.segmentation.model import fast_logits  # noqa: E402
+from saliency_lab.segmentation import SegmentationView, cost_groups, scores_markdown  # noqa: E402
+from conftest import tiny_segformer  # noqa: E402
+
+SIZE = (64, 128)
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return tiny_segformer("tiny-seg-familiar", size=SIZE)
+
+
+def smear(seed):
+    """Pink discs on a pale background: the kind of photo the check is fitted on."""
+    rng = np.random.default_rng(seed)
+    image = np.full((*SIZE, 3), (235, 215, 220), np.float32)
+    rows, columns = np.mgrid[:SIZE[0], :SIZE[1]]
+    for _ in range(12):
+        y, x, r = rng.integers(0, SIZE[0]), rng.integers(0, SIZE[1]), rng.integers(5, 12)
+        image[(rows - y) ** 2 + (columns - x) ** 2 < r * r] = (200, 110, 140)
+    image += rng.normal(0, 4, image.shape)
+    return torch.from_numpy(image.clip(0, 255) / 255).float().permute(2, 0, 1).unsqueeze(0)
+
+
+def test_fast_logits_are_the_models_logits(bundle):
+    images = torch.rand(3, 3, *SIZE)
+    with torch.no_grad():
+        assert torch.allclose(fast_logits(bundle, images), bundle(images), atol=1e-5)
+
+
+def test_an_unlike_photo_is_flagged_and_a_smear_is_not(bundle):
+    stats = seg_familiarity.fit(bundle, [smear(i) for i in range(12)], [smear(100 + i) for i in range(12)],
+                                quantile=0.9)
+    assert stats.means.shape[0] == 1 and stats.source["cells_per_image"] == 8  # a 2 x 4 last-stage grid
+    _, verdicts = seg_familiarity.forward_and_check(bundle, smear(7))  # no statistics registered: no verdict
+    assert verdicts is None
+    familiarity.register_stats(bundle, stats)
+    try:
+        checkerboard = (torch.arange(SIZE[1]).view(1, -1) // 8 + torch.arange(SIZE[0]).view(-1, 1) // 8) % 2
+        odd = torch.stack([checkerboard, 1 - checkerboard, checkerboard * 0.2]).float().unsqueeze(0)
+        logits, verdicts = seg_familiarity.forward_and_check(bundle, torch.cat([smear(200), odd]))
+        assert logits.shape == (2, 3, *SIZE)
+        assert not verdicts[0]["unfamiliar"] and verdicts[1]["unfamiliar"]
+        assert "does not look like the smears" in verdicts[1]["message"]
+        shown = SegmentationView(bundle).predict((odd[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+        assert shown.familiarity["unfamiliar"]
+    finally:
+        familiarity.register_stats(bundle, None)
+
+
+def test_the_stream_gives_the_maps_cheapest_first_then_the_curves(bundle):
+    view = SegmentationView(bundle)
+    shown = view.predict(np.full((*SIZE, 3), 128, np.uint8))
+    shown.prediction = torch.zeros(SIZE, dtype=torch.long)
+    shown.prediction[16:48, 32:96] = 2
+    target = view.region(shown, class_name="square")
+    chosen = ["gradskip", "rise", "seggradcam"]
+    assert cost_groups(chosen) == [["seggradcam", "gradskip"], ["rise"]]
+    steps = [[(r["method"], "deletion" in r) for r in records]
+             for records in view.explain_stream(shown, target, chosen, curve_steps=2, region="drawn",
+                                                options={"rise": {"n_masks": 8}})]
+    assert steps[0] == [("seggradcam", False)]  # the cheapest map alone, at once
+    assert steps[1] == [("gradskip", False), ("seggradcam", False)]  # in the order picked
+    assert steps[2] == [("gradskip", False), ("seggradcam", True)]  # then the quick methods' curves
+    assert steps[3] == [("gradskip", True), ("seggradcam", True)]
+    assert steps[4][1] == ("rise", False) and steps[5][1] == ("rise", True)  # the slow one after, alone
+    last = view.explain(shown, target, chosen[:1], curve_steps=2, region="drawn")
+    table = scores_markdown(last)
+    assert "against the drawn region" in table and "…" not in table
+    assert "…" in scores_markdown([{k: v for k, v in last[0].items() if "auc" not in k}])
+
+
+def test_curves_reuse_their_end_points_and_match_the_plain_engine(bundle):
+    from explainers.metrics import deletion_insertion
+    from explainers.segmentation.methods import _RegionScoreModel
+    from explainers.segmentation.scoring import region_curves
+    from explainers.segmentation.targets import RegionTarget
+
+    image = smear(3)
+    region = torch.zeros(1, *SIZE, dtype=torch.bool)
+    region[0, 16:40, 20:60] = True
+    target = RegionTarget(region, [1])
+    maps = torch.rand(2, *SIZE)
+    plain = deletion_insertion(_RegionScoreModel(bundle, target), image.expand(2, -1, -1, -1), maps,
+                               torch.zeros(2, dtype=torch.long), steps=4)
+    known = {}
+    first = region_curves(bundle, image, maps[:1], target, steps=4, known=known)
+    assert set(known) == {0, 1}  # the whole image and the all-reference one, kept for the next map
+    second = region_curves(bundle, image, maps[1:], target, steps=4, known=known)
+    for row, curves in enumerate((first, second)):
+        assert np.allclose(curves.deletion[0], plain.deletion[row], atol=1e-5)
+        assert np.allclose(curves.insertion[0], plain.insertion[row], atol=1e-5)
