@@ -11,6 +11,7 @@ and insertion curves.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
