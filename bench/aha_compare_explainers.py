@@ -8,17 +8,14 @@ of B - A. Used to decide whether a new training run replaces the shipped explain
         ../shared/data/imagenet-train 40 OUT.json 0.1   # the 10% of the photos its training held out
 """
 import json
-import os
 import sys
+from explainers.aha_training.output_blur import measure_output_blur
+from explainers.aha.store import load_explainer
+from explainers.aha_training.data import load_eval_images
+from explainers.models import load_model
+from explainers.statistics import bootstrap_ci, paired_difference
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from explainers.aha_training.output_blur import measure_output_blur  # noqa: E402
-from explainers.aha.store import load_explainer  # noqa: E402
-from explainers.aha_training.data import load_eval_images  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
 
 torch.set_num_threads(1)
 model, stem_a, stem_b, data, limit, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]

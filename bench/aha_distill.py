@@ -26,22 +26,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
+from explainers.aha.network import standardise
+from explainers.aha.per_image import optimise_maps
+from explainers.aha.refine import refine_maps
+from explainers.aha.store import load_explainer, save_explainer
+from explainers.aha_training.data import load_eval_images
+from explainers.aha_training.validation import validation_gridpg, validation_mosaics, validation_scores
+from explainers.methods.aha import AHA
+from explainers.models import kept_training_state, load_model
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from explainers.aha.network import standardise  # noqa: E402
-from explainers.aha.per_image import optimise_maps  # noqa: E402
-from explainers.aha.refine import refine_maps  # noqa: E402
-from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
-from explainers.aha_training.data import load_eval_images  # noqa: E402
-from explainers.aha_training.validation import validation_gridpg, validation_mosaics, validation_scores  # noqa: E402
-from explainers.methods.aha import AHA  # noqa: E402
-from explainers.models import kept_training_state, load_model  # noqa: E402
 
 
 def trainable_indices(data, holdout) -> list:

@@ -20,7 +20,7 @@ narrowed to some methods with `FILE#m1,m2` (e.g. one method from a stored run of
 `--merge` pairs methods ACROSS reports of the same images (e.g. a new explainer's run against a stored run of
 the peers): the reports must have scored the same files in the same order (checked), their methods are named
 `N:method` (N = the report's place on the command line, from 1) and `--pairs` takes those names;
-`--out` writes the comparisons as JSON. `FILE@TIER` reads one tier of a `bench/bench_aha.py` result (e.g.
+`--out` writes the comparisons as JSON. `FILE@TIER` reads one tier of a `bench/studies/bench_aha.py` result (e.g.
 `aha4-cnn-blur8-rise48.json@rise`). Grid pointing game reports (`python -m explainers gridpg --out`) are paired the
 same way on their per-mosaic scores (the mosaics must be the same, checked).
 
@@ -56,7 +56,7 @@ def rank_correlation(a, b) -> float:
 
 
 def load_report(path: str) -> dict:
-    """An evaluate report; `FILE@TIER` reads one tier of a bench/bench_aha.py result (a list with one model);
+    """An evaluate report; `FILE@TIER` reads one tier of a bench/studies/bench_aha.py result (a list with one model);
     `...#m1,m2` keeps only those methods."""
     path, _, keep = path.partition("#")
     file, _, tier = path.partition("@")

@@ -60,7 +60,6 @@ def load_resident_sam() -> str:
 
 def serve(port: int, tiny: bool, state_dir: str, heavy: int | None, sam: bool = False) -> None:
     """The server process."""
-    sys.path.insert(0, str(ROOT))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import app
 
@@ -69,7 +68,6 @@ def serve(port: int, tiny: bool, state_dir: str, heavy: int | None, sam: bool = 
 
     kwargs = {}
     if tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
         from conftest import tiny_cnn, tiny_vit
 
         from explainers.aha.network import AHAExplainer
@@ -180,7 +178,6 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
 
     images = sorted(CELLS.glob("*.jpg"))
     image = images[index % len(images)]
-    sys.path.insert(0, str(ROOT))
     from saliency_lab.menus import sliders
 
     slider_defaults = [option.default for _, option in sliders()]  # every method slider, in the endpoint's order
@@ -276,7 +273,10 @@ def main(argv=None) -> int:
         command += ["--heavy-concurrency", str(args.heavy_concurrency)]
     if args.sam:
         command.append("--sam")
-    server = subprocess.Popen(command, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the server imports app.py (and, with --tiny, the tests' tiny models) from the repository root
+    paths = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
+    server = subprocess.Popen(command, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": paths})
     if args.client_nice:
         # the load generator is not the system under test: on a shared 2-core box, let the server have the CPU
         # first (real clients run on other machines)

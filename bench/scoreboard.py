@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from explainers.atomic import atomic_write_text
-from explainers.scoreboard import comparisons, display_name, scoreboard_markdown, summary_line
+from explainers.scoreboard import comparisons, data_name, display_name, scoreboard_markdown, summary_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def class_dependence_section(reports: list) -> list:
              "Per image, Spearman rho (tied pixels share their average rank) between the method's map for the predicted "
              "class and for the runner-up; mean with a 95% bootstrap interval (1: the same map whatever the class).", ""]
     for report in reports:
-        lines += [f"`{report['model']}`, {report['images']} images of `{report['data']}` (`{report.get('file', '')}`)",
+        lines += [f"`{report['model']}`, {report['images']} images of `{data_name(report['data'])}` (`{report.get('file', '')}`)",
                   "", "| method | rho [95% interval] | images with a rank order |", "| --- | --- | --- |"]
         for label, row in report["methods"].items():
             interval = f" [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]" if row.get("ci95") else ""
@@ -68,7 +68,7 @@ def sanity_section(reports: list) -> list:
              "re-initialised (Adebayo et al.; `explainers.sanity`, seed 0); a faithful map changes (rho well below 1).",
              ""]
     for report in reports:
-        lines += [f"`{report['model']}`, {report['images']} images of `{report['data']}` (`{report['file']}`)", "",
+        lines += [f"`{report['model']}`, {report['images']} images of `{data_name(report['data'])}` (`{report['file']}`)", "",
                   "| method | layers re-initialised | rho [95% interval] |", "| --- | --- | --- |"]
         for label, rows in report["methods"].items():
             for row in rows:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from explainers.aha.store import store_class_dependence
+from explainers.models import load_model
 
-from explainers.aha.store import store_class_dependence  # noqa: E402
-from explainers.models import load_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:

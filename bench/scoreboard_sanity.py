@@ -19,16 +19,15 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from explainers.atomic import atomic_write_text  # noqa: E402
-from explainers.data import item_names, model_batches, open_dataset  # noqa: E402
-from explainers.evaluate import build_methods  # noqa: E402
-from explainers.methods import split_method_specs  # noqa: E402
-from explainers.metrics import spearman  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.sanity import randomization_stages  # noqa: E402
-from explainers.statistics import bootstrap_ci  # noqa: E402
+from explainers.atomic import atomic_write_text
+from explainers.data import item_names, model_batches, open_dataset
+from explainers.evaluate import build_methods
+from explainers.methods import split_method_specs
+from explainers.metrics import spearman
+from explainers.models import load_model
+from explainers.sanity import randomization_stages
+from explainers.statistics import bootstrap_ci
 
 
 def main(argv=None) -> int:

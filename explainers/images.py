@@ -388,11 +388,6 @@ class Geometry:
     crop_box: tuple
     input_size: tuple
 
-    @property
-    def original_hw(self) -> tuple:
-        """(height, width) of the original image."""
-        return (self.original_size[1], self.original_size[0])
-
 
 _INTERPOLATIONS = {
     "bicubic": Image.Resampling.BICUBIC,

@@ -440,11 +440,6 @@ class SamSegmenter:
         return SegmenterImage(self, predictor, array, image_digest(array))
 
 
-class _GrabCutState:
-    def __init__(self, image):
-        self.image = image
-
-
 class GrabCutSegmenter:
     """The offline fallback: OpenCV GrabCut seeded by the same prompts. Not SAM, and labelled so.
 

@@ -183,6 +183,12 @@ def summary_line(report: dict, method: str, rows: list) -> str:
     return text + "."
 
 
+def data_name(path: str) -> str:
+    """A data folder as the tables name it: its last three parts ('bloodmnist/64/test'), not where it lay on the
+    machine that measured it."""
+    return "/".join(str(path).replace("\\", "/").rstrip("/").split("/")[-3:])
+
+
 def reference_sizes(report: dict) -> str:
     parts = []
     for ref in REFERENCE_ORDER:
@@ -200,7 +206,7 @@ def scoreboard_markdown(reports: list, *, sources: list | None = None, seed: int
         protocol = report.get("protocol", {})
         source = f" (`{sources[index]}`)" if sources else ""
         sections += [f"### `{report['model']}`{source}", "",
-                     f"Images: {report['n_images']} of `{protocol.get('data', '?')}` (predicted class as target); "
+                     f"Images: {report['n_images']} of `{data_name(protocol.get('data', '?'))}` (predicted class as target); "
                      f"per reference: {reference_sizes(report)}"
                      + (f" (ROAD: an even spread of {protocol['road_images']})" if protocol.get("road_limit") else "")
                      + f". {protocol.get('steps', 20)} steps; intervals: paired percentile bootstrap over images, "

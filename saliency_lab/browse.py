@@ -16,16 +16,12 @@ import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from explainers.data import class_names_for
 from explainers.data import open_dataset
 
 from . import datasets
 from .datasets import ASSETS, ROOT, SHARED_DATA, user_datasets
-
-if TYPE_CHECKING:
-    from PIL import Image
 
 PAGE = 48  # thumbnails per page (the Explain tab's browser and the review gallery)
 
@@ -206,10 +202,6 @@ def default_data_dir() -> str:
 def dataset_key(folder) -> str:
     """A stable name for a data folder (its resolved path)."""
     return str(Path(folder).expanduser().resolve())
-
-
-def dataset_image(dataset, index: int) -> Image.Image:
-    return dataset.image(index)
 
 
 def filter_rows(rows: list, class_index=None, correctness: str = "all") -> list:

@@ -118,7 +118,7 @@ CELLS = ASSETS / "bloodmnist"
 SHOWN = 192  # px: decoy images are shown enlarged (nearest), like the maps
 BUILD_HINT = ("Build it with `python -m explainers decoy-bloodmnist --src ../shared/data/bloodmnist/64 --out "
               "data/decoy-bloodmnist`, train a model on it and fine-tune that model with CAMAL (Masks & fine-tune "
-              "tab, or `bench/bench_camal.py decoy`) to see its maps before and after here.")
+              "tab, or `bench/studies/bench_camal.py decoy`) to see its maps before and after here.")
 
 
 def decoy_test_split(roots) -> Path | None:

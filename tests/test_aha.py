@@ -310,7 +310,7 @@ def test_class_embedding_reaches_the_map_without_the_cam_skip():
 
 
 def test_class_rows_stand_in_for_a_reinitialised_head_exactly():
-    """The head-sensitivity training shows the explainer other heads' rows (bench/aha_head_sensitivity.py): on a
+    """The head-sensitivity training shows the explainer other heads' rows (bench/studies/aha_head_sensitivity.py): on a
     class-token ViT (a class-agnostic prior) the stand-in rows give exactly the map of the re-initialised model."""
     import copy
 

@@ -112,11 +112,12 @@ def test_score_table_marks_significant_differences_from_the_best():
 
 
 def bench_script(name: str):
-    """A script of bench/ (not a package) loaded as a module, so its main() can be called with arguments."""
+    """A script of bench/ (not a package; 'studies/NAME' for a study) loaded as a module, so its main() can be called
+    with arguments."""
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(Path(name).name, Path(__file__).parent.parent / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -287,7 +288,7 @@ def test_teacher_files_resume_where_they_stopped_and_keep_every_field(tmp_path):
 
 
 def test_head_signals_are_linear_in_the_row_and_pearson_knows_its_answers():
-    """bench/aha_head_sensitivity.py signals: the logit attribution and gradient x activation of a head row are linear in
+    """bench/studies/aha_head_sensitivity.py signals: the logit attribution and gradient x activation of a head row are linear in
     that row (a sign flip flips them, a scale scales them), <token, row> uses the row's direction only, and the
     per-cell Pearson r is 1 / -1 for a map against itself / its negation."""
     import torch
@@ -295,7 +296,7 @@ def test_head_signals_are_linear_in_the_row_and_pearson_knows_its_answers():
     from conftest import tiny_vit
     from explainers.aha.network import AHAExplainer
 
-    tool = bench_script("aha_head_sensitivity")
+    tool = bench_script("studies/aha_head_sensitivity")
     vit = tiny_vit()
     explainer = AHAExplainer(vit, width=8, embed_dim=8).eval()
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))

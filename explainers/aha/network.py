@@ -263,7 +263,7 @@ class AHAExplainer(nn.Module):
         self.class_input = class_input
         self.arch["class_input"] = class_input
         # the weight of the class input added to the standardised one-pass map, chosen after training on validation
-        # data (bench/aha_class_mix_val.py); no parameter, 0 = none
+        # data (bench/studies/aha_class_mix_val.py); no parameter, 0 = none
         self.class_boost = float(class_boost)
         if self.class_boost and class_input == "none":
             raise ValueError("class_boost needs a class input")
@@ -329,7 +329,7 @@ class AHAExplainer(nn.Module):
     # --- the decoder ---------------------------------------------------------------------------------
     def class_vectors(self, targets: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The class embedding from the classifier's weight rows for `targets`; `rows` (B x C) gives other head
-        rows instead (training on re-initialised heads, `bench/aha_head_sensitivity.py`)."""
+        rows instead (training on re-initialised heads, `bench/studies/aha_head_sensitivity.py`)."""
         if self.class_mode == "head":
             if rows is None:
                 rows = self.bundle.network.get_classifier().weight.detach()[targets]
@@ -437,9 +437,6 @@ class AHAExplainer(nn.Module):
             boost = resize_bilinear(self.class_token_map(encoded, targets), encoded.image_hw)
             maps = standardise(maps + self.class_boost * boost)
         return encoded.logits, maps, targets
-
-    def head_parameters(self) -> dict:
-        return dict(self.head.named_parameters())
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -64,11 +64,6 @@ def grid_range(image_hw) -> tuple:
     return low, high
 
 
-def sample_grid(image_hw, rng: random.Random) -> int:
-    low, high = grid_range(image_hw)
-    return rng.randint(low, high)
-
-
 def tau_at(step: int, total_steps: int, start: float = TAU_START, end: float = TAU_END) -> float:
     """Linear temperature schedule from `start` to `end` over training (ref: 1.0 -> 0.3)."""
     if total_steps <= 1:

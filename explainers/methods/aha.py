@@ -29,7 +29,7 @@ MODES = ("auto", "trained", "per-image")
 PER_IMAGE_LABEL = "AHA (per image)"  # its label in the per-image mode (`label_for`)
 REFINE_MAP_LR = 0.3  # the correction's step size at test time (T <= 10 steps from a trained map)
 # A trained explainer's card may name its own refinement settings ("refinement": lr, grid, deletion_weight), chosen
-# on validation data (bench/aha_refine_val.py); these are the settings where it names none.
+# on validation data (bench/studies/aha_refine_val.py); these are the settings where it names none.
 REFINE_DEFAULTS = {"lr": REFINE_MAP_LR, "grid": None, "deletion_weight": 1.0}  # grid None: the per-image grid
 MAX_PER_IMAGE_STEPS = 50
 

@@ -3,7 +3,7 @@ map(lambda) = the explainer's standardised map + lambda * its class input (`AHAE
 patch tokens read through the head row), for a few lambdas: the class rho (top class vs runner-up, scipy Spearman,
 average ranks for ties) and the top-1 ins-del (engine, K = 20, mean reference) beside attention rollout's.
 
-    python bench/aha_class_mix_val.py --model bloodmnist-vit --explainer weights/aha-bloodmnist-vit \
+    python bench/studies/aha_class_mix_val.py --model bloodmnist-vit --explainer weights/aha-bloodmnist-vit \
         --data ../shared/data/bloodmnist/64/val --limit 128 --out bench/results/x.json
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """AHA test-time refinement settings, chosen on validation cells (issue #16: "T=3 improves both deletion and
 insertion over T=0").
 
-    python bench/aha_refine_val.py --model bloodmnist-vit --data ../shared/data/bloodmnist/64/val --limit 256 \
+    python bench/studies/aha_refine_val.py --model bloodmnist-vit --data ../shared/data/bloodmnist/64/val --limit 256 \
         --steps 3 --configs 0.3:1,0.15:1,0.6:1,0.3:2,0.6:2 --out bench/results/aha-refine-vit-val256.json
 
 Each config is `lr:deletion_weight[:grid]`: the step size of the coarse correction the refinement optimises,
@@ -25,16 +25,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from explainers.aha.per_image import optimise_maps  # noqa: E402
-from explainers.aha_training.data import load_eval_images  # noqa: E402
-from explainers.methods import get_method  # noqa: E402
-from explainers.metrics import deletion_insertion  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
+from explainers.aha.per_image import optimise_maps
+from explainers.aha_training.data import load_eval_images
+from explainers.methods import get_method
+from explainers.metrics import deletion_insertion
+from explainers.models import load_model
+from explainers.statistics import bootstrap_ci, paired_difference
 
 
 def parse_config(text: str) -> dict:
@@ -75,7 +73,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.apply_from:
         report = json.loads(Path(args.apply_from).read_text())
-        report.setdefault("command", f"python bench/aha_refine_val.py (report {Path(args.apply_from).name})")
+        report.setdefault("command", f"python bench/studies/aha_refine_val.py (report {Path(args.apply_from).name})")
         chosen = choose(report)
         if chosen:
             write_card(report["model"], chosen, report)
@@ -96,7 +94,7 @@ def main(argv=None) -> int:
     base = scores(bundle, images, one_pass, targets)
     report = {"model": args.model, "data": args.data, "cells": len(images), "steps": args.steps,
               "selection": "cells spread evenly over the file (load_eval_images)", "T0": summary(base),
-              "command": " ".join(["python bench/aha_refine_val.py"] + sys.argv[1:]),
+              "command": " ".join(["python bench/studies/aha_refine_val.py"] + sys.argv[1:]),
               "T0_per_cell": {k: [round(float(x), 5) for x in v] for k, v in base.items()}, "configs": []}
     print(f"T=0: {json.dumps({k: round(v['mean'], 4) for k, v in report['T0'].items()})}", flush=True)
     first = None
@@ -147,7 +145,7 @@ def write_card(model: str, chosen: dict, report: dict) -> None:
                       "rule": "among the configs whose paired 95% intervals show T steps improving both deletion and "
                               "insertion over T=0, the highest mean ins-del (hard curves, K=20, mean reference)",
                       "T0": {k: round(v["mean"], 5) for k, v in report["T0"].items()}, "rows": rows,
-                      "command": report.get("command") or " ".join(["python bench/aha_refine_val.py"] + sys.argv[1:])}}
+                      "command": report.get("command") or " ".join(["python bench/studies/aha_refine_val.py"] + sys.argv[1:])}}
     atomic_write_text(card_file, json.dumps(card, indent=2))
     print(f"wrote the refinement settings into {card_file}", flush=True)
 

@@ -2,8 +2,8 @@
 (methods.md section 1: 21 fractions, mean-colour reference, softmax of the predicted class, trapezoid AUC)
 and speed ratios measured in one run.
 
-    python bench/bench_aha.py --out /tmp/bench_aha.json
-    python bench/bench_aha.py --models bloodmnist-cnn --limit 500 --t3-limit 100 --rise-limit 16
+    python bench/studies/bench_aha.py --out /tmp/bench_aha.json
+    python bench/studies/bench_aha.py --models bloodmnist-cnn --limit 500 --t3-limit 100 --rise-limit 16
 
 Per model, three tiers on the first N test images each (paired comparisons within a tier): the fast
 methods (aha T=0, gradcam, chefer / gradskip where they apply, random) on `--limit` images; AHA T=3 with
@@ -24,12 +24,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from explainers.evaluate import evaluate_methods  # noqa: E402
-from explainers.statistics import compare_methods, format_comparison  # noqa: E402
-from explainers.methods import METHODS, get_method  # noqa: E402
-from explainers.models import load_model  # noqa: E402
+from explainers.evaluate import evaluate_methods
+from explainers.statistics import compare_methods, format_comparison
+from explainers.methods import METHODS, get_method
+from explainers.models import load_model
 
 DATA = {
     "bloodmnist-vit": "../shared/data/bloodmnist/64/test",

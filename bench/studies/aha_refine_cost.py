@@ -1,6 +1,6 @@
 """What AHA's one pass and its refinement cost, as ratios measured in one run (issue #16).
 
-    python bench/aha_refine_cost.py --models bloodmnist-vit,bloodmnist-cnn,efficientnet-lite0 --images 6 \
+    python bench/studies/aha_refine_cost.py --models bloodmnist-vit,bloodmnist-cnn,efficientnet-lite0 --images 6 \
         --out bench/results/aha-refine-cost.json
 
 Batch 1, one thread, methods interleaved image by image; per image the best of `--repeats` runs (robust to other
@@ -13,19 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
+from explainers.aha_training.data import load_eval_images
+from explainers.methods import get_method
+from explainers.models import load_model
 
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from explainers.aha_training.data import load_eval_images  # noqa: E402
-from explainers.methods import get_method  # noqa: E402
-from explainers.models import load_model  # noqa: E402
 
 DATA = {"bloodmnist-vit": "../shared/data/bloodmnist/64/val", "bloodmnist-cnn": "../shared/data/bloodmnist/64/val",
         "efficientnet-lite0": "../shared/data/imagenet-samples"}

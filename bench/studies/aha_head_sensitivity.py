@@ -21,11 +21,11 @@ training only ever showed it the real head's eight rows, so it learnt to ignore 
             model, or only different?).
 Training cells for teachers and training, validation cells for the choice; `check` on test only for the shipped one.
 
-  python bench/aha_head_sensitivity.py teachers --model bloodmnist-vit --data ../shared/data/bloodmnist/64/train \
+  python bench/studies/aha_head_sensitivity.py teachers --model bloodmnist-vit --data ../shared/data/bloodmnist/64/train \
       --limit 800 --part 0/2 --out heads-0.safetensors
-  python bench/aha_head_sensitivity.py train --model bloodmnist-vit --data ../shared/data/bloodmnist/64/train \
+  python bench/studies/aha_head_sensitivity.py train --model bloodmnist-vit --data ../shared/data/bloodmnist/64/train \
       --teachers heads-0.safetensors heads-1.safetensors --val-data ../shared/data/bloodmnist/64/val --out DIR/student
-  python bench/aha_head_sensitivity.py check --model bloodmnist-vit --data ../shared/data/bloodmnist/64/val \
+  python bench/studies/aha_head_sensitivity.py check --model bloodmnist-vit --data ../shared/data/bloodmnist/64/val \
       --split val --limit 64 --students weights/aha-bloodmnist-vit DIR/student-step400 --out OUT.json
 """
 from __future__ import annotations
@@ -42,19 +42,30 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # aha_distill, also when loaded by path
+from explainers.aha.network import standardise
+from explainers.aha.store import load_explainer, save_explainer
+from explainers.aha_training.data import load_eval_images
+from explainers.aha_training.validation import validation_scores
 
-from aha_distill import chosen_cells, correction_teacher, teacher_arguments, write_in_chunks  # noqa: E402
-from explainers.aha.network import standardise  # noqa: E402
-from explainers.aha.store import load_explainer, save_explainer  # noqa: E402
-from explainers.aha_training.data import load_eval_images  # noqa: E402
-from explainers.aha_training.validation import validation_scores  # noqa: E402
-from explainers.attention import model_lock  # noqa: E402
-from explainers.metrics import deletion_insertion, spearman  # noqa: E402
-from explainers.models import kept_training_state, load_model  # noqa: E402
-from explainers.sanity import parameter_layers, reinitialise  # noqa: E402
-from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
+
+def _bench_tool(name: str):
+    """A script of bench/ ('studies/NAME' for a study; scripts, not a package) loaded by its path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(name).name, Path(__file__).resolve().parents[1] / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_distill = _bench_tool("aha_distill")  # the teacher files are written as bench/aha_distill.py writes them
+chosen_cells, correction_teacher = _distill.chosen_cells, _distill.correction_teacher
+teacher_arguments, write_in_chunks = _distill.teacher_arguments, _distill.write_in_chunks
+from explainers.attention import model_lock
+from explainers.metrics import deletion_insertion, spearman
+from explainers.models import kept_training_state, load_model
+from explainers.sanity import parameter_layers, reinitialise
+from explainers.statistics import bootstrap_ci, paired_difference
 
 SANITY_SEED = 0  # explainers.sanity's default: the head the check draws; teachers never use it
 
@@ -304,7 +315,8 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 def row_signals(explainer, images: torch.Tensor, encoded, row_sets: list) -> list:
     """For each B x D set of stand-in head rows, B x H x W class signals of those rows for these images (the
     explainer's levels). The passes that do not depend on the rows are made once for all sets."""
-    from aha_vit_logit_attribution_val import dla_read, dla_record
+    attribution = _bench_tool("studies/aha_vit_logit_attribution_val")
+    dla_read, dla_record = attribution.dla_read, attribution.dla_record
 
     bundle, network = explainer.bundle, explainer.bundle.network
     size = tuple(images.shape[-2:])

@@ -7,12 +7,11 @@ deletion / insertion of DLA alone and of AHA's map mixed with it (added, gated, 
 Spearman rho with the map after the classifier's head is re-initialised (the sanity check; lower = more
 class-dependent).
 
-    python bench/aha_vit_logit_attribution_val.py 64 ../shared/data/bloodmnist/64 OUT.json
+    python bench/studies/aha_vit_logit_attribution_val.py 64 ../shared/data/bloodmnist/64 OUT.json
 """
 import sys, json, copy
 import numpy as np, torch
 
-sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
 from explainers.models import load_model
 from explainers.aha.store import load_explainer, explainer_stem
 from explainers.aha_training.data import load_eval_images

@@ -1,15 +1,15 @@
 """CAMAL benchmarks (issue #5; spec: docs/methods.md sections 1 and 4).
 
     # 1. batch-level vs per-sample Grad-CAM extraction (B = 32, eval mode): identical maps and the speed ratio
-    python bench/bench_camal.py cam-speed --models bloodmnist-cnn,bloodmnist-vit \
+    python bench/studies/bench_camal.py cam-speed --models bloodmnist-cnn,bloodmnist-vit \
         --data ../shared/data/bloodmnist/64/test --out bench/results/camal-cam-speed.json
 
     # 2. decoy BloodMNIST: a vanilla model trained on decoy train, then vanilla fine-tuning vs CAMAL from that start
-    python bench/bench_camal.py decoy --src ../shared/data/bloodmnist/64 --work /tmp/decoy-bench \
+    python bench/studies/bench_camal.py decoy --src ../shared/data/bloodmnist/64 --work /tmp/decoy-bench \
         --train-limit 2000 --start-epochs 4 --epochs 1 --lambda 1 --out bench/results/camal-decoy.json
 
     # 3. BCCD with box masks: IoU and pointing game before and after CAMAL (pseudo-labels: BCCD has no subtypes)
-    python bench/bench_camal.py bccd --model bloodmnist-cnn --bccd ../shared/data/bccd --work /tmp/bccd-bench \
+    python bench/studies/bench_camal.py bccd --model bloodmnist-cnn --bccd ../shared/data/bccd --work /tmp/bccd-bench \
         --epochs 1 --lambda 1 --out bench/results/camal-bccd.json
 
 Timing on a shared CPU is noisy: `--threads` (default 1) pins torch's thread count; maps are compared in fp32
@@ -28,13 +28,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from explainers import camal as C  # noqa: E402
-from explainers.masks import load_mask_set  # noqa: E402
-from explainers.methods.gradcam import gradcam_maps  # noqa: E402
+from explainers import camal as C
+from explainers.masks import load_mask_set
+from explainers.methods.gradcam import gradcam_maps
 
 
 def random_bundle(kind: str, num_classes: int = 8):
@@ -208,7 +206,7 @@ def export_decoy_models(args, start, camal_bundle, table, decoy_root, camal_seco
                           val_accuracy=None, test_data=None, seed=args.seed, history=[], epochs=args.epochs,
                           train_seconds=camal_seconds if "camal" in extra else 0.0, input_size=64,
                           extra={**extra, "reference_color": list(bundle.reference_color),
-                                 "bench_command": " ".join(["python bench/bench_camal.py"] + sys.argv[1:])})
+                                 "bench_command": " ".join(["python bench/studies/bench_camal.py"] + sys.argv[1:])})
         print(f"exported {out / name}.json", flush=True)
 
 

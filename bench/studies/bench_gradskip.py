@@ -1,10 +1,10 @@
 """GradSkip benchmark (issues #3 and #15; spec: docs/methods.md sections 1 and 3).
 
     # choose the W~ form on validation cells (never the test split):
-    python bench/bench_gradskip.py --parts weightings --data ../shared/data/bloodmnist/64/val --limit 256 \
+    python bench/studies/bench_gradskip.py --parts weightings --data ../shared/data/bloodmnist/64/val --limit 256 \
         --out bench/results/gradskip-weightings-val.json
     # the chosen default against rollout and Chefer on test cells, paired intervals; cost in the same run:
-    python bench/bench_gradskip.py --parts paired,cost --data ../shared/data/bloodmnist/64/test --limit 500 \
+    python bench/studies/bench_gradskip.py --parts paired,cost --data ../shared/data/bloodmnist/64/test --limit 500 \
         --out bench/results/gradskip-test.json
 
 Parts (`--parts`, comma list; `--skip` removes from it):
@@ -41,19 +41,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from explainers.data import mean_colour, open_dataset  # noqa: E402
-from explainers.evaluate import build_methods, evaluate_methods, format_table  # noqa: E402
-from explainers.statistics import compare_methods, format_comparison  # noqa: E402
-from explainers.images import prepare_image  # noqa: E402
-from explainers.methods import get_method  # noqa: E402
-from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, capture  # noqa: E402
-from explainers.metrics import deletion_insertion  # noqa: E402
-from explainers.sanity import randomization_sanity_check  # noqa: E402
-from explainers.models import bundle_from_timm, load_model  # noqa: E402
+from explainers.data import mean_colour, open_dataset
+from explainers.evaluate import build_methods, evaluate_methods, format_table
+from explainers.statistics import compare_methods, format_comparison
+from explainers.images import prepare_image
+from explainers.methods import get_method
+from explainers.methods.gradskip import ATTENTION_WEIGHTINGS, GradSkip, capture
+from explainers.metrics import deletion_insertion
+from explainers.sanity import randomization_sanity_check
+from explainers.models import bundle_from_timm, load_model
 
 METHODS = ("gradskip", "chefer", "rollout", "gradcam", "random")
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -8,7 +8,7 @@ what maps that are not a model's CAM score:
 - a data-independent centre Gaussian (sigma = 3/16 of the side): the location prior of centred cells;
 - a random map (chance), and the model's Grad-CAM for its top-1 class.
 
-    python bench/camal_iou_ceiling.py --data ../shared/data/bloodmnist/64 --split val --limit 800 \
+    python bench/studies/camal_iou_ceiling.py --data ../shared/data/bloodmnist/64 --split val --limit 800 \
         --model bloodmnist-cnn --out bench/results/camal-iou-ceiling-val.json
 """
 from __future__ import annotations
@@ -23,14 +23,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from explainers.data import item_names, open_dataset  # noqa: E402
-from explainers.decoy import cell_mask  # noqa: E402
-from explainers.methods.gradcam import gradcam_maps  # noqa: E402
-from explainers.metrics import top_pixel_iou  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.statistics import bootstrap_ci  # noqa: E402
+from explainers.data import item_names, open_dataset
+from explainers.decoy import cell_mask
+from explainers.methods.gradcam import gradcam_maps
+from explainers.metrics import top_pixel_iou
+from explainers.models import load_model
+from explainers.statistics import bootstrap_ci
 
 
 def centre_gaussian(count: int, height: int, width: int, sigma_fraction: float = 3 / 16) -> torch.Tensor:
@@ -97,7 +96,7 @@ def main(argv=None) -> int:
         print(f"{label:45s} IoU {ious.mean():.3f} [{rows[label]['iou_ci95'][0]:.3f}, {rows[label]['iou_ci95'][1]:.3f}]")
     report = {
         "what": "CAM-in-mask IoU (top-k pixels, k = mask area) of reference maps on BloodMNIST cell masks",
-        "command": "python bench/camal_iou_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python bench/studies/camal_iou_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "data": str(Path(args.data) / args.split), "files": [names[i] for i in picked],
         "mask": "explainers.decoy.cell_mask (the decoy set's masks, without a decoy square)",
         "mask_area_mean": float(masks.float().mean()), "cam_grid": list(cam_grid), "maps": rows,

@@ -1,6 +1,5 @@
-"""python bench/aha_priors.py DATA_FOLDER N -- which class-sensitive prior for AHA on bloodmnist-vit: ins-del (val) and head-reinit sanity rho (val)."""
+"""python bench/studies/aha_priors.py DATA_FOLDER N -- which class-sensitive prior for AHA on bloodmnist-vit: ins-del (val) and head-reinit sanity rho (val)."""
 import sys, json, numpy as np, torch
-sys.path.insert(0, __import__('os').path.dirname(__import__('os').path.dirname(__import__('os').path.abspath(__file__))))
 torch.set_num_threads(1)
 from explainers.models import load_model
 from explainers.methods import get_method

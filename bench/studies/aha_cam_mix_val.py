@@ -5,13 +5,12 @@ Variants of the shipped one-pass map: standardised (`aha_z`), gated by the posit
 Grad-CAM alone. Hard deletion / insertion (K=20, mean reference, top-1 targets) with paired intervals to the
 shipped map, and (BloodMNIST) GridPG share and top quarter on val mosaics (seed 0).
 
-    python bench/aha_cam_mix_val.py bloodmnist-cnn 256 48 ../shared/data/bloodmnist/64 OUT.json
-    python bench/aha_cam_mix_val.py efficientnet-lite0 40 0 card OUT.json   (the photos its card held out)
+    python bench/studies/aha_cam_mix_val.py bloodmnist-cnn 256 48 ../shared/data/bloodmnist/64 OUT.json
+    python bench/studies/aha_cam_mix_val.py efficientnet-lite0 40 0 card OUT.json   (the photos its card held out)
 """
 import sys, json, time
 import numpy as np, torch
 torch.set_num_threads(1)
-sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
 from explainers.models import load_model
 from explainers.aha.store import load_explainer, explainer_stem
 from explainers.aha_training.data import load_eval_images

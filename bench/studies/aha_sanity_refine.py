@@ -1,9 +1,8 @@
 """AHA sanity (head re-initialised) and deletion/insertion per refinement setting on bloodmnist-vit.
 
-    python bench/aha_sanity_refine.py DATA_FOLDER SPLIT N SPEC [SPEC ...]   (SPEC: refine_steps=5, mode=per-image)
+    python bench/studies/aha_sanity_refine.py DATA_FOLDER SPLIT N SPEC [SPEC ...]   (SPEC: refine_steps=5, mode=per-image)
 """
 import sys, json, numpy as np, torch
-sys.path.insert(0, __import__('os').path.dirname(__import__('os').path.dirname(__import__('os').path.abspath(__file__))))
 torch.set_num_threads(1)
 from explainers.models import load_model
 from explainers.methods import get_method

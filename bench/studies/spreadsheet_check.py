@@ -6,7 +6,7 @@ its Text Import dialog shows for the file (comma, double quote, UTF-8), save it 
 back to CSV; then compares every cell with what the app stored. Headless conversion skips the dialog's charset
 detection, so the same round trip without options is recorded too (it reads the bytes as the system charset).
 
-    python bench/spreadsheet_check.py --out bench/results/review-csv-libreoffice.json
+    python bench/studies/spreadsheet_check.py --out bench/results/review-csv-libreoffice.json
 """
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:

@@ -1,18 +1,15 @@
 """Issue #15, the one lever not tried before 2026-12-04: how much torch.compile (inductor, CPU) takes off GradSkip's
 map from a kept state (a new alpha), batch 1, one thread. A measurement, not used by the method.
 
-    python bench/gradskip_compiled_map.py
+    python bench/studies/gradskip_compiled_map.py
 """
 import os
-import sys
 import time
+from explainers.images import load_image, prepare_for_model
+from explainers.methods.gradskip import prepare
+from explainers.models import load_model
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from explainers.images import load_image, prepare_for_model  # noqa: E402
-from explainers.methods.gradskip import prepare  # noqa: E402
-from explainers.models import load_model  # noqa: E402
 
 REPEATS = 200
 CELL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "bloodmnist",

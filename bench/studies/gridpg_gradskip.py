@@ -2,27 +2,23 @@
 (issue 15: class evidence where four classes share an image). Specs with several options cannot go through
 the CLI's comma-separated --methods, so this calls `explainers.gridpg.run_gridpg` directly.
 
-    python bench/gridpg_gradskip.py --model bloodmnist-vit-grid --data ../shared/data/bloodmnist/64/test \
+    python bench/studies/gridpg_gradskip.py --model bloodmnist-vit-grid --data ../shared/data/bloodmnist/64/test \
         --mosaics 100 --out bench/results/gridpg-gradskip-vit-grid.json
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+from bench_gradskip import parse_gates  # beside this script (python puts its folder first on the path)
+
+from explainers.gridpg import format_gridpg, run_gridpg
+from explainers.methods.gradskip import ATTENTION_WEIGHTINGS
+from explainers.models import load_model
+
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from explainers.gridpg import format_gridpg, run_gridpg  # noqa: E402
-from explainers.methods.gradskip import ATTENTION_WEIGHTINGS  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gradskip import parse_gates  # noqa: E402
 
 
 def main(argv=None) -> int:

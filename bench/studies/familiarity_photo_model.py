@@ -1,7 +1,7 @@
 """Can the unfamiliar-image check (`explainers/familiarity.py`) serve a model trained on few images here, such as
 EfficientNet-Lite0 (ImageNet: 1000 classes, 400 training photos in ../shared/data)? Validation data only:
 
-    python bench/familiarity_photo_model.py efficientnet-lite0 TRAIN_PHOTOS VAL_PHOTOS VAL_UNFAMILIAR OUT.json
+    python bench/studies/familiarity_photo_model.py efficientnet-lite0 TRAIN_PHOTOS VAL_PHOTOS VAL_UNFAMILIAR OUT.json
 
 TRAIN_PHOTOS: the images a score is fitted on; VAL_PHOTOS: images like them, never fitted (the threshold is the 99%
 quantile of their scores); VAL_UNFAMILIAR: images the warning is for (e.g. BloodMNIST val cells given to an ImageNet
@@ -10,15 +10,12 @@ several shrinkages, and the k-th nearest training photo's cosine distance (k-NN,
 before the run: ship a check only if some score flags >= 90% of VAL_UNFAMILIAR at that threshold.
 """
 import json
-import os
 import sys
+from explainers import familiarity
+from explainers.data import open_dataset
+from explainers.models import load_model
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from explainers import familiarity  # noqa: E402
-from explainers.data import open_dataset  # noqa: E402
-from explainers.models import load_model  # noqa: E402
 
 SHRINKAGES = (0.001, 0.01, 0.1, 1.0, 10.0)
 NEIGHBOURS = (1, 5, 10)

@@ -3,7 +3,7 @@
 bootstrap 95% interval of teacher - one pass. A small gap means distillation has little to learn; a large gap with
 no gain on validation means the student does not generalise from these images.
 
-    python bench/aha_teacher_gap.py efficientnet-lite0 ../shared/data/imagenet-train TEACHER.safetensors 40 [OUT.json]
+    python bench/studies/aha_teacher_gap.py efficientnet-lite0 ../shared/data/imagenet-train TEACHER.safetensors 40 [OUT.json]
 """
 import json
 import os
@@ -12,12 +12,11 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from explainers.aha.store import load_explainer  # noqa: E402
-from explainers.aha_training.data import load_eval_images  # noqa: E402
-from explainers.metrics import deletion_insertion  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.statistics import paired_difference  # noqa: E402
+from explainers.aha.store import load_explainer
+from explainers.aha_training.data import load_eval_images
+from explainers.metrics import deletion_insertion
+from explainers.models import load_model
+from explainers.statistics import paired_difference
 
 torch.set_num_threads(int(os.environ.get("THREADS", "2")))
 model, data, teacher_file, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
