@@ -359,3 +359,20 @@ def test_scripted_policies_play_and_the_aimed_one_uses_the_mask():
     assert _aimed(None, np.fliplr(mask), 0, None, None) == "TURN_LEFT"
     mask[20:30, 38:42] = True
     assert _aimed(None, mask, 0, None, None) == "ATTACK"
+
+
+@needs_vizdoom
+def test_a_checkpoint_resumes_only_its_own_run_and_exports_a_snapshot(tmp_path):
+    from explainers.agents.checkpoint import agent_from_checkpoint, load_agent
+    from explainers.agents.train import train_agent
+
+    train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name="s", seed=3, steps=64,
+                config=PPOConfig(**TINY), net_options=SMALL_NET)
+    with pytest.raises(ValueError, match="another network"):
+        train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name="s", seed=3, steps=128,
+                    config=PPOConfig(**TINY), net_options={"width": 16, "hidden": 32})
+    card_path = agent_from_checkpoint(tmp_path / "s.ckpt", tmp_path, "s-snapshot")
+    net, card = load_agent(card_path)
+    final, _ = load_agent(tmp_path / "s.json")
+    assert card["steps"] == 64 and card["snapshot_of"] == "s.ckpt"
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), final.state_dict().values()))

@@ -78,3 +78,24 @@ def load_checkpoint(net, optimizer, path_stem) -> dict | None:
     saved["state"] = state
     optimizer.load_state_dict(saved)
     return json.loads(meta.read_text())
+
+
+def agent_from_checkpoint(path_stem, out_dir, name: str, arch: dict | None = None) -> Path:
+    """Write the network of a resumable checkpoint as an agent (NAME.safetensors + NAME.json) to evaluate a run
+    that has not finished. `arch`: for checkpoints that do not record their run's network."""
+    from safetensors.torch import load_file
+
+    path_stem = Path(path_stem)
+    state = json.loads(path_stem.with_name(path_stem.name + ".json").read_text())
+    run = state.get("run") or {}
+    arch = arch or run.get("arch")
+    if arch is None:
+        raise ValueError("This checkpoint does not record its network: give it (arch).")
+    net = network_from_arch(arch)
+    tensors = load_file(str(path_stem.with_name(path_stem.name + ".safetensors")))
+    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    card = {"kind": "agent", "scenario": run.get("scenario", "defend_the_center"), "lambda": run.get("lambda", 0.0),
+            "seed": run.get("seed"), "steps": state["steps"], "updates": state["updates"],
+            "train_seconds": state["seconds"], "frame_hw": arch.get("frame_hw", [60, 80]), "ppo": run.get("ppo"),
+            "snapshot_of": path_stem.name, "method": "snapshot of an unfinished run"}
+    return save_agent(net, card, out_dir, name)

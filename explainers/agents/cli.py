@@ -28,12 +28,23 @@ def cmd_train_agent(args) -> int:
                        entropy_coef=args.entropy_coef, camal_max_grad_norm=args.camal_max_grad_norm)
     net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden),
                                                  ("frame_hw", args.frame_hw)) if value is not None}
+    stop = _stop_on_signals()
     summary = train_agent(scenario_name=args.scenario, out_dir=args.out, name=args.name, seed=args.seed,
                           lam=args.lam, arch=args.arch, steps=args.steps, budget_s=args.budget_s,
                           device=_device(args.device), config=config, net_options=net_options,
-                          iou_every=args.iou_every)
+                          iou_every=args.iou_every, checkpoint_every=args.checkpoint_every, cancelled=stop)
     print(summary_json(summary))
     return 0
+
+
+def _stop_on_signals():
+    """SIGTERM / SIGINT end the run after the current update, with a checkpoint the same command resumes from."""
+    import signal
+
+    asked = []
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: asked.append(True))
+    return lambda: bool(asked)
 
 
 def cmd_evaluate_agent(args) -> int:
@@ -96,6 +107,8 @@ def add_agent_parsers(commands) -> None:
     train.add_argument("--width", type=int, default=None, help="CNN width (default 32; 8 for a CPU-sized agent)")
     train.add_argument("--hidden", type=int, default=None, help="width of the last hidden layer (default 128)")
     train.add_argument("--iou-every", type=int, default=5, help="updates between IoU measurements")
+    train.add_argument("--checkpoint-every", type=int, default=10,
+                       help="updates between checkpoints (also written when the run stops, SIGTERM included)")
     train.add_argument("--device", default="auto")
     train.add_argument("--threads", type=int, default=1)
     train.set_defaults(handler=cmd_train_agent)

@@ -68,8 +68,11 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
     frame_hw = frame_hw_of(net)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr, eps=1e-5)
     stem = out_dir / f"{name}.ckpt"
+    run = {"scenario": scenario_name, "arch": net.arch, "lambda": float(lam), "seed": seed, "ppo": config.to_dict()}
+    _check_same_run(stem, run, name)
     state = load_checkpoint(net, optimizer, stem) or {"steps": 0, "updates": 0, "seconds": 0.0, "history": [],
                                                       "resumes": -1, "returns": []}
+    state["run"] = run
     state["resumes"] += 1
     if state["resumes"]:
         generator.manual_seed(seed + 7919 * state["resumes"])
@@ -89,6 +92,9 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
             net.eval()
             finished = []
             for t in range(config.rollout_steps):
+                if cancelled is not None and t % 64 == 63 and cancelled():
+                    stopped_by = "cancelled"  # the half-played rollout is dropped; the checkpoint is the last update
+                    break
                 actions, log_probs, values = act(net, frames, device, generator)
                 rollout.frames[t], rollout.masks[t] = torch.from_numpy(frames), torch.from_numpy(masks)
                 rollout.actions[t], rollout.log_probs[t], rollout.values[t] = actions, log_probs, values
@@ -96,6 +102,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                 rollout.rewards[t] = torch.from_numpy(rewards)
                 rollout.dones[t] = torch.from_numpy(dones.astype(np.float32))
                 finished += ended
+            if stopped_by == "cancelled":
+                break
             last_values = act(net, frames, device, generator)[2]
             net.train()
             losses = ppo_update(net, optimizer, rollout, last_values, config, generator)
@@ -131,6 +139,20 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                 "history": state["history"]}
         summary["card"] = str(save_agent(net.cpu(), card, out_dir, name))
     return summary
+
+
+def _check_same_run(stem: Path, run: dict, name: str) -> None:
+    """A checkpoint resumes only the run it came from (same scenario, network, lambda and seed)."""
+    meta = stem.with_name(stem.name + ".json")
+    if not meta.exists():
+        return
+    saved = json.loads(meta.read_text()).get("run")
+    if saved is None:
+        return
+    for key, what in (("scenario", "scenario"), ("arch", "network"), ("lambda", "lambda"), ("seed", "seed")):
+        if saved.get(key) != run[key]:
+            raise ValueError(f"The checkpoint of '{name}' belongs to a run with another {what}: give the new run "
+                             "another name, or the same settings to continue it.")
 
 
 def _num_actions(scenario_name: str) -> int:
