@@ -157,6 +157,8 @@ def _pid_runs_job(pid, job_id) -> bool:
 
 
 def _kill(pid, proc=None) -> None:
+    """Kill the job process and everything in its process group (ViZDoom and any other children, which may
+    ignore SIGTERM): the job was started as the leader of its own session, so the group's id is its pid."""
     try:
         if proc is not None:
             proc.kill()
@@ -164,6 +166,28 @@ def _kill(pid, proc=None) -> None:
         else:
             os.kill(pid, signal.SIGKILL if hasattr(signal, "SIGKILL") else signal.SIGTERM)
     except (OSError, subprocess.TimeoutExpired):
+        pass
+    _kill_group(pid)
+
+
+def _pid_exists(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _kill_group(pgid) -> None:
+    """SIGKILL to the job's process group: what a job process leaves behind when it ends (its children stay in its
+    group) goes with it."""
+    if not pgid or not hasattr(os, "killpg"):
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:  # no such group (nothing left) or not ours
         pass
 
 
@@ -344,8 +368,9 @@ class JobRunner:
             con, now = self._con(), time.time()
             for row in con.execute("SELECT * FROM jobs WHERE status='running' AND backend='local'").fetchall():
                 self._watch(con, row, now)
-            for job_id, proc in list(self._procs.items()):  # reap finished processes
+            for job_id, proc in list(self._procs.items()):  # reap finished processes and what they left
                 if proc.poll() is not None and self.get(job_id)["status"] in TERMINAL:
+                    _kill_group(proc.pid)
                     del self._procs[job_id]
             running = con.execute("SELECT COUNT(*) FROM jobs WHERE status='running' AND backend='local'").fetchone()[0]
             for row in con.execute("SELECT * FROM jobs WHERE status='queued' ORDER BY created, rowid "
@@ -364,6 +389,8 @@ class JobRunner:
             return  # another runner on this root is starting it right now
         alive = proc.poll() is None if proc is not None else _pid_runs_job(pid, job_id)
         if not alive:
+            if proc is not None or not _pid_exists(pid):  # never a group whose leader is another live program
+                _kill_group(pid)  # the children of a job process that died (killed, crashed) go with it
             code = f" with code {proc.returncode}" if proc is not None else ""
             _finish(con, job_id, "failed", error=f"job process (pid {pid}) exited{code} without reporting a "
                                                  f"result; see {Path(row['work_dir']) / 'job.log'}")

@@ -59,3 +59,23 @@ def tiny_train(params: dict, context: JobContext) -> dict:
     with torch.no_grad():
         final = torch.nn.functional.mse_loss(model(x), y).item()
     return {"resumed_from": start, "steps": steps, "final_loss": final, "checkpoint": str(checkpoint)}
+
+
+CHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+
+
+@register_job_kind("spawn-children")
+def spawn_children(params: dict, context: JobContext) -> dict:
+    """Starts `children` processes that ignore SIGTERM (like ViZDoom's), writes their pids to children.txt, then
+    sleeps in steps; `ignore_cancel` never stops, `leave_children` returns on cancel without ending them."""
+    import subprocess
+    import sys
+
+    children = [subprocess.Popen([sys.executable, "-c", CHILD]) for _ in range(int(params.get("children", 3)))]
+    (context.work_dir / "children.txt").write_text(" ".join(str(c.pid) for c in children))
+    for step in range(1, 1001):
+        if context.cancelled() and not params.get("ignore_cancel"):
+            return {"stopped_at": step - 1}
+        time.sleep(0.02)
+        context.progress(step, 1000)
+    return {"steps": 1000}

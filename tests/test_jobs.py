@@ -89,6 +89,40 @@ def test_cancel_kills_job_that_ignores_it_after_grace(runners):
     assert wait_until(lambda: pid_gone(job["pid"]), timeout=5)
 
 
+def _children_of(runner, job_id):
+    path = os.path.join(runner.get(job_id)["work_dir"], "children.txt")
+    text = wait_until(lambda: os.path.exists(path) and open(path).read())
+    return [int(pid) for pid in text.split()]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = open(f"/proc/{pid}/status").read() if os.path.exists(f"/proc/{pid}/status") else ""
+    return "\nState:\tZ" not in status  # a zombie is dead, waiting for init to reap it
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+@pytest.mark.parametrize("how", ["cancel-ignored", "cancel-left-children", "job-killed"])
+def test_no_child_outlives_a_cancelled_or_killed_job(runners, how):
+    """Children that ignore SIGTERM (as ViZDoom's do) end with their job: after a cancel the job ignores, after a
+    cancel the job obeys but leaves its children running, and after the job process is killed."""
+    runner = runners(cancel_grace_s=0.3)
+    params = {"children": 3, "ignore_cancel": how == "cancel-ignored", "leave_children": True}
+    job_id = runner.submit("spawn-children", params)
+    children = _children_of(runner, job_id)
+    assert all(_alive(pid) for pid in children)
+    if how == "job-killed":
+        os.kill(runner.get(job_id)["pid"], signal.SIGKILL)
+    else:
+        runner.cancel(job_id)
+    job = runner.wait(job_id, timeout=20)
+    assert job["status"] == ("failed" if how == "job-killed" else "cancelled")
+    assert wait_until(lambda: not any(_alive(pid) for pid in children), timeout=10), "a child outlived its job"
+
+
 def test_cancel_queued_job(runners):
     runner = runners()
     first = runner.submit("sleep-steps", {"steps": 500, "dt": 0.02})
