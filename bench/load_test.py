@@ -235,7 +235,7 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
             results.append(record)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=20, help="concurrent gradio_client users")
     parser.add_argument("--model", default=None, help="default: bloodmnist-vit (tiny-vit with --tiny)")
@@ -253,7 +253,42 @@ def main(argv=None) -> int:
                                                           "embedded) so the peak memory includes it")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--state-dir", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def summarise(results: list, args, model: str, methods: list, *, wall: float, server_cpu: float, client_cpu: float,
+              idle_rss: float, peak_rss: float) -> dict:
+    """The report: latencies per request kind (p50, p95, max), failures, CPU and memory of the server."""
+    def stats(kind):
+        values = [r["seconds"] for r in results if r["request"].startswith(kind) and r.get("seconds") is not None]
+        return {"count": len(values), "p50_s": percentile(values, 50), "p95_s": percentile(values, 95),
+                "max_s": max(values) if values else None}
+
+    failures = [r for r in results if not r["ok"]]
+    finished = [r["since_start"] for r in results if r["request"] == "explain_curves" and r.get("since_start")]
+    complete = {"count": len(finished), "p50_s": percentile(finished, 50), "p95_s": percentile(finished, 95),
+                "max_s": max(finished) if finished else None,
+                "what": "from the click to the last curve: maps + curves, as a user waits"}
+    all_seconds = [r["seconds"] for r in results if r.get("seconds") is not None]
+    summary = {
+        "model": model, "methods": methods, "sessions": args.users, "requests": len(results),
+        "failures": len(failures), "failure_examples": failures[:5],
+        "latency_all": {"p50_s": percentile(all_seconds, 50), "p95_s": percentile(all_seconds, 95),
+                        "max_s": max(all_seconds) if all_seconds else None},
+        "latency_explain_maps": stats("explain_maps"), "latency_explain_curves": stats("explain_curves"),
+        "explain_complete": complete, "latency_alpha_preview": stats("alpha_preview"),
+        "latency_alpha_curves": stats("alpha_curves"),
+        "wall_s": wall, "server_cpu_s": server_cpu, "server_cpu_ms_per_request": 1000 * server_cpu / max(1, len(results)),
+        "client_cpu_s": client_cpu, "server_rss_idle_mb": idle_rss, "server_rss_peak_mb": peak_rss,
+        "targets": {"p95_s": 5.0, "peak_rss_gb": 6.0}, "sam_resident": args.sam, "client": args.client, "client_nice": args.client_nice,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
+    }
+    return summary
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     if args.serve:
         serve(args.serve, args.tiny, args.state_dir, args.heavy_concurrency, args.sam)
@@ -336,32 +371,9 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
 
-    def stats(kind):
-        values = [r["seconds"] for r in results if r["request"].startswith(kind) and r.get("seconds") is not None]
-        return {"count": len(values), "p50_s": percentile(values, 50), "p95_s": percentile(values, 95),
-                "max_s": max(values) if values else None}
-
-    failures = [r for r in results if not r["ok"]]
-    finished = [r["since_start"] for r in results if r["request"] == "explain_curves" and r.get("since_start")]
-    complete = {"count": len(finished), "p50_s": percentile(finished, 50), "p95_s": percentile(finished, 95),
-                "max_s": max(finished) if finished else None,
-                "what": "from the click to the last curve: maps + curves, as a user waits"}
-    all_seconds = [r["seconds"] for r in results if r.get("seconds") is not None]
-    summary = {
-        "model": model, "methods": methods, "sessions": args.users, "requests": len(results),
-        "failures": len(failures), "failure_examples": failures[:5],
-        "latency_all": {"p50_s": percentile(all_seconds, 50), "p95_s": percentile(all_seconds, 95),
-                        "max_s": max(all_seconds) if all_seconds else None},
-        "latency_explain_maps": stats("explain_maps"), "latency_explain_curves": stats("explain_curves"),
-        "explain_complete": complete, "latency_alpha_preview": stats("alpha_preview"),
-        "latency_alpha_curves": stats("alpha_curves"),
-        "wall_s": wall, "server_cpu_s": server_cpu, "server_cpu_ms_per_request": 1000 * server_cpu / max(1, len(results)),
-        "client_cpu_s": client_cpu, "server_rss_idle_mb": idle_rss, "server_rss_peak_mb": max(hwm, peak["rss"]),
-        "targets": {"p95_s": 5.0, "peak_rss_gb": 6.0}, "sam_resident": args.sam, "client": args.client, "client_nice": args.client_nice,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
-    }
-    summary["passed"] = (not failures and (summary["latency_all"]["p95_s"] or 0) <= 5.0
+    summary = summarise(results, args, model, methods, wall=wall, server_cpu=server_cpu, client_cpu=client_cpu,
+                        idle_rss=idle_rss, peak_rss=max(hwm, peak["rss"]))
+    summary["passed"] = (not summary["failures"] and (summary["latency_all"]["p95_s"] or 0) <= 5.0
                          and summary["server_rss_peak_mb"] <= 6144)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2))
@@ -370,8 +382,8 @@ def main(argv=None) -> int:
                                               "latency_alpha_preview", "latency_alpha_curves",
                                               "wall_s", "server_cpu_s", "server_cpu_ms_per_request", "client_cpu_s",
                                               "server_rss_peak_mb", "passed")}, indent=2))
-    if failures:
-        print("failures:", json.dumps(failures[:3], indent=2), file=sys.stderr)
+    if summary["failures"]:
+        print("failures:", json.dumps(summary["failure_examples"][:3], indent=2), file=sys.stderr)
     return 0 if summary["passed"] else 1
 
 
