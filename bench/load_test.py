@@ -202,7 +202,7 @@ def session(url, index, model, methods, results, lock, barrier, alpha_moves, cli
     barrier.wait()  # all sessions start explaining at the same moment
     # what the Explain button does: the maps (one event), then the curves (a chained event)
     calls = [("explain_maps", lambda: client.predict(handle_file(str(image)), model, methods, "auto",
-                                                      *slider_defaults, 0.5, "cividis",
+                                                      *slider_defaults, 0.5, "cividis", 0,  # no outline
                                                       api_name="/explain_maps")),
              ("explain_curves", lambda: client.predict(*live_defaults, 0.5, "cividis", api_name="/explain_curves"))]
     if "gradskip" in methods:
