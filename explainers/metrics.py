@@ -408,6 +408,10 @@ class Metric:
         """Whether score `a` is better than score `b`."""
         return a > b if self.better == "higher" else a < b
 
+    def meets(self, value: float, bound: float) -> bool:
+        """Whether `value` is at least as good as `bound` (a floor where higher is better, a ceiling otherwise)."""
+        return not self.is_better(bound, value)
+
     def gain(self, a, b):
         """How much better `a` is than `b` (positive: better), elementwise: a - b, or b - a where lower is better."""
         return np.subtract(a, b) if self.better == "higher" else np.subtract(b, a)

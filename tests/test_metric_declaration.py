@@ -63,3 +63,14 @@ def test_a_registered_metric_appears_in_evaluate_statistics_and_the_scoreboard(t
     assert rows["peak_share"]["cells"]["mean"]["mean"] == pytest.approx(np.mean(random - gradcam))
     text = scoreboard_markdown([board])
     assert "mean colour: peak \u2193" in text and "| peak (lower better) |" in text
+
+
+def test_every_comparison_reads_the_declared_direction():
+    lower, higher = METRICS["deletion_auc"], METRICS["insertion_auc"]
+    assert lower.best([0.3, 0.1, 0.2]) == 0.1 and higher.best([0.3, 0.1, 0.2]) == 0.3
+    assert lower.ranked(["b", "a"], key={"a": 0.1, "b": 0.2}.get) == ["a", "b"]
+    assert higher.ranked(["a", "b"], key={"a": 0.1, "b": 0.2}.get) == ["b", "a"]
+    assert lower.gain(0.1, 0.3) == pytest.approx(0.2) and higher.gain(0.1, 0.3) == pytest.approx(-0.2)
+    assert lower.meets(0.2, 0.2) and lower.meets(0.1, 0.2) and not lower.meets(0.3, 0.2)  # a ceiling
+    assert higher.meets(0.3, 0.2) and not higher.meets(0.1, 0.2)  # a floor
+    assert (lower.title(), higher.title()) == ("deletion \u2193", "insertion \u2191")

@@ -32,6 +32,7 @@ from ..aha.network import AHAExplainer, DEFAULT_ARCH, pools_class_token
 from ..aha.objective import (NUM_FRACTIONS, PEAK_WEIGHT, REFERENCE_KINDS, SCORES, TAU_END, TAU_START, aha_loss,
                              default_fractions, grid_range, reference_batch, tau_at)
 from ..aha.store import explainer_stem, stem_from_out
+from ..metrics import METRICS
 from .data import (AUGMENTS, TARGET_MODES, augment_batch, check_labels, holdout_indices, load_eval_images,
                    load_train_images, mosaic_batch, mosaic_cell_size, mosaic_targets, pick_targets, to_input_size)
 from .export import export_explainer
@@ -386,7 +387,7 @@ def _track_validation(run) -> None:
     if run.track_mosaics is not None:
         scores["gridpg"] = validation_gridpg(explainer, *run.track_mosaics)
         if run.val_gridpg_min is not None:
-            eligible = scores["gridpg"] >= float(run.val_gridpg_min)
+            eligible = METRICS["gridpg"].meets(scores["gridpg"], float(run.val_gridpg_min))
     if run.select_rule == "class-following":
         scores["class_rho"] = validation_class_dependence(explainer, x_track)
         primary = "gridpg" if "gridpg" in scores and run.val_rho_max is None else "ins_minus_del"

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from ..aha.network import AHAExplainer
+from ..metrics import METRICS
 from .data import mosaic_cell_size, to_input_size
 
 
@@ -109,13 +110,14 @@ def class_following_key(scores: dict, *, floor: float, rho_max: float | None, gr
     class dependence at most `rho_max` and GridPG at least `gridpg_min` (each where set), `faithful` = ins-del at
     least the baseline's `floor` on the same images; a checkpoint meeting both beats one meeting only `follows`,
     which beats one meeting only `faithful`; ties are broken by `primary` ("ins_minus_del" or "gridpg")."""
-    follows = True
+    follows = True  # each bound is read the way its metric's declaration says is better
     if rho_max is not None:
-        follows = follows and bool(np.isfinite(scores.get("class_rho", np.nan))) and scores["class_rho"] <= rho_max
+        rho = scores.get("class_rho", np.nan)
+        follows = follows and bool(np.isfinite(rho)) and METRICS["spearman_top1_top2"].meets(rho, rho_max)
     if gridpg_min is not None:
-        follows = follows and scores.get("gridpg", -1.0) >= gridpg_min
-    faithful = scores["ins_minus_del"] >= floor
-    return (follows and faithful, follows, faithful, float(scores[primary]))
+        follows = follows and "gridpg" in scores and METRICS["gridpg"].meets(scores["gridpg"], gridpg_min)
+    faithful = METRICS["ins_minus_del"].meets(scores["ins_minus_del"], floor)
+    return (follows and faithful, follows, faithful, float(METRICS[primary].gain(scores[primary], 0.0)))
 
 
 def validation_gridpg(explainer: AHAExplainer, mosaics: torch.Tensor, classes: torch.Tensor,
