@@ -2,7 +2,7 @@
 # One GPU lease for the trainings that a 2-core CPU cannot do: the agents (5 seeds x vanilla/CAMAL, ViZDoom
 # defend_the_center), the bundled SegFormer on BCCD, AHA's class-following explainers, and the held-out
 # scoreboard; side by side, each with its own OUT and log, stopped by a watchdog at DEADLINE_S, each OUT packed
-# into one tar under $OUT. Run from the repository root with the data under .devdata/ (each part's needs: device/<part>.md or the script's own header).
+# into one tar under $OUT. Run from the repository root with the data under .devdata/ (each part's needs: device/README.md).
 set -u
 cd "$(dirname "$0")/.."
 DEADLINE_S=${DEADLINE_S:-545}
