@@ -333,6 +333,22 @@ def evaluate(bundle, data: MaskSet, *, batch_size: int = 64, curve_limit: int = 
 
 
 # ------------------------------------------------------------------------------------------ fine-tuning
+def _resume(checkpoint, settings: dict, network, optimizer, schedule) -> tuple:
+    """(first epoch, history) from a checkpoint made with the same settings (its weights, optimiser and schedule
+    loaded), else (0, [])."""
+    if not (checkpoint and checkpoint.exists()):
+        return 0, []
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if json.loads(state["settings"]) != settings:
+        print(f"CAMAL: ignoring {checkpoint}: made with other settings", file=sys.stderr)
+        return 0, []
+    network.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    print(f"CAMAL: resuming from epoch {int(state['epoch'])} ({checkpoint})", file=sys.stderr)
+    return int(state["epoch"]), json.loads(state["history"])
+
+
 def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LAMBDA, lr: float = DEFAULT_LR,
              weight_decay: float = 0.05, batch_size: int = 32, cam_mode: str = "differentiable",
              freeze_early: float = 0.0, augment: bool = True, seed: int = 0, bf16: bool = True,
@@ -367,18 +383,8 @@ def finetune(bundle, train: MaskSet, *, epochs: int = 3, lam: float = DEFAULT_LA
             optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(total_steps, 1)))))
         settings = {"epochs": epochs, "lam": lam, "lr": lr, "batch_size": batch_size, "cam_mode": cam_mode,
                     "freeze_early": freeze_early, "seed": seed, "n": n, "world": world, "bn_train": bn_train}
-        start_epoch, history = 0, []
         checkpoint = Path(checkpoint) if checkpoint else None
-        if checkpoint and checkpoint.exists():
-            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-            if json.loads(state["settings"]) == settings:
-                network.load_state_dict(state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-                schedule.load_state_dict(state["schedule"])
-                start_epoch, history = int(state["epoch"]), json.loads(state["history"])
-                print(f"CAMAL: resuming from epoch {start_epoch} ({checkpoint})", file=sys.stderr)
-            else:
-                print(f"CAMAL: ignoring {checkpoint}: made with other settings", file=sys.stderr)
+        start_epoch, history = _resume(checkpoint, settings, network, optimizer, schedule)
         if world > 1:
             _broadcast_state(network)
         changed = disable_fused_attention(network) if lam and bundle.is_vit else []  # math attention: double backward
