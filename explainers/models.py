@@ -276,7 +276,7 @@ def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> Mode
         raise ModelUnavailableError(
             f"Model '{name}' is not on this machine and could not be downloaded"
             f"{' (this app runs offline: HF_HUB_OFFLINE is set)' if offline else ''}. Connect to the internet "
-            f"once to download it (it is kept afterwards in {HUB_CACHE_DIR}), or pick a bundled model: "
+            f"once to download it (it is kept afterwards in the app's model cache), or pick a bundled model: "
             f"{', '.join(BUNDLED_MODELS)}."
         ) from error
     cfg = dict(timm.data.resolve_data_config({}, model=network))

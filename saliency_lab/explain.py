@@ -544,15 +544,19 @@ def expected_text(services, model_name, methods, values: dict | None = None) -> 
 
 def model_menu(services, model_name, methods) -> tuple:
     """(method choices, the methods to keep ticked, a Markdown line about the model) for a newly picked model.
-    Slow methods on this model (RISE on a large input on a CPU: expected over SLOW_SECONDS) are unticked, and
-    the line says so with their expected time."""
+    Slow methods on this model (RISE on a large input on a CPU, AHA's per-image optimisation on a model without
+    a trained explainer: expected over SLOW_SECONDS) are unticked, the fast ones ticked, and the line offers the
+    slow ones with their expected time."""
     bundle = classifier(services, model_name)
     choices = menus.method_choices(bundle)
     names = [value for _, value in choices]
     kept = [m for m in (methods or []) if m in names and menus.method_ready(bundle, m)]
-    slow = [m for m in kept if METHODS[m].slow and not METHODS[m].quick_on(bundle)
+    # the ticked methods and those the model would get by default (AHA), slow here: RISE on a large input, AHA's
+    # per-image optimisation on a model without a trained explainer (an imported one)
+    candidates = list(dict.fromkeys(kept + [m for m in names if METHODS[m].default_for(bundle)]))
+    slow = [m for m in candidates if not METHODS[m].quick_on(bundle)
             and expected_seconds(services, bundle, m) > SLOW_SECONDS]
-    kept = [m for m in kept if m not in slow] or menus.default_methods(bundle)
+    kept = [m for m in kept if m not in slow] or [m for m in menus.default_methods(bundle) if m not in slow]
     info = (f"**{bundle.name}**: {bundle.family}, {bundle.num_classes} classes, input "
             f"{bundle.input_size[0]}×{bundle.input_size[1]} px ({menus.model_kind(model_name)}). "
             + ("Images unlike its training images are flagged." if familiarity.get_stats(bundle) is not None

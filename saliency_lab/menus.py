@@ -85,11 +85,12 @@ def method_ready(bundle, name: str) -> bool:
 
 
 def default_methods(bundle) -> list:
-    """Two methods to start with: the ones whose class says `default_for(bundle)` (AHA when trained for this
-    model, GradSkip on ViTs, Grad-CAM elsewhere), then others in menu order that are quick on this model
-    (`quick_on`: RISE only on small inputs); baselines never."""
+    """Two methods to start with: the ones whose class says `default_for(bundle)` (AHA, GradSkip on ViTs,
+    Grad-CAM elsewhere) where they are quick on this model (`quick_on`: AHA only with a trained explainer), then
+    others in menu order that are quick on this model (RISE only on small inputs); baselines never."""
     names = [n for n in available_methods(bundle) if not METHODS[n].baseline]
-    chosen = [m for m in method_order(names) if METHODS[m].default_for(bundle) and method_ready(bundle, m)]
+    chosen = [m for m in method_order(names) if METHODS[m].default_for(bundle) and METHODS[m].quick_on(bundle)
+              and method_ready(bundle, m)]
     for name in method_order(names):
         if len(chosen) >= 2:
             break

@@ -251,3 +251,36 @@ def test_a_model_that_cannot_be_loaded_is_one_message_of_ours(tmp_path):
 
     info = tab.model_change_handler(Services(broken, ["x"], tmp_path / "b"))("x", ["gradcam"])[info_at]
     assert "LocalEntryNotFound" not in info and "server log" in info
+
+
+def test_after_a_failed_load_the_menu_goes_back_to_the_model_that_loaded(tmp_path):
+    """The menu does not keep the model that failed beside the previous model's methods: it goes back to that
+    model, and the failure stays said on the info line until another pick."""
+    import gradio as gr
+
+    from explainers.models import ModelUnavailableError
+    from saliency_lab.services import Services
+    from saliency_lab.ui import explain as tab
+    from conftest import tiny_cnn
+
+    good = tiny_cnn("tiny-good")
+
+    def loader(name):
+        if name == "tiny-good":
+            return good
+        raise ModelUnavailableError(f"{name} is not downloaded yet and this machine is offline.")
+
+    on_model = tab.model_change_handler(Services(loader, ["tiny-good", "resnet50"], tmp_path))
+    info_at = 1 + len(tab.SLIDERS)
+
+    def pick(name, memory):
+        return tab.after_model(name, on_model(name, ["gradcam"])[info_at], memory)
+
+    menu, info, memory = pick("tiny-good", {})
+    assert menu == gr.skip() and info == gr.skip() and memory["good"] == "tiny-good"
+    menu, note, memory = pick("resnet50", memory)
+    assert menu["value"] == "tiny-good"  # the menu goes back
+    assert "resnet50 could not be loaded" in note and "offline" in note and "back on tiny-good" in note
+    menu, info, memory = pick("tiny-good", memory)  # the menu's change when it is put back
+    assert menu == gr.skip() and info == note  # the failure stays said
+    assert pick("tiny-good", memory)[1] == gr.skip()  # said once: the next pick shows its own line

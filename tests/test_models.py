@@ -35,6 +35,7 @@ def test_hub_model_offline_fails_fast_with_a_clear_message(monkeypatch, tmp_path
     assert "HF_HUB_OFFLINE" in message or "could not be downloaded" in message
     # in our own words, whole: no exception class names, no cause cut mid-sentence
     assert "Error" not in message and "Cause" not in message and message.endswith(".")
+    assert str(tmp_path) not in message and "/" not in message.replace("HF_HUB", "")  # no server folder shown
 
 
 def test_unknown_model_name():

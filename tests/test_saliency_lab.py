@@ -869,3 +869,29 @@ def test_captions_name_options_by_their_short_names():
     assert auc_table([{**record, "seconds": 0.5}])[0][:2] == ["Occlusion", "window=0.125"]  # the score table too
     record = {**record, "method": "gradskip", "label": "GradSkip", "options": {"alpha": 0.5}, "deletion_auc": None}
     assert caption(record) == "GradSkip · class 0 (alpha=0.5)"
+
+
+def test_a_model_without_a_trained_aha_explainer_starts_on_the_fast_methods(tmp_path):
+    """An imported model has no trained AHA explainer: AHA would run its per-image optimisation (tens of seconds
+    on a CPU). The fast methods are ticked, and the info line offers AHA with its expected time."""
+    from conftest import tiny_cnn
+    from explainers.methods import METHODS
+    from saliency_lab import menus
+    from saliency_lab.services import Services
+
+    bundle = tiny_cnn("tiny-imported", size=224)
+    assert not METHODS["aha"].quick_on(bundle)
+    services = Services({"tiny-imported": bundle}.__getitem__, ["tiny-imported"], tmp_path)
+    assert "aha" not in menus.default_methods(bundle) and menus.default_methods(bundle)
+    services.record_seconds("tiny-imported", "aha", 46.6,
+                            explain.cost_options("aha", engine_options("aha", bundle)))
+    for ticked in (["aha"], []):  # AHA ticked on the model before, or nothing
+        _, kept, info = explain.model_menu(services, "tiny-imported", ticked)
+        assert "aha" not in kept and kept == menus.default_methods(bundle)
+        assert "Unticked as slow on this model: AHA" in info and "47 s" in info
+
+
+def engine_options(method, bundle):
+    from explainers import engine
+
+    return engine.method_options(method, None, bundle)

@@ -224,7 +224,8 @@ def model_change_handler(services):
         """Load the model (hub models download once), then offer the methods that can explain it; a segmentation
         model switches to the segmentation view instead (nothing loaded, the classifier's methods and sliders
         left as they are). Returns the methods, each slider's visibility, the info line, then the visibility of
-        the classifier view and of the segmentation view."""
+        the classifier view and of the segmentation view. A model that cannot be loaded: our words on the info
+        line, the rest left as it was (`after_model` then puts the menu back)."""
         if not model_name:
             return (gr.skip(),) * (4 + len(SLIDERS))
         if segments(services, model_name):
@@ -241,6 +242,9 @@ def model_change_handler(services):
     return on_model
 
 
+STILL_PREVIOUS = "The methods and options below are still the previous model's"
+
+
 def model_failure_text(model_name, error) -> str:
     """The info line when a model cannot be loaded: our words, once (not a toast per event listening to the
     model menu), saying that the methods and options shown are still the previous model's."""
@@ -249,8 +253,30 @@ def model_failure_text(model_name, error) -> str:
     else:
         log.error("could not load %s", model_name, exc_info=error)
         reason = "It failed on our side (the details are in the server log)."
-    return (f"⚠ **{model_name} could not be loaded.** {reason.rstrip('.')}. The methods and options below are still "
-            "the previous model's: pick another model, or try this one again later.")
+    return (f"⚠ **{model_name} could not be loaded.** {reason.rstrip('.')}. {STILL_PREVIOUS}: pick another model, "
+            "or try this one again later.")
+
+
+def after_model(model_name, info, memory):
+    """After the model menu's change: (the menu, the info line, `memory`). `memory` (a session state) holds the
+    last model that loaded. A model that failed to load puts the menu back on that one (whose methods are the
+    ones shown; not the failed name beside them) and the failure stays said on the info line when the menu's
+    change for the model put back has run; any other pick forgets it."""
+    memory = dict(memory or {})
+    good = memory.get("good")
+    failed = str(info or "").startswith(f"⚠ **{model_name} could not be loaded.**")
+    if failed and good and good != model_name:
+        note = str(info).replace(STILL_PREVIOUS, f"The menu is back on {good}, whose methods and options are shown")
+        memory.update(failed=model_name, note=note)
+        return gr.update(value=good), note, memory
+    if failed:
+        return gr.skip(), gr.skip(), memory
+    if memory.get("failed") and model_name == good:  # the menu's change for the model put back
+        note = memory["note"]
+        memory.update(failed=None, note=None)
+        return gr.skip(), note, memory
+    memory.update(good=model_name, failed=None, note=None)
+    return gr.skip(), gr.skip(), memory
 
 
 def expected_handler(services):
@@ -371,6 +397,7 @@ def _layout(ctx) -> SimpleNamespace:
     """The tab's components (returned by name for the wiring below): the model menu, the classifier view and the
     segmentation view (one of the two shown)."""
     explain_state = gr.State(None)
+    model_memory = gr.State({"good": ctx.first_model})  # the last model that loaded (after_model)
     # one model menu for both views: a classifier shows the classifier view, a segmentation model the other
     with gr.Row(equal_height=False):
         with gr.Column(scale=4, min_width=320):
@@ -388,7 +415,7 @@ def _layout(ctx) -> SimpleNamespace:
     with gr.Column(visible=first_segments, elem_id="segment-view") as segment_column:
         segment_parts = segment_view.build(ctx, model=model)
     return SimpleNamespace(explain_state=explain_state, model=model, model_info=model_info,
-                           classifier_view=classifier_view, segment_column=segment_column,
+                           model_memory=model_memory,                           classifier_view=classifier_view, segment_column=segment_column,
                            segment_parts=segment_parts, **classifier_parts)
 
 
@@ -558,7 +585,9 @@ def _wire_explain(ctx, ui) -> None:
 
     model_outputs = [ui.methods, *ui.sliders, ui.model_info, ui.classifier_view, ui.segment_column]
     ui.model.change(model_change_handler(services), [ui.model, ui.methods], model_outputs, api_name="select_model",
-                    **heavy)
+                    **heavy).then(after_model, [ui.model, ui.model_info, ui.model_memory],
+                                  [ui.model, ui.model_info, ui.model_memory], api_visibility="private", queue=False,
+                                  show_progress="hidden")
     ui.methods.change(methods_change, ui.methods, [*ui.sliders, ui.heads_box], api_visibility="private",
                       show_progress="hidden", queue=False)
     # shown when the page opens; the model and a slider that costs model passes (AHA's refinement steps)
