@@ -225,7 +225,7 @@ def episode_summary(episode: Episode) -> dict:
 def timeline_figure(episodes: list, index: int):
     """V(s) over time (solid) and the Grad-CAM IoU per frame (dotted, right axis) of one or two episodes, with
     the current step marked."""
-    from .figures import FigureSpec, _axis, _layout
+    from .figures import FigureSpec, axis_style, plot_layout
 
     data, colours = [], ("#0072B2", "#D55E00")
     for number, episode in enumerate(episodes):
@@ -234,9 +234,9 @@ def timeline_figure(episodes: list, index: int):
                      "name": f"V(s) {episode.agent}", "line": {"color": colours[number % 2]}})
         data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.ious, "yaxis": "y2",
                      "name": f"IoU {episode.agent}", "line": {"color": colours[number % 2], "dash": "dot"}})
-    layout = _layout("Value and IoU with the mask over the episode", 360,
-                     xaxis=_axis(title={"text": "step", "standoff": 4}), yaxis=_axis(title={"text": "V(s)"}),
-                     yaxis2=_axis(title={"text": "IoU (Grad-CAM of V)"}, overlaying="y", side="right",
+    layout = plot_layout("Value and IoU with the mask over the episode", 360,
+                     xaxis=axis_style(title={"text": "step", "standoff": 4}), yaxis=axis_style(title={"text": "V(s)"}),
+                     yaxis2=axis_style(title={"text": "IoU (Grad-CAM of V)"}, overlaying="y", side="right",
                                   range=[0, 1]),
                      shapes=[{"type": "line", "x0": index, "x1": index, "yref": "paper", "y0": 0, "y1": 1,
                               "line": {"color": "#888", "width": 1}}],
@@ -329,15 +329,15 @@ def describe_job(services, job, history, report) -> job_panel.JobReport:
 
 def training_curves(history: list):
     """Return and IoU of a training job's metric points (the job runner's history), as they come."""
-    from .figures import FigureSpec, _axis, _layout
+    from .figures import FigureSpec, axis_style, plot_layout
 
     steps = [point.get("step") for point in history]
     data = [{"type": "scatter", "mode": "lines+markers", "name": "return (episodes ended in the update)",
              "x": steps, "y": [point.get("return") for point in history]},
             {"type": "scatter", "mode": "lines+markers", "name": "IoU of V(s)-CAM with masks", "yaxis": "y2",
              "x": steps, "y": [point.get("iou") for point in history]}]
-    layout = _layout("Training: return and IoU", 280, xaxis=_axis(title={"text": "environment steps"}),
-                     yaxis=_axis(title={"text": "return"}),
-                     yaxis2=_axis(title={"text": "IoU"}, overlaying="y", side="right", range=[0, 1]),
+    layout = plot_layout("Training: return and IoU", 280, xaxis=axis_style(title={"text": "environment steps"}),
+                     yaxis=axis_style(title={"text": "return"}),
+                     yaxis2=axis_style(title={"text": "IoU"}, overlaying="y", side="right", range=[0, 1]),
                      legend={"orientation": "h", "y": -0.3})
     return FigureSpec(data, layout)

@@ -59,11 +59,13 @@ def _json_default(value):
 GRID = "#E5ECF6"
 
 
-def _axis(**kwargs) -> dict:
+def axis_style(**kwargs) -> dict:
+    """An axis in the app's plot style (grid and line colours), with `kwargs` on top."""
     return {"gridcolor": GRID, "linecolor": "#BCCCDC", "zerolinecolor": GRID, "automargin": True, **kwargs}
 
 
-def _layout(title: str, height: int, **kwargs) -> dict:
+def plot_layout(title: str, height: int, **kwargs) -> dict:
+    """A figure's layout in the app's plot style: its title, height, white background, margins; `kwargs` on top."""
     return {"title": {"text": title, "font": {"size": 15}}, "height": height, "paper_bgcolor": "white",
             "plot_bgcolor": "white", "font": {"color": "#2a3f5f", "family": "system-ui, sans-serif"},
             "margin": {"l": 60, "r": 20, "t": 50, "b": 40}, **kwargs}
@@ -143,10 +145,10 @@ def curves_figure(results: list, title: str | None = None) -> FigureSpec:
         top_px = row * block_px + note_px  # its title above, its axis' tick labels and title below
         top = 1 - top_px / area
         bottom = 1 - (top_px + PANEL_PX) / area
-        axes[f"xaxis{suffix}"] = _axis(domain=[left, right], range=[0, 100], anchor=f"y{suffix}",
+        axes[f"xaxis{suffix}"] = axis_style(domain=[left, right], range=[0, 100], anchor=f"y{suffix}",
                                        title={"text": "% of pixels", "standoff": 2, "font": {"size": 11}},
                                        tickfont={"size": 10})
-        axes[f"yaxis{suffix}"] = _axis(domain=[max(bottom, 0), top], range=[0, 1.02], anchor=f"x{suffix}",
+        axes[f"yaxis{suffix}"] = axis_style(domain=[max(bottom, 0), top], range=[0, 1.02], anchor=f"x{suffix}",
                                        tickfont={"size": 10},
                                        title={"text": "p(target)" if column == 0 else "", "font": {"size": 11}})
         notes.append({"text": titles[panel], "showarrow": False, "xref": "paper", "yref": "paper",
@@ -155,7 +157,7 @@ def curves_figure(results: list, title: str | None = None) -> FigureSpec:
     target = results[0]["target_name"] if results else ""
     heading = title or (f"Deletion (solid) and insertion (dashed) for '{target}'" if target
                         else "Deletion (solid) and insertion (dashed)")
-    layout = _layout(wrapped(heading, 40), height, annotations=notes, hovermode="x unified", showlegend=False,
+    layout = plot_layout(wrapped(heading, 40), height, annotations=notes, hovermode="x unified", showlegend=False,
                      margin={"l": 50, "r": 12, "t": CURVES_TOP_PX, "b": 0}, **axes)
     layout["title"]["font"]["size"] = 14
     return FigureSpec(data, layout)
@@ -188,9 +190,9 @@ def step_figure(record: dict, step: int) -> FigureSpec:
              "hoverinfo": "skip"}]
     heading = wrapped(f"{record['label']}: step {step} = {x[step]:.0f}% of the pixels", 40)  # a phone's width
     lines = heading.count("<br>")
-    layout = _layout(heading, 290 + 18 * lines,
-                     xaxis=_axis(title={"text": "% of pixels (most important first)", "standoff": 4}, range=[0, 100]),
-                     yaxis=_axis(title={"text": "p(target)"}, range=[0, 1.05]), showlegend=True,
+    layout = plot_layout(heading, 290 + 18 * lines,
+                     xaxis=axis_style(title={"text": "% of pixels (most important first)", "standoff": 4}, range=[0, 100]),
+                     yaxis=axis_style(title={"text": "p(target)"}, range=[0, 1.05]), showlegend=True,
                      # under the axis title: above the plot it ran into a heading wrapped on a narrow column
                      legend={"orientation": "h", "y": -0.32, "x": 0.5, "xanchor": "center", "yanchor": "top",
                              "font": {"size": 10}}, margin={"l": 50, "r": 12, "t": 40 + 18 * lines, "b": 76})
@@ -198,7 +200,7 @@ def step_figure(record: dict, step: int) -> FigureSpec:
 
 
 def empty_figure(message: str) -> FigureSpec:
-    layout = _layout("", 300, xaxis={"visible": False}, yaxis={"visible": False},
+    layout = plot_layout("", 300, xaxis={"visible": False}, yaxis={"visible": False},
                      annotations=[{"text": message, "showarrow": False, "font": {"size": 14, "color": "#555"},
                                    "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}],
                      margin={"l": 20, "r": 20, "t": 20, "b": 20})
@@ -217,7 +219,7 @@ def head_weights_figure(diagnostics: dict) -> FigureSpec:
              "colorbar": {"title": {"text": "weight"}, "x": 0.56 if split else 1.02, "len": 0.9},
              "x": [f"h{h}" for h in range(weights.shape[1])], "y": blocks,
              "hovertemplate": "%{y}, %{x}: %{z:.3f}<extra></extra>"}]
-    layout = _layout(f"GradSkip head weights (alpha = {diagnostics['alpha']:.2f})"
+    layout = plot_layout(f"GradSkip head weights (alpha = {diagnostics['alpha']:.2f})"
                      + (" and main / skip share per block" if split else ""), 320,
                      margin={"l": 70, "r": 20, "t": 45, "b": 30})
     if split:
@@ -315,8 +317,8 @@ def sanity_figure(stages: list, title: str = "Sanity check") -> FigureSpec:
                      "mode": "lines+markers", "name": label, "text": [name for name, _ in points],
                      "line": {"color": colours[index % len(colours)], "width": 2.5},
                      "hovertemplate": "%{text}: rho=%{y:.3f}<extra></extra>"})
-    layout = _layout(title, 340, xaxis=_axis(title={"text": "randomisation stage (0 = trained model)"}, dtick=1),
-                     yaxis=_axis(title={"text": "rank correlation with the original map"}, range=[-1.05, 1.05]),
+    layout = plot_layout(title, 340, xaxis=axis_style(title={"text": "randomisation stage (0 = trained model)"}, dtick=1),
+                     yaxis=axis_style(title={"text": "rank correlation with the original map"}, range=[-1.05, 1.05]),
                      legend={"orientation": "h", "y": -0.25},
                      shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
                               "line": {"color": "#999", "dash": "dot"}}])
@@ -352,7 +354,7 @@ def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:
             annotations.append({"text": f"IoU before {point['before_iou']:.2f}", "xref": "paper", "x": 1,
                                 "yref": "y2", "y": point["before_iou"], "showarrow": False, "xanchor": "right"})
             break
-    layout = _layout(title, 340, xaxis=_axis(title={"text": "step"}), yaxis=_axis(title={"text": "loss"}),
+    layout = plot_layout(title, 340, xaxis=axis_style(title={"text": "step"}), yaxis=axis_style(title={"text": "loss"}),
                      yaxis2={"title": {"text": "CAM share / IoU"}, "overlaying": "y", "side": "right",
                              "range": [0, 1], "showgrid": False},
                      margin={"l": 60, "r": 60, "t": 45, "b": 40}, legend={"orientation": "h", "y": -0.25},
@@ -387,8 +389,8 @@ def aha_validation_figure(history: list, title: str = "AHA explainer: validation
         annotations.append({"text": f"best so far: step {best['step']}", "xref": "x", "x": best["step"], "yref": "paper",
                             "y": 1.0, "showarrow": False, "xanchor": "left", "yanchor": "bottom",
                             "font": {"size": 11, "color": "#009E73"}})
-    layout = _layout(title, 380, xaxis=_axis(title={"text": "training step", "standoff": 6}),
-                     yaxis=_axis(title={"text": "validation AUC (hard deletion / insertion)"}),
+    layout = plot_layout(title, 380, xaxis=axis_style(title={"text": "training step", "standoff": 6}),
+                     yaxis=axis_style(title={"text": "validation AUC (hard deletion / insertion)"}),
                      margin={"l": 60, "r": 20, "t": 50, "b": 80},
                      legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0},
                      shapes=shapes, annotations=annotations)
