@@ -43,7 +43,8 @@ class Capture:
     stage_grids: list  # [(h, w)] per stage
     # per stage s > 0: B x 9 x N_s shares of the 3 x 3 window of stage s-1 tokens that its patch embedding reads
     embed_shares: dict = field(default_factory=dict)
-    decoder_flow: list = field(default_factory=list)  # [B x N_s] per stage (gradients only)
+    decoder_flow: list = field(default_factory=list)  # [B x N_s] per stage: relu(sum dP * P) (gradients only)
+    decoder_signed: list = field(default_factory=list)  # [B x N_s] per stage: sum dP * P, signed
     logits: torch.Tensor | None = None  # B x C x H x W
     scores: torch.Tensor | None = None  # B region scores
 
@@ -183,9 +184,10 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
             record.skip_flow = torch.linalg.vecdot(dx.float(), x.detach().float()) if dx is not None else None
             record.main_flow = torch.linalg.vecdot(do.float(), o.detach().float()) if do is not None else None
     if gradients:
-        result.decoder_flow = [torch.linalg.vecdot(h["dP"].float(), h["P"].detach().float()).clamp_min(0)
-                               if "dP" in h else torch.zeros(h["P"].shape[:2], device=images.device)
-                               for h in decoder_outputs]
+        result.decoder_signed = [torch.linalg.vecdot(h["dP"].float(), h["P"].detach().float())
+                                 if "dP" in h else torch.zeros(h["P"].shape[:2], device=images.device)
+                                 for h in decoder_outputs]
+        result.decoder_flow = [flow.clamp_min(0) for flow in result.decoder_signed]
     return result
 
 
@@ -241,9 +243,3 @@ def to_finer_grid(relevance: torch.Tensor, coarse: tuple, fine: tuple) -> torch.
     parent = (rows[:, None] * coarse[1] + cols[None, :]).flatten()  # h_f w_f
     children = torch.bincount(parent, minlength=coarse[0] * coarse[1]).clamp_min(1).to(relevance.dtype)
     return relevance[:, parent] / children[parent]
-
-
-def area_fractions(masks: torch.Tensor, grid: tuple) -> torch.Tensor:
-    """B x (h w): the share of each token's area inside the region (the region indicator at a stage's grid)."""
-    pooled = F.adaptive_avg_pool2d(masks.float().unsqueeze(1), grid)[:, 0]
-    return pooled.flatten(1)

@@ -32,7 +32,7 @@ from ..methods.occlusion import Occlusion, occlusion_windows
 from ..methods.random_map import RandomMap
 from ..methods.rise import RISE, rise_mask_plan, rise_masks
 from ..methods.rollout import AttentionRollout
-from .capture import area_fractions, capture, spread_keys, to_finer_by_window, to_finer_grid
+from .capture import capture, spread_keys, to_finer_by_window, to_finer_grid
 from .model import SEGMENTATION_FAMILY, is_segmentation
 from ..targets import TargetScoreModel as _RegionScoreModel  # one image's region as a two-class "classifier"
 from .targets import RegionTarget, require_region_target
@@ -40,7 +40,7 @@ from .targets import RegionTarget, require_region_target
 SEGMENTATION_METHODS: dict = {}
 KEY_SPREADS = ("conv", "even")
 ATTENTION_WEIGHTINGS = ("attention", "gradient", "gradient_residual")
-STARTS = ("decoder", "region")
+STARTS = ("decoder", "decoder_abs")
 EPS = 1e-12
 
 
@@ -114,6 +114,16 @@ def _normalise_heads(values: torch.Tensor) -> torch.Tensor:
     return torch.where(total > EPS, values / total.clamp_min(EPS), uniform)
 
 
+def gradient_starts(captured, start: str = "decoder") -> list:
+    """Per stage, B x N_s: the relevance entering at each stage's output tokens, from the region score's
+    gradients only (never from the region's pixels): how much each token feeds the score directly through the
+    decode head, relu(sum dP * P) ("decoder") or |sum dP * P| ("decoder_abs"), P the head's projection of the
+    stage's tokens; all stages together sum to 1 per image."""
+    flows = captured.decoder_flow if start == "decoder" else [flow.abs() for flow in captured.decoder_signed]
+    total = sum(flow.sum(dim=1) for flow in flows).clamp_min(EPS).view(-1, 1)
+    return [flow / total for flow in flows]
+
+
 class SegGradSkipState:
     """What `.map(alpha)` reads, from one forward and one backward pass: alpha, the head threshold, the key
     spread, the attention weighting and the start change without a model pass."""
@@ -150,13 +160,7 @@ class SegGradSkipState:
         return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(EPS)
 
     def starts(self, start: str) -> list:
-        captured = self.captured
-        if start == "decoder":
-            flows = captured.decoder_flow
-            total = sum(flow.sum(dim=1) for flow in flows).clamp_min(EPS).view(-1, 1)
-            return [flow / total for flow in flows]
-        fractions = [area_fractions(self.options["_masks"], grid) for grid in captured.stage_grids]
-        return [f / f.sum(dim=1, keepdim=True).clamp_min(EPS) / len(fractions) for f in fractions]
+        return gradient_starts(self.captured, start)
 
     def relevance(self, alpha=None, **overrides) -> torch.Tensor:
         options = {**self.options, **overrides}
@@ -225,13 +229,11 @@ class SegGradSkip(SegmentationMethod):
                            GradSkip's form of that name): a query whose gradients are weak keeps its relevance
                            instead of sending all of it to whichever reduced key happens to lead.
       key_spread="conv"    (choice) how a reduced key's relevance goes back to the tokens it pools (module doc).
-      start="region"       (choice, chosen on val smears) the relevance entering each stage: "region", the region's
-                           area at every stage's grid, a quarter per stage (the region score's own relevance at the
-                           output, d score / d logit being uniform over the region, carried through the decoder,
-                           which is per pixel, with equal shares for the four stages it fuses); "decoder":
-                           relu(dP * P) summed over channels, P the decode head's projection of that stage's tokens
-                           (how much each token feeds the region score directly through the decoder), over all
-                           stages summing to 1.
+      start="decoder"      the relevance entering at each stage's output, from the region score's gradients
+                           only (`gradient_starts`): relu(dP * P) ("decoder") or |dP * P| ("decoder_abs") summed
+                           over channels, P the decode head's projection of that stage's tokens (how much each token
+                           feeds the region score directly through the decoder), over all stages summing to 1. The
+                           region's pixels are never read: a map cannot copy the answer.
       stage_spread="even"  (choice) how relevance at a stage's input tokens goes back to the previous stage's output
                            tokens: over the 3 x 3 window the stride-2 patch embedding reads, by each token's
                            |W_(dy,dx) h_t| ("conv"), or evenly over the nearest finer tokens ("even").
@@ -255,7 +257,7 @@ class SegGradSkip(SegmentationMethod):
 
     def __init__(self, alpha: float = GradSkip.user_options_by_name()["alpha"].default,
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
-                 attention_weighting: str = "gradient_residual", key_spread: str = "conv", start: str = "region",
+                 attention_weighting: str = "gradient_residual", key_spread: str = "conv", start: str = "decoder",
                  beta_reduction: str = "token",
                  stage_spread: str = "even"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
@@ -269,7 +271,7 @@ class SegGradSkip(SegmentationMethod):
         target = self._target(images, targets)
         captured = capture(bundle, images, target, keep_shares=self.options["key_spread"] == "conv",
                            keep_window_shares=self.options["stage_spread"] == "conv")
-        return SegGradSkipState(captured, tuple(images.shape[-2:]), {**self.options, "_masks": target.masks},
+        return SegGradSkipState(captured, tuple(images.shape[-2:]), self.options,
                                 network=bundle.network)
 
     def attribute(self, bundle, images, targets):
@@ -302,11 +304,10 @@ class SegGradCAM(SegmentationMethod):
 
 
 class _RegionRollout(SegmentationMethod):
-    """Rollout through the efficient attention from the region: the start is the region's area at every
-    stage's grid (a quarter of the relevance per stage), each block mixes it by a head-fused matrix (below)
-    with the identity for the skip connection, and reduced keys spread evenly over the tokens they pool."""
-
-    gradients = False
+    """Rollout through the efficient attention from the region score's gradients: the start is GradSkip's
+    decoder start (`gradient_starts`: how much each token feeds the score through the decode head; never the
+    region's pixels), each block mixes it by a head-fused matrix (below) with the identity for the skip
+    connection, and reduced keys spread evenly over the tokens they pool."""
 
     def block_matrix(self, record) -> torch.Tensor:
         raise ValueError("a rollout names its block matrix")
@@ -314,9 +315,8 @@ class _RegionRollout(SegmentationMethod):
     def attribute(self, bundle, images, targets):
         self.check(bundle)
         target = self._target(images, targets)
-        captured = capture(bundle, images, target if self.gradients else None, keep_shares=False)
-        fractions = [area_fractions(target.masks.to(images.device), grid) for grid in captured.stage_grids]
-        starts = [f / f.sum(dim=1, keepdim=True).clamp_min(EPS) / len(fractions) for f in fractions]
+        captured = capture(bundle, images, target, keep_shares=False)
+        starts = gradient_starts(captured)
 
         def block_step(record, relevance):
             fused = self.block_matrix(record)  # B x N x M, non-negative
@@ -332,8 +332,8 @@ class _RegionRollout(SegmentationMethod):
 @register_segmentation
 class SegAttentionRollout(_RegionRollout):
     name = "rollout"
-    description = ("Follows the mean attention of the heads through every block from the region (skip "
-                   "connections as identity), keys mapped back through the reduction. No gradient: class-agnostic.")
+    description = ("Follows the mean attention of the heads through every block, from where the region's score "
+                   "enters the decoder (skip connections as identity), keys mapped back through the reduction.")
     form_of = AttentionRollout
 
     def block_matrix(self, record) -> torch.Tensor:
@@ -347,7 +347,6 @@ class SegGradientRollout(_RegionRollout):
     description = ("Rollout of relu(gradient × attention) averaged over heads (the region score's gradient), with "
                    "the identity for skip connections, keys mapped back through the reduction.")
     form_of = CheferRollout
-    gradients = True
 
     def block_matrix(self, record) -> torch.Tensor:
         fused = (record.attention_grad * record.attention).mean(dim=1).clamp_min(0)

@@ -154,27 +154,18 @@ def _schedule(progress: float, warmup: float = 0.05) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / (1 - warmup))))
 
 
-def train_segformer(data, out_dir, *, name="bccd-segformer", budget_s=330.0, batch_size=32, lr=6e-4, seed=0,
-                    work_dir=None, device=None, eval_every_s=15.0, crop=CROP, command=None, threads=None,
-                    log=print) -> dict:
-    """Train within `budget_s` seconds of training time, export the best-on-val state; returns the card."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    meta = json.loads((Path(data) / "meta.json").read_text())
-    classes = meta["classes"]
-    train_x, train_y, _ = load_prepared(data, "train", device)
-    val_x, val_y, _ = load_prepared(data, "val", device)
-    config_values = dict(num_labels=len(classes))
-    network = build_segformer(segformer_config(**config_values), attention="sdpa").to(device)
-    optimizer = torch.optim.AdamW(network.parameters(), lr=lr, weight_decay=0.01)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    weights = class_weights(train_y, len(classes))
-    autocast = device.type == "cuda"
-    work = Path(work_dir or Path(out_dir) / f".{name}-work")
+def fit(network, optimizer, generator, sample_batch, val_x, val_y, weights, *, lr, budget_s, work,
+        eval_every_s=15.0, log=print) -> tuple:
+    """The time-budgeted training loop shared by `train-seg` and the known-answer fine-tune: `sample_batch()`
+    gives (images in [0, 1], long masks); warm-up + cosine over `budget_s` of training time; validation mIoU every
+    `eval_every_s`; a checkpoint in `work` every minute (the same call resumes from it). Returns (the best-on-val
+    state dict, the run's state with its curve)."""
+    work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     checkpoint_file = work / "checkpoint.pt"
+    device = val_x.device
+    autocast = device.type == "cuda"
+    num_classes = len(weights)
     state = {"step": 0, "elapsed_s": 0.0, "best_miou": -1.0, "best_step": 0, "curve": []}
     best_state = copy.deepcopy(network.segformer.state_dict())
     if checkpoint_file.exists():
@@ -197,8 +188,7 @@ def train_segformer(data, out_dir, *, name="bccd-segformer", budget_s=330.0, bat
     while state["elapsed_s"] < budget_s:
         for group in optimizer.param_groups:
             group["lr"] = lr * _schedule(state["elapsed_s"] / budget_s)
-        index = torch.randint(0, train_x.shape[0], (batch_size,), generator=generator, device=device)
-        x, y = augment(train_x[index], train_y[index], generator, crop)
+        x, y = sample_batch()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = network.segformer(pixel_values=normalise(x)).logits
         loss = segmentation_loss(logits, y, weights)
@@ -211,7 +201,7 @@ def train_segformer(data, out_dir, *, name="bccd-segformer", budget_s=330.0, bat
         if final or state["elapsed_s"] - last_eval >= eval_every_s:
             last_eval = state["elapsed_s"]
             network.eval()
-            ious = iou_per_class(confusion(network, val_x, val_y, len(classes), autocast=autocast))
+            ious = iou_per_class(confusion(network, val_x, val_y, num_classes, autocast=autocast))
             network.train()
             miou = sum(ious) / len(ious)
             state["curve"].append({"step": state["step"], "elapsed_s": round(state["elapsed_s"], 1),
@@ -224,6 +214,34 @@ def train_segformer(data, out_dir, *, name="bccd-segformer", budget_s=330.0, bat
         if final or state["elapsed_s"] - last_save >= 60:
             last_save = state["elapsed_s"]
             save_checkpoint()
+    return best_state, state
+
+
+def train_segformer(data, out_dir, *, name="bccd-segformer", budget_s=330.0, batch_size=32, lr=6e-4, seed=0,
+                    work_dir=None, device=None, eval_every_s=15.0, crop=CROP, command=None, threads=None,
+                    log=print) -> dict:
+    """Train within `budget_s` seconds of training time, export the best-on-val state; returns the card."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    meta = json.loads((Path(data) / "meta.json").read_text())
+    classes = meta["classes"]
+    train_x, train_y, _ = load_prepared(data, "train", device)
+    val_x, val_y, _ = load_prepared(data, "val", device)
+    config_values = dict(num_labels=len(classes))
+    network = build_segformer(segformer_config(**config_values), attention="sdpa").to(device)
+    optimizer = torch.optim.AdamW(network.parameters(), lr=lr, weight_decay=0.01)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weights = class_weights(train_y, len(classes))
+    work = Path(work_dir or Path(out_dir) / f".{name}-work")
+
+    def sample_batch():
+        index = torch.randint(0, train_x.shape[0], (batch_size,), generator=generator, device=device)
+        return augment(train_x[index], train_y[index], generator, crop)
+
+    best_state, state = fit(network, optimizer, generator, sample_batch, val_x, val_y, weights, lr=lr,
+                            budget_s=budget_s, work=work, eval_every_s=eval_every_s, log=log)
     return export(network, best_state, state, data=data, out_dir=out_dir, name=name, meta=meta,
                   config_values=config_values, device=device, seed=seed, batch_size=batch_size, lr=lr, crop=crop,
                   budget_s=budget_s, command=command)
