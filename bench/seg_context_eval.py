@@ -22,34 +22,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from explainers.metrics import gaussian_blur, spearman  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.segmentation import context  # noqa: E402
-from explainers.segmentation.checks import compare_maps, randomised_bundles  # noqa: E402
-from explainers.segmentation.cue import TWIN_SMEARS  # noqa: E402
-from explainers.segmentation.methods import get_segmentation_method  # noqa: E402
-from explainers.segmentation.scoring import pa_iou  # noqa: E402
-from explainers.segmentation.targets import RegionTarget, background_classes  # noqa: E402
-from explainers.segmentation.train import load_prepared  # noqa: E402
+from explainers.metrics import spearman
+from explainers.models import load_model
+from explainers.segmentation import context
+from explainers.segmentation.checks import compare_maps, randomised_bundles
+from explainers.segmentation.cue import TWIN_SMEARS
+from explainers.segmentation.methods import explain_region, get_segmentation_method
+from explainers.segmentation.scoring import pa_iou
+from explainers.segmentation.targets import RegionTarget, background_classes
+from explainers.segmentation.train import load_prepared
 
-METHODS = ("gradskip", "gradrollout", "rollout", "seggradcam")
+METHODS = ("gradskip", "gradrollout", "rollout", "gradcam")
 
 
 def answer_maps(bundle, random_model, image, target, region, class_index, gradskip_options) -> dict:
     with torch.no_grad():
         probability = bundle(image).softmax(dim=1)[0, class_index]
-    blurred = gaussian_blur(region.float()[None, None], kernel_size=9, sigma=2.0)[0, 0]
-    randomised = get_segmentation_method("gradskip", random_model, **gradskip_options)
-    return {"region blurred": blurred, "class probability": probability,
-            "GradSkip, random model": randomised.attribute(random_model, image, target)[0].detach()}
+    blurred = context.region_copy(region)
+    randomised = explain_region(random_model, image, target, "gradskip", **gradskip_options).maps[0]
+    return {"region blurred": blurred, "class probability": probability, "GradSkip, random model": randomised}
 
 
 def score_region(bundle, random_head, random_model, image, truth, valid, prediction, class_index, args) -> dict:
@@ -60,10 +57,9 @@ def score_region(bundle, random_head, random_model, image, truth, valid, predict
     maps, seconds, randomisation = {}, {}, {}
     for name in METHODS:
         method = get_segmentation_method(name, bundle, **(args.gradskip if name == "gradskip" else {}))
-        started = time.perf_counter()
-        maps[name] = method.attribute(bundle, image, target)[0].detach()
-        seconds[name] = time.perf_counter() - started
-        other = method.attribute(random_head, image, target)[0].detach()
+        batch = explain_region(bundle, image, target, method)
+        maps[name], seconds[name] = batch.maps[0], batch.seconds
+        other = explain_region(random_head, image, target, method).maps[0]
         randomisation[name] = {**compare_maps(maps[name], other),
                                "spearman_outside": spearman(maps[name][outside], other[outside])}
     maps.update(answer_maps(bundle, random_model, image, target, region, class_index, args.gradskip))

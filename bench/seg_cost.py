@@ -14,20 +14,18 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from explainers.atomic import atomic_write_text  # noqa: E402
-from explainers.metrics import spearman  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.segmentation.methods import SegGradCAM, SegGradSkip  # noqa: E402
-from explainers.segmentation.targets import RegionTarget, background_classes  # noqa: E402
-from explainers.segmentation.train import load_prepared  # noqa: E402
+from explainers.atomic import atomic_write_text
+from explainers.metrics import spearman
+from explainers.models import load_model
+from explainers.methods.gradcam import GradCAM
+from explainers.segmentation.methods import SegGradSkip
+from explainers.segmentation.targets import RegionTarget, background_classes
+from explainers.segmentation.train import load_prepared
 
 
 def timed(functions: dict, device, warmup: int, repeats: int) -> dict:
@@ -78,7 +76,7 @@ def main() -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bundle = load_model(args.model).to(device)
     images, _, names = load_prepared(args.data, args.split, "cpu")
-    gradskip, ours = SegGradSkip(**json.loads(args.options)), SegGradCAM()
+    gradskip, ours = SegGradSkip(**json.loads(args.options)), GradCAM()
     peer = GradCAM(model=_Wrapped(bundle), target_layers=[bundle.network.segformer.decode_head.linear_fuse])
     rows = []
     for index in range(min(args.images, len(names))):

@@ -18,22 +18,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from explainers.atomic import atomic_write_text  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.segmentation.checks import compare_maps, randomised_bundles  # noqa: E402
-from explainers.segmentation.context import curve_auc, deletion_curves, dilate, order_by_values  # noqa: E402
-from explainers.segmentation.methods import SegGradSkip  # noqa: E402
-from explainers.segmentation.targets import RegionTarget, background_classes  # noqa: E402
-from explainers.segmentation.train import load_prepared  # noqa: E402
+from explainers.atomic import atomic_write_text
+from explainers.models import load_model
+from explainers.segmentation.checks import compare_maps, randomised_bundles
+from explainers.segmentation.context import curve_auc, deletion_curves, dilate, order_by_values
+from explainers.segmentation.methods import SegGradSkip
+from explainers.segmentation.targets import RegionTarget, background_classes
+from explainers.segmentation.train import load_prepared
 
 PAPER = {"attention_weighting": "gradient", "key_spread": "conv"}
 TIE = 0.002

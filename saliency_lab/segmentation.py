@@ -6,7 +6,7 @@ and insertion curves.
     view = SegmentationView(bundle)
     shown = view.predict(image)                  # overlay, legend, notes
     region = view.region(shown, class_name="WBC")   # or click=(x, y), or drawing=array
-    results = view.explain(shown, region, ["gradskip", "seggradcam"])
+    results = view.explain(shown, region, ["gradskip", "gradcam"])
 """
 from __future__ import annotations
 
@@ -24,16 +24,22 @@ from explainers.images import ImageError, colorize, load_image
 from explainers.segmentation.methods import SEGMENTATION_METHODS, get_segmentation_method, list_segmentation_methods
 from explainers.segmentation.model import (BUNDLED_SEGMENTATION_MODELS, HUB_SEGMENTATION_MODELS, class_colours,
                                            is_segmentation)
+from explainers.segmentation.checks import mean_threshold
+from explainers.segmentation.context import (curve_auc, deletion_curves, dilate, mass_outside, nearest_first_order,
+                                             order_by_values, random_order, region_copy)
 from explainers.segmentation.familiarity import forward_and_check
-from explainers.segmentation.scoring import binarise_top, pa_iou, region_curves
-from explainers.segmentation.targets import RegionError, RegionTarget, clicked_region, drawn_region, predicted_region
+from explainers.segmentation.scoring import pa_iou, region_curves
+from explainers.segmentation.targets import (RegionError, RegionTarget, background_classes, clicked_region,
+                                             drawn_region, predicted_region)
+
+from .figures import FigureSpec, color_for
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "explainers" / "segmentation" / "examples"
 LARGE_PHOTO_FACTOR = 4  # a photo over 4x the model's side is reduced with a note (detail is lost)
-DEFAULT_METHODS = ("gradskip", "seggradcam", "gradrollout", "rollout")
+DEFAULT_METHODS = ("gradskip", "gradcam", "gradrollout", "rollout")
 # the methods from cheapest to dearest on a CPU (bccd-segformer, one 320 x 240 smear, one thread: Seg-Grad-CAM and
 # attention rollout ~0.13 s, gradient rollout ~0.28 s, GradSkip ~0.32 s; occlusion, RISE and AHA many seconds)
-COST_ORDER = ("random", "seggradcam", "rollout", "gradrollout", "gradskip", "occlusion", "rise", "aha")
+COST_ORDER = ("random", "gradcam", "rollout", "gradrollout", "gradskip", "occlusion", "rise", "aha")
 REGION_WORDS = {"predicted": "predicted region", "clicked": "clicked region", "drawn": "drawn region"}
 
 
@@ -270,22 +276,97 @@ class SegmentationView:
                        "curve_seconds": time.perf_counter() - started})
 
     def _record(self, name, method, heat, seconds, shown, target, class_index) -> dict:
+        """IoU and PA of the map's above-mean pixels (the rule fixed in advance, never as many pixels as the
+        region has) against the predicted region and, for an example, its derived mask; the map over the image,
+        whole and outside the region only."""
         region = target.masks[0].cpu()
-        binary = binarise_top(heat[None], [int(region.sum())])[0]  # as many pixels as the region has
+        binary = mean_threshold(heat[None])[0]
         pa, iou = pa_iou(binary, region)
-        record = {"method": name, "label": method.label, "map": heat.numpy(), "seconds": seconds,
+        outside = ~dilate(region)
+        record = {"method": name, "label": method.label_for(self.bundle), "map": heat.numpy(), "seconds": seconds,
                   "iou_predicted": iou, "pa_predicted": pa, "class": self.bundle.class_names[class_index],
                   "target_name": f"{self.bundle.class_names[class_index]} (region)",
-                  "overlay": overlay_map(shown.rgb, heat.numpy(), binary.numpy(), region.numpy())}
+                  "overlay": overlay_map(shown.rgb, heat.numpy(), binary.numpy(), region.numpy()),
+                  "overlay_context": overlay_map(shown.rgb, context_only(heat, outside).numpy(),
+                                                 np.zeros(region.shape, bool), region.numpy()),
+                  "mass_outside": mass_outside(heat, ~outside, shown.prediction, class_index,
+                                               background_classes(self.bundle))["outside"]}
         if shown.truth is not None:
             truth = torch.from_numpy(shown.truth.astype(np.int64))
             valid = truth != int(self.bundle.card.get("ignore_index", 255))
             mask = (truth == class_index) & valid
             if bool(mask.any()):
-                counted = torch.where(valid, heat, torch.full_like(heat, -1.0))
-                top = binarise_top(counted[None], [int(mask.sum())])[0]
-                record["pa_truth"], record["iou_truth"] = pa_iou(top, mask, valid)
+                record["pa_truth"], record["iou_truth"] = pa_iou(binary, mask, valid)
         return record
+
+    def context(self, shown: Shown, target: RegionTarget, records: list, steps: int | None = None) -> dict:
+        """The out-of-region deletion curve of each record's map (added to the record), and what needs no map:
+        a copy of the region (the region blurred 2 px: its IoU with the region, its region and out-of-region
+        deletion AUCs), a random order and nearest-first, for the caption."""
+        steps = steps or (10 if self.bundle.device.type == "cuda" else 5)
+        region = target.masks[0].cpu()
+        outside = ~dilate(region)
+        copy = region_copy(region)
+        orders = {r["method"]: order_by_values(torch.from_numpy(r["map"]), outside) for r in records}
+        orders.update({COPY: order_by_values(copy, outside), RANDOM_ORDER: random_order(outside),
+                       NEAREST_FIRST: nearest_first_order(region, outside)})
+        curves = deletion_curves(self.bundle, shown.image, target, orders, steps=steps)
+        fractions = np.linspace(0, 1, steps + 1).tolist()
+        for record in records:
+            curve = curves[record["method"]]
+            record.update(outside_fractions=fractions, outside_deletion=curve.tolist(),
+                          outside_auc=curve_auc(curve))
+        own = region_curves(self.bundle, shown.image, copy[None].to(self.bundle.device), target, steps=steps)
+        _, copy_iou = pa_iou(mean_threshold(copy[None])[0], region)
+        return {"fractions": fractions, "curves": {name: curves[name].tolist() for name in (COPY, RANDOM_ORDER,
+                                                                                            NEAREST_FIRST)},
+                "copy_iou": copy_iou, "copy_deletion_auc": float(own.deletion_auc[0]),
+                "copy_insertion_auc": float(own.insertion_auc[0]),
+                "auc": {name: curve_auc(curves[name]) for name in (COPY, RANDOM_ORDER, NEAREST_FIRST)}}
+
+
+COPY, RANDOM_ORDER, NEAREST_FIRST = "a copy of the region", "random order", "nearest first"
+
+
+def context_only(heat: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+    """The map outside the (dilated) region, rescaled to its own maximum there (inside: 0)."""
+    kept = torch.where(outside, heat.float(), torch.zeros_like(heat, dtype=torch.float32))
+    peak = float(kept.max())
+    return kept / peak if peak > 0 else kept
+
+
+def copy_caption(reference: dict) -> str:
+    """What a map that copies the region would score: the bar every method's numbers stand beside."""
+    auc = reference["auc"]
+    return (f"**A map that copies the region** (the region blurred 2 px) would score IoU "
+            f"{_number(reference['copy_iou'])} with the predicted region and region deletion AUC "
+            f"{_number(reference['copy_deletion_auc'])}: it gives back the answer, not an explanation. Outside the "
+            f"region it ranks nothing: deleting the pixels outside the region in its order gives AUC "
+            f"{_number(auc[COPY])}, against {_number(auc[RANDOM_ORDER])} for a random order and "
+            f"{_number(auc[NEAREST_FIRST])} for the nearest pixels first. A map that found the context the region's "
+            f"score leans on goes below both (lower is better); the IoU column alone cannot tell it from a copy.")
+
+
+def context_curves_figure(records: list, reference: dict) -> FigureSpec:
+    """The region's class probability as the pixels outside the region are deleted in each map's order, beside
+    the orders that need no map (dashed, grey)."""
+    data = []
+    for index, record in enumerate(r for r in records if r.get("outside_deletion") is not None):
+        data.append({"type": "scatter", "x": [100 * f for f in record["outside_fractions"]],
+                     "y": record["outside_deletion"], "mode": "lines+markers", "name":
+                     f"{record['label']}: AUC {record['outside_auc']:.3f}",
+                     "line": {"color": color_for(record["method"], index), "width": 2.5}})
+    for dash, name in zip(("dot", "dash", "dashdot"), (COPY, RANDOM_ORDER, NEAREST_FIRST)):
+        data.append({"type": "scatter", "x": [100 * f for f in reference["fractions"]],
+                     "y": reference["curves"][name], "mode": "lines", "name": f"{name}: AUC "
+                     f"{reference['auc'][name]:.3f}", "line": {"color": "#777777", "width": 2, "dash": dash}})
+    layout = {"title": {"text": "Deleting only the pixels outside the region<br>(the region's class probability; "
+                                "lower = the map found context that matters)", "font": {"size": 13}},
+              "height": 380, "margin": {"l": 50, "r": 12, "t": 60, "b": 40},
+              "xaxis": {"title": {"text": "% of the pixels outside the region deleted"}, "range": [0, 100]},
+              "yaxis": {"title": {"text": "p(class) over the region"}, "range": [0, 1.02]},
+              "legend": {"orientation": "h", "y": -0.25}, "template": "plotly_white"}
+    return FigureSpec(data, layout)
 
 
 def cost_groups(methods) -> list:
@@ -321,16 +402,23 @@ def _edges(mask) -> np.ndarray:
     return edge & mask
 
 
+SCORE_KEYS = ("outside_auc", "mass_outside", "iou_predicted", "pa_predicted", "iou_truth", "pa_truth",
+              "deletion_auc", "insertion_auc")
+
+
 def scores_markdown(records: list) -> str:
-    """A table: method, IoU and PA against the explained region (and the ground truth), the curves' AUCs, seconds.
-    Short headers (eight columns fit a phone's width), each explained in the line under the table; a curve not
-    computed yet reads "…"."""
+    """A table: method, the out-of-region deletion AUC and the map's mass outside the region, IoU and PA against
+    the explained region (and the ground truth), the region's own curves' AUCs, seconds. Short headers (they fit a
+    phone's width), each explained in the line under the table; a curve not computed yet reads "…"."""
     if not records:
         return ""
     region = records[0].get("region", REGION_WORDS["predicted"])
     truth = any("iou_truth" in r for r in records)
-    columns = [("Method", lambda r: r["label"]), ("IoU", lambda r: _number(r.get("iou_predicted"))),
-               ("PA", lambda r: _number(r.get("pa_predicted")))]
+    columns = [("Method", lambda r: r["label"])]
+    if any("outside_auc" in r for r in records):  # once the deletion outside the region is in
+        columns += [("Out del. ↓", lambda r: _curve_number(r, "outside_auc"))]
+    columns += [("Mass out", lambda r: _number(r.get("mass_outside"))),
+                ("IoU", lambda r: _number(r.get("iou_predicted"))), ("PA", lambda r: _number(r.get("pa_predicted")))]
     if truth:
         columns += [("IoU truth", lambda r: _number(r.get("iou_truth"))),
                     ("PA truth", lambda r: _number(r.get("pa_truth")))]
@@ -339,7 +427,9 @@ def scores_markdown(records: list) -> str:
                 ("Map s", lambda r: f"{r['seconds']:.2f}")]
     rows = ["| " + " | ".join(name for name, _ in columns) + " |", "|---" * len(columns) + "|"]
     rows += ["| " + " | ".join(cell(r) for _, cell in columns) + " |" for r in records]
-    key = (f"IoU, PA: the map's top pixels (as many as the region has) against the {region}"
+    key = ("Out del.: area under the region's class probability as only the pixels outside the region (grown 3 px) "
+           "are deleted in the map's order (lower: the map found context the score leans on). Mass out: the share "
+           f"of the map outside the region. IoU, PA: the map's above-mean pixels against the {region}"
            + ("; truth: against the example's derived mask" if truth else "")
            + ". Del. / Ins. AUC: area under the region's class probability as the map's top pixels are deleted "
            "(lower is better) / inserted (higher is better). Map s: seconds to draw the map.")
@@ -356,14 +446,14 @@ def _number(value) -> str:
 
 def method_choices() -> list:
     """(label, name) of the segmentation methods, in menu order."""
-    return [(SEGMENTATION_METHODS[name].label, name) for name in list_segmentation_methods()]
+    return [(SEGMENTATION_METHODS[name].label_for(None), name) for name in list_segmentation_methods()]
 
 
 def report_json(records: list) -> str:
-    keep = ("method", "label", "class", "iou_predicted", "pa_predicted", "iou_truth", "pa_truth", "deletion_auc",
-            "insertion_auc", "seconds")
+    keep = ("method", "label", "class", *SCORE_KEYS, "seconds")
     return json.dumps([{k: r[k] for k in keep if k in r} for r in records], indent=1)
 
 
 __all__ = ["SegmentationView", "Shown", "segmentation_models", "examples", "example_mask", "scores_markdown",
-           "method_choices", "DEFAULT_METHODS", "RegionError", "ImageError", "report_json"]
+           "method_choices", "DEFAULT_METHODS", "RegionError", "ImageError", "report_json", "copy_caption",
+           "context_curves_figure"]

@@ -115,14 +115,17 @@ def test_the_segmentation_endpoints_work_on_the_menus_model(running):
     present = [value for _, value in classes["choices"]]
     if not present:  # a random tiny model may predict background everywhere: nothing to explain then
         pytest.skip("the tiny model predicted no object")
-    text, maps, table, curves, _ = client.predict(SEG, present[0], ["seggradcam"], api_name="/segment_explain")
+    text, maps, table, curves, _, context_curves, caption = client.predict(SEG, present[0], ["gradcam"], False,
+                                                                           api_name="/segment_explain")
     assert present[0] in text and len(maps) == 1 and "IoU" in maps[0]["caption"]
-    assert "IoU" in table and curves is not None
+    assert "deletion outside the region" in maps[0]["caption"]
+    assert "IoU" in table and "Out del." in table and curves is not None
+    assert context_curves is not None and "copies the region" in caption
 
 
 def test_a_refused_explanation_is_said_on_the_target_line_not_raised(running):
     _, client, _ = running
     # no class picked (or, in a new session, nothing segmented): our sentence on the target line, no error event
     # (no red badges)
-    text, *_ = client.predict(SEG, None, ["seggradcam"], api_name="/segment_explain")
+    text, *_ = client.predict(SEG, None, ["gradcam"], False, api_name="/segment_explain")
     assert text.startswith("⚠") and ("Segment an image first" in text or "Pick a class" in text)

@@ -64,15 +64,15 @@ def test_the_stream_gives_the_maps_cheapest_first_then_the_curves(bundle):
     shown.prediction = torch.zeros(SIZE, dtype=torch.long)
     shown.prediction[16:48, 32:96] = 2
     target = view.region(shown, class_name="square")
-    chosen = ["gradskip", "rise", "seggradcam"]
-    assert cost_groups(chosen) == [["seggradcam", "gradskip"], ["rise"]]
+    chosen = ["gradskip", "rise", "gradcam"]
+    assert cost_groups(chosen) == [["gradcam", "gradskip"], ["rise"]]
     steps = [[(r["method"], "deletion" in r) for r in records]
              for records in view.explain_stream(shown, target, chosen, curve_steps=2, region="drawn",
                                                 options={"rise": {"n_masks": 8}})]
-    assert steps[0] == [("seggradcam", False)]  # the cheapest map alone, at once
-    assert steps[1] == [("gradskip", False), ("seggradcam", False)]  # in the order picked
-    assert steps[2] == [("gradskip", False), ("seggradcam", True)]  # then the quick methods' curves
-    assert steps[3] == [("gradskip", True), ("seggradcam", True)]
+    assert steps[0] == [("gradcam", False)]  # the cheapest map alone, at once
+    assert steps[1] == [("gradskip", False), ("gradcam", False)]  # in the order picked
+    assert steps[2] == [("gradskip", False), ("gradcam", True)]  # then the quick methods' curves
+    assert steps[3] == [("gradskip", True), ("gradcam", True)]
     assert steps[4][1] == ("rise", False) and steps[5][1] == ("rise", True)  # the slow one after, alone
     last = view.explain(shown, target, chosen[:1], curve_steps=2, region="drawn")
     table = scores_markdown(last)
@@ -82,7 +82,7 @@ def test_the_stream_gives_the_maps_cheapest_first_then_the_curves(bundle):
 
 def test_curves_reuse_their_end_points_and_match_the_plain_engine(bundle):
     from explainers.metrics import deletion_insertion
-    from explainers.segmentation.methods import _RegionScoreModel
+    from explainers.targets import TargetScoreModel as _RegionScoreModel
     from explainers.segmentation.scoring import region_curves
     from explainers.segmentation.targets import RegionTarget
 

@@ -8,7 +8,8 @@ pytest.importorskip("transformers")
 
 from explainers.images import ImageError  # noqa: E402
 from explainers.segmentation.targets import RegionError  # noqa: E402
-from saliency_lab.segmentation import SegmentationView, example_mask, examples, scores_markdown  # noqa: E402
+from saliency_lab.segmentation import (SegmentationView, copy_caption, example_mask, examples,  # noqa: E402
+                                       scores_markdown)
 from conftest import tiny_segformer  # noqa: E402
 
 
@@ -60,8 +61,8 @@ def test_explain_gives_maps_scores_and_curves(view):
     shown.prediction = torch.zeros(32, 64, dtype=torch.long)
     shown.prediction[8:24, 16:48] = 2
     target = view.region(shown, class_name="square")
-    records = view.explain(shown, target, ["gradskip", "seggradcam", "random"], curve_steps=4)
-    assert [r["method"] for r in records] == ["gradskip", "seggradcam", "random"]
+    records = view.explain(shown, target, ["gradskip", "gradcam", "random"], curve_steps=4)
+    assert [r["method"] for r in records] == ["gradskip", "gradcam", "random"]
     for record in records:
         assert record["overlay"].shape == (32, 64, 3) and record["map"].shape == (32, 64)
         assert 0 <= record["iou_predicted"] <= 1 and 0 <= record["pa_predicted"] <= 1
@@ -69,6 +70,16 @@ def test_explain_gives_maps_scores_and_curves(view):
     table = scores_markdown(records)
     assert "| IoU truth |" in table and "against the predicted region" in table
     assert len([line for line in table.splitlines() if line.startswith("|")]) == 5  # header, rule, 3 methods
+    reference = view.context(shown, target, records, steps=3)
+    region = target.masks[0]
+    for record in records:
+        assert len(record["outside_deletion"]) == 4 and 0 <= record["outside_auc"] <= 1
+        assert 0 <= record["mass_outside"] <= 1
+        # context only: nothing of the map is left inside the region; the region's outline is drawn in black
+        assert (record["overlay_context"][region.numpy()] != record["overlay"][region.numpy()]).any()
+    assert reference["copy_iou"] > 0.8  # a copy of the region matches the region: the IoU column cannot tell
+    assert set(reference["auc"]) == {"a copy of the region", "random order", "nearest first"}
+    assert "copies the region" in copy_caption(reference) and "| Out del. ↓ |" in scores_markdown(records)
     with pytest.raises(ValueError, match="at least one"):
         view.explain(shown, target, [])
 

@@ -29,14 +29,15 @@ class ShownRegion(RegionTarget):
         super().__init__(shown_masks, scored.classes)
         self.scored = scored
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.scored(logits)
+    def score(self, outputs: torch.Tensor) -> torch.Tensor:
+        return self.scored.score(outputs)
 
-    def probability(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.scored.probability(logits)
+    def probability(self, outputs: torch.Tensor) -> torch.Tensor:
+        return self.scored.probability(outputs)
 
-    def one(self, index: int) -> "ShownRegion":
-        return ShownRegion(self.scored.one(index), self.masks[index:index + 1])
+    def take(self, rows) -> "ShownRegion":
+        rows = torch.as_tensor(rows, dtype=torch.long).view(-1)
+        return ShownRegion(self.scored.take(rows), self.masks[rows.to(self.masks.device)])
 
     def repeated(self, count: int) -> "ShownRegion":
         return ShownRegion(self.scored.repeated(count), self.masks.expand(count, -1, -1))

@@ -97,6 +97,14 @@ def deletion_curves(bundle, image: torch.Tensor, target, orders: dict, *, steps:
     return {name: np.asarray(curve) for name, curve in values.items()}
 
 
+def region_copy(region: torch.Tensor, sigma: float = 2.0) -> torch.Tensor:
+    """H x W: the region blurred (Gaussian, `sigma` px): the answer row, a map that copies the region."""
+    from ..metrics import gaussian_blur
+
+    kernel = 2 * int(round(2 * sigma)) + 1
+    return gaussian_blur(torch.as_tensor(region).float()[None, None], kernel_size=kernel, sigma=sigma)[0, 0]
+
+
 def curve_auc(curve: np.ndarray) -> float:
     return float(trapezoid_auc(curve, np.linspace(0, 1, len(curve))))
 

@@ -1,8 +1,11 @@
 """Explanation methods for segmentation models: one contract (explainers.methods.base.Method), a class over a
 region as the target (`RegionTarget`: the mean class-c logit over the region), B x H x W maps.
 
-    method = get_segmentation_method("gradskip")
-    maps = method.attribute(bundle, images, RegionTarget(masks, classes))
+    maps = explain_region(bundle, images, RegionTarget(masks, classes), "gradskip").maps
+
+Only what is SegFormer-specific lives here (GradSkip through the reduced keys, the rollouts); Grad-CAM (of the
+region score: Seg-Grad-CAM), occlusion, RISE, per-image AHA and the random map are the classifier methods
+themselves, reading the score through the region target.
 
 SegFormer's encoder has four stages; each block's efficient attention takes queries at the stage's full token
 grid and keys and values at a grid reduced R x R times by a kernel = stride = R convolution (R = 8, 4, 2, 1 in
@@ -26,15 +29,14 @@ import torch
 from ..methods.aha import AHA
 from ..methods.base import Method, MethodNotApplicable, normalize_max, upsample
 from ..methods.chefer import CheferRollout
-from ..methods.gradcam import GradCAM, gradcam_maps
+from ..methods.gradcam import GradCAM
 from ..methods.gradskip import MAP_DEFAULTS, GradSkip, _validate_options, gini
-from ..methods.occlusion import Occlusion, occlusion_windows
+from ..methods.occlusion import Occlusion
 from ..methods.random_map import RandomMap
-from ..methods.rise import RISE, rise_mask_plan, rise_masks
+from ..methods.rise import RISE
 from ..methods.rollout import AttentionRollout
 from .capture import capture, spread_keys, to_finer_by_window, to_finer_grid
 from .model import SEGMENTATION_FAMILY, is_segmentation
-from ..targets import TargetScoreModel as _RegionScoreModel  # one image's region as a two-class "classifier"
 from .targets import RegionTarget, require_region_target
 
 SEGMENTATION_METHODS: dict = {}
@@ -278,31 +280,6 @@ class SegGradSkip(SegmentationMethod):
         return self.prepare(bundle, images, targets).map()
 
 
-@register_segmentation
-class SegGradCAM(SegmentationMethod):
-    """Seg-Grad-CAM (Vinogradova et al. 2020): Grad-CAM of the region score (mean class-c logit over the
-    region) at a decoder layer: the decode head's fused features (`linear_fuse`, all four stages at a quarter of
-    the image's resolution) by default."""
-
-    name = "seggradcam"
-    label = "Seg-Grad-CAM"
-    description = ("Grad-CAM of the region's class score: the decoder's fused feature maps weighted by their "
-                   "average gradient. One forward and one backward pass; a quarter of the image's resolution.")
-    form_of = GradCAM
-
-    @classmethod
-    def default_for(cls, bundle) -> bool:
-        return True
-
-    def __init__(self, layer: str | None = None):
-        super().__init__(layer=layer)
-
-    def attribute(self, bundle, images, targets):
-        self.check(bundle)
-        target = self._target(images, targets)
-        return gradcam_maps(bundle, images, target, layer_name=self.options["layer"]).detach()
-
-
 class _RegionRollout(SegmentationMethod):
     """Rollout through the efficient attention from the region score's gradients: the start is GradSkip's
     decoder start (`gradient_starts`: how much each token feeds the score through the decode head; never the
@@ -356,175 +333,28 @@ class SegGradientRollout(_RegionRollout):
         return fused / peak
 
 
-@register_segmentation
-class SegOcclusion(SegmentationMethod):
-    """Occlusion of the region score: a window painted the reference colour slides over the image (the classifier
-    form's windows: 1/8 of the side, moving by half of it); each pixel gets the mean drop of the region score
-    (mean class-c logit over the region) over the windows that cover it."""
-
-    name = "occlusion"
-    description = ("Paints a sliding window the background colour and records how much the region's class score "
-                   "drops. Model-agnostic; one forward pass per window position (225 by default).")
-    form_of = Occlusion
-    slow = True
-
-    @classmethod
-    def model_passes(cls, bundle, options: dict | None = None) -> int:
-        return Occlusion.model_passes(bundle, options)  # the same windows
-
-    def __init__(self, window_fraction: float = Occlusion.user_options_by_name()["window_fraction"].default,
-                 batch_size: int = 32):
-        if not 0 < float(window_fraction) <= 1:
-            raise ValueError(f"occlusion: window_fraction must be in (0, 1], got {window_fraction}")
-        super().__init__(window_fraction=float(window_fraction), batch_size=int(batch_size))
-
-    @torch.no_grad()
-    def attribute(self, bundle, images, targets, progress=None):
-        self.check(bundle)
-        target = self._target(images, targets)
-        b, _, height, width = images.shape
-        window_h, window_w, corners = occlusion_windows(height, width, self.options["window_fraction"])
-        reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-        maps = torch.zeros(b, height * width, device=images.device)
-        covered = torch.zeros(height * width, device=images.device)
-        chunk = max(1, self.options["batch_size"])
-        for index in range(b):
-            one = target.one(index)
-            full = one(bundle(images[index:index + 1]))
-            for start in range(0, len(corners), chunk):
-                part = corners[start:start + chunk]
-                windows = torch.zeros(len(part), 1, height, width, dtype=images.dtype, device=images.device)
-                for k, (top, left) in enumerate(part):
-                    windows[k, :, top:top + window_h, left:left + window_w] = 1
-                occluded = images[index:index + 1] * (1 - windows) + reference * windows
-                drops = full - one.repeated(len(part))(bundle(occluded))
-                flat = windows.view(len(part), -1)
-                maps[index] += drops @ flat
-                if index == 0:
-                    covered += flat.sum(0)
-            if progress is not None:
-                progress((index + 1) / b)
-        return normalize_max((maps / covered.clamp_min(1)).clamp_min(0).view(b, height, width))
-
-
-@register_segmentation
-class SegRISE(SegmentationMethod):
-    """RISE of the region score: N random masks (the classifier form's masks), each weighted by the region's
-    mean class-c probability under it."""
-
-    name = "rise"
-    description = ("Hides random parts of the image many times and averages the masks weighted by the region's "
-                   "class probability. Model-agnostic; N forward passes.")
-    form_of = RISE
-    slow = True
-
-    @classmethod
-    def interactive_options(cls, bundle) -> dict:
-        return {"n_masks": 2000 if bundle.device.type == "cuda" else 300}
-
-    @classmethod
-    def model_passes(cls, bundle, options: dict | None = None) -> int:
-        return int((options or {}).get("n_masks", 1000))
-
-    def __init__(self, n_masks: int = 1000, cells: int = 8, keep_probability: float = 0.5, batch_size: int = 32,
-                 seed: int = 0):
-        super().__init__(n_masks=int(n_masks), cells=int(cells), keep_probability=float(keep_probability),
-                         batch_size=int(batch_size), seed=int(seed))
-
-    @torch.no_grad()
-    def attribute(self, bundle, images, targets, progress=None):
-        import math
-
-        self.check(bundle)
-        target = self._target(images, targets)
-        o = self.options
-        b, _, height, width = images.shape
-        reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-        cell_hw = (math.ceil(height / o["cells"]), math.ceil(width / o["cells"]))
-        grids, shifts_y, shifts_x = rise_mask_plan(o["n_masks"], o["cells"], cell_hw, o["keep_probability"], o["seed"])
-        maps = torch.zeros(b, height * width, device=images.device)
-        for start in range(0, o["n_masks"], o["batch_size"]):
-            part = slice(start, min(start + o["batch_size"], o["n_masks"]))
-            masks = rise_masks(grids[part], shifts_y[part], shifts_x[part], (height, width), cell_hw).to(images.device)
-            count = masks.shape[0]
-            for index in range(b):
-                masked = images[index:index + 1] * masks.unsqueeze(1) + reference * (1 - masks.unsqueeze(1))
-                weights = target.one(index).repeated(count).probability(bundle(masked))
-                maps[index] += weights @ masks.view(count, -1)
-            if progress is not None:
-                progress(min(1.0, (start + count) / o["n_masks"]))
-        return normalize_max((maps / (o["n_masks"] * o["keep_probability"])).view(b, height, width))
-
-
-@register_segmentation
-class SegAHA(SegmentationMethod):
-    """AHA's per-image mode on the region score: the deletion + insertion objective (differentiable sort) of the
-    region's mean class-c probability, optimised for this image from the Seg-Grad-CAM map (the classifier form's
-    per-image optimisation, `explainers.aha.per_image.optimise_maps`, on a one-image region-score model)."""
-
-    name = "aha"
-    label = AHA.label_for(None)  # always the per-image mode
-    description = ("Optimises the map for this image and region so that deleting its top pixels lowers the "
-                   "region's class probability fastest and inserting them raises it fastest, from Seg-Grad-CAM's "
-                   "map. Slow: each step sends 28 perturbed copies through the model, forward and backward.")
-    form_of = AHA
-    slow = True
-
-    @classmethod
-    def model_passes(cls, bundle, options: dict | None = None) -> int:
-        from ..aha.per_image import step_passes
-
-        return 3 + step_passes() * int((options or {}).get("steps", 10))
-
-    def __init__(self, steps: int = 10, lr: float | None = None):
-        super().__init__(steps=int(steps), lr=lr)
-
-    def attribute(self, bundle, images, targets, progress=None):
-        from ..aha.per_image import PER_IMAGE_LR, optimise_maps
-
-        self.check(bundle)
-        target = self._target(images, targets)
-        priors = SegGradCAM().attribute(bundle, images, target)
-        maps = []
-        for index in range(images.shape[0]):
-            model = _RegionScoreModel(bundle, target.one(index))
-            zero = torch.zeros(1, dtype=torch.long, device=images.device)
-            found = optimise_maps(model, images[index:index + 1], zero, steps=self.options["steps"],
-                                  lr=self.options["lr"] or PER_IMAGE_LR, prior_maps=priors[index:index + 1])
-            maps.append(found.detach())
-            if progress is not None:
-                progress((index + 1) / images.shape[0])
-        maps = torch.cat(maps)
-        low = maps.flatten(1).amin(dim=1).view(-1, 1, 1)
-        return normalize_max(maps - low)  # standardised scores shifted to be non-negative: the ranking is kept
-
-
-@register_segmentation
-class SegRandom(SegmentationMethod):
-    name = "random"
-    description = "Uniform noise: any method worth using must beat it."
-    form_of = RandomMap
-    baseline = True
-
-    def __init__(self, seed: int = 0):
-        super().__init__(seed=int(seed))
-
-    def attribute(self, bundle, images, targets):
-        self.check(bundle)
-        self._target(images, targets)
-        return RandomMap(seed=self.options["seed"]).attribute(bundle, images, None)  # the classifier form's noise
+# the methods that read their score through any target (explainers.targets) explain a region as they are:
+# Grad-CAM of the region score is Seg-Grad-CAM (Vinogradova et al. 2020), at the decode head's fused features
+SHARED_METHODS = (GradCAM, Occlusion, RISE, AHA, RandomMap)
+for _shared in SHARED_METHODS:
+    SEGMENTATION_METHODS[_shared.name] = _shared
 
 
 def list_segmentation_methods() -> list:
     return sorted(SEGMENTATION_METHODS, key=lambda name: (SEGMENTATION_METHODS[name].order, name))
 
 
-def get_segmentation_method(name: str, bundle=None, **options) -> SegmentationMethod:
-    """The segmentation form of a method; a plain refusal for a method that explains classifiers only."""
+def method_label(name: str, bundle=None) -> str:
+    return SEGMENTATION_METHODS[name].label_for(bundle)
+
+
+def get_segmentation_method(name: str, bundle=None, **options) -> Method:
+    """A method that explains a segmentation model's region; a plain refusal for a method that explains
+    classifiers only, and for a classifier."""
     if name not in SEGMENTATION_METHODS:
         from ..methods import METHODS
 
-        choices = ", ".join(SEGMENTATION_METHODS[n].label for n in list_segmentation_methods())
+        choices = ", ".join(method_label(n, bundle) for n in list_segmentation_methods())
         model = f" '{bundle.name}'" if bundle is not None else ""
         if name in METHODS:
             raise MethodNotApplicable(
@@ -534,10 +364,18 @@ def get_segmentation_method(name: str, bundle=None, **options) -> SegmentationMe
                                   f"{choices}.")
     method = SEGMENTATION_METHODS[name](**options)
     if bundle is not None:
+        if not is_segmentation(bundle):
+            raise MethodNotApplicable(
+                f"{method_label(name, bundle)} (segmentation form) explains a segmentation model's regions; "
+                f"'{bundle.name}' is a classifier: use the classifier methods for it.")
         method.check(bundle)
     return method
 
 
-def explain_region(bundle, images, target: RegionTarget, method: str, **options) -> torch.Tensor:
-    """B x H x W maps of one segmentation method for a region target."""
-    return get_segmentation_method(method, bundle, **options).attribute(bundle, images, target)
+def explain_region(bundle, images, target: RegionTarget, method, *, progress=None, **options):
+    """One segmentation method's maps for a region target, through the one run path (`engine.explain_batch`:
+    the checks, the bundle's lock, the seed). `method`: a name or a Method. Returns the engine's BatchMaps."""
+    from ..engine import explain_batch
+
+    method_obj = method if isinstance(method, Method) else get_segmentation_method(method, bundle, **options)
+    return explain_batch(bundle, method_obj, images, target, progress=progress)

@@ -1,12 +1,9 @@
 """Scoring a segmentation explanation: a map against a mask (PA, IoU), against the human boxes (energy inside,
 pointing game), and the region score's deletion and insertion curves.
 
-Binarisation rules. Primary ("top"): the map's k highest pixels, k = the area of the mask it is compared with
-(the project's localisation IoU, docs/methods.md section 1: "IoU of the map's top pixels, as many as the mask
-has"; ties broken by the curve engine's fixed jitter). Secondary ("half"): the pixels at or above half of the map's
-maximum. The half-maximum rule was the first one written; on five val smears it scored every attention-propagating
-map by its few hottest 32-pixel cells (one reduced key's worth of relevance), so the project's own rule became the
-primary one before any test figure was made; both are reported. Pixel accuracy (PA) and IoU are computed over the
+Binarisation rules, fixed in advance: primary, the map's pixels above its mean (`checks.mean_threshold`, Chefer et
+al.'s rule); secondary ("half"), the pixels at or above half of the map's maximum. Never k = the area of the mask
+a map is compared with: that hands every map the answer's size. Pixel accuracy (PA) and IoU are computed over the
 pixels that are not ignored (the derived masks' ignore label: stained matter no box covers).
 """
 from __future__ import annotations
@@ -22,16 +19,6 @@ def binarise(maps: torch.Tensor, threshold: float = BINARY_THRESHOLD) -> torch.T
     maps = torch.as_tensor(maps).float().clamp_min(0)
     peak = maps.flatten(1).amax(dim=1).view(-1, 1, 1)
     return (maps >= threshold * peak) & (peak > 0)
-
-
-def binarise_top(maps: torch.Tensor, counts) -> torch.Tensor:
-    """B x H x W bool: each map's `counts[b]` highest pixels (ties broken as in the deletion engine)."""
-    from ..metrics import pixel_ranks
-
-    maps = torch.as_tensor(maps).float()
-    ranks = pixel_ranks(torch.nan_to_num(maps.cpu(), nan=0.0))
-    counts = torch.as_tensor(counts).view(-1, 1)
-    return (ranks < counts).view(maps.shape)
 
 
 def pa_iou(binary: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None) -> tuple:
@@ -73,7 +60,7 @@ def region_curves(bundle, image: torch.Tensor, maps: torch.Tensor, target, *, st
     scores are computed once and kept in `known` (pass the same dict to the calls for one image and region, e.g.
     one method at a time): 4 of each map's 2 x (steps + 1) passes."""
     from ..metrics import deletion_insertion, reference_images
-    from .methods import _RegionScoreModel
+    from ..targets import TargetScoreModel as _RegionScoreModel
     from .model import fast_logits
 
     image = image if image.dim() == 4 else image.unsqueeze(0)

@@ -1,6 +1,7 @@
 """The segmentation view: a segmentation model's prediction as an overlay with a legend; pick a class, click a
-region or draw one; each method's heatmap with its IoU and PA against the predicted region (and the ground truth
-of an example smear), and the region score's deletion and insertion curves.
+region or draw one; each method's heatmap (whole, or with "context only" the map outside the region, the region
+outlined), the deletion of the pixels outside the region beside the region's own deletion and insertion curves,
+and a caption saying what a map that copies the region would score.
 
 Not a tab of its own: the Explain tab embeds it (`build(ctx, model=its model menu)` inside a column it shows when a
 segmentation model is picked there). `build(ctx)` lays out the view inside whatever container is open; without
@@ -28,10 +29,14 @@ def unfamiliar_update(shown):
     return gr.update(value=f"⚠ {note}" if note else "", visible=bool(note))
 
 
-def pictures_of(records) -> list:
-    """The gallery's (overlay, caption) pairs: each map's IoU and PA against the explained region."""
-    return [(r["overlay"], f"{r['label']}: IoU {r['iou_predicted']:.2f}, PA {r['pa_predicted']:.2f} "
-                           f"(vs the {r.get('region', 'predicted region')})") for r in records]
+def pictures_of(records, context: bool = False) -> list:
+    """The gallery's (overlay, caption) pairs: each map (whole, or with `context` only outside the region, the
+    region outlined) with its out-of-region deletion AUC once known, and its IoU and PA against the region."""
+    key = "overlay_context" if context else "overlay"
+    return [(r[key], (f"{r['label']}: " + (f"deletion outside the region {r['outside_auc']:.3f}; "
+                                          if "outside_auc" in r else "")
+                      + f"IoU {r['iou_predicted']:.2f}, PA {r['pa_predicted']:.2f} "
+                        f"(vs the {r.get('region', 'predicted region')})")) for r in records or []]
 
 
 def build(ctx, model=None) -> dict:
@@ -73,10 +78,18 @@ def build(ctx, model=None) -> dict:
             legend = gr.Markdown(elem_id="seg-legend")
             notes = gr.Markdown(elem_id="seg-notes")
             target_text = gr.Markdown(elem_id="seg-target")
-            gallery = gr.Gallery(label="Maps (white: the binarised map; black: the explained region)", columns=2,
-                                 height="auto", format="png", object_fit="contain", elem_id="seg-maps")
+            context_only = gr.Checkbox(False, label="Context only: the map outside the region (region outlined)",
+                                       elem_id="seg-context-only",
+                                       info="The segmentation already shows where the region is; what around it "
+                                            "made the model call it this class?")
+            gallery = gr.Gallery(label="Maps (white: the map's above-mean pixels; black: the explained region)",
+                                 columns=2, height="auto", format="png", object_fit="contain", elem_id="seg-maps")
+    caption = gr.Markdown(elem_id="seg-copy-caption")
     table = gr.Markdown(elem_id="seg-scores")
-    curves = gr.Plot(label="Deletion and insertion of the region score", elem_id="seg-curves")
+    with gr.Row(equal_height=False):
+        curves = gr.Plot(label="Deletion and insertion of the region score", elem_id="seg-curves")
+        context_curves = gr.Plot(label="Deletion outside the region", elem_id="seg-context-curves")
+    records_state = gr.State(None)  # the last explanation's records (the toggle redraws from them)
 
     @friendly
     def pick_example(evt: gr.SelectData):
@@ -102,11 +115,12 @@ def build(ctx, model=None) -> dict:
         return (shown, shown.overlay, view.legend_markdown(shown), note,
                 gr.update(choices=present, value=present[0] if present else None), shown.rgb, unfamiliar_update(shown))
 
-    def _explain(model_name, shown, chosen, region, **where):
-        """Streamed: the maps as they come (cheapest first), then their curves; a region that cannot be explained
-        (a background click, an empty drawing) is said on the target line, the rest left as it was."""
+    def _explain(model_name, shown, chosen, context, region, **where):
+        """Streamed: the maps as they come (cheapest first), then their curves, then the deletion outside the
+        region with what a copy of the region would score; a region that cannot be explained (a background
+        click, an empty drawing) is said on the target line, the rest left as it was."""
         if shown is None:
-            yield "⚠ Segment an image first.", *(gr.skip(),) * 4
+            yield "⚠ Segment an image first.", *(gr.skip(),) * 7
             return
         view = service.SegmentationView(loader(model_name))
         try:
@@ -116,40 +130,45 @@ def build(ctx, model=None) -> dict:
         except Exception as error:  # noqa: BLE001 - a refusal in our words; a bug goes on to `friendly`
             if not is_user_error(error):
                 raise
-            yield "⚠ " + user_message(error), *(gr.skip(),) * 3, unfamiliar_update(shown)
+            yield "⚠ " + user_message(error), *(gr.skip(),) * 3, unfamiliar_update(shown), *(gr.skip(),) * 3
             return
         text = f"Explaining **{target.describe(view.bundle.class_names)}**."
         waiting = figures.empty_figure("The curves appear here once the maps are in.")
-        drawn = 0
+        drawn, plot, records = 0, waiting, []
         for records in view.explain_stream(shown, target, chosen, region=region):
             curves_in = sum("deletion" in r for r in records)
             plot = (figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
                     if curves_in else waiting)
             pending = len(chosen) - curves_in
-            status = text + (f" Computing the curves… ({pending} to go)" if pending else "")
-            # the last message is whole (nothing skipped): it is what an API caller (gradio_client) receives
-            yield (status, pictures_of(records) if len(records) != drawn or not pending else gr.skip(),
-                   service.scores_markdown(records), plot, unfamiliar_update(shown))
+            status = text + (f" Computing the curves… ({pending} to go)" if pending else
+                             " Deleting the pixels outside the region…")
+            yield (status, pictures_of(records, context) if len(records) != drawn else gr.skip(),
+                   service.scores_markdown(records), plot, unfamiliar_update(shown), *(gr.skip(),) * 3)
             drawn = len(records)
+        reference = view.context(shown, target, records)
+        # the last message is whole (nothing skipped): it is what an API caller (gradio_client) receives
+        yield (text, pictures_of(records, context), service.scores_markdown(records), plot, unfamiliar_update(shown),
+               service.context_curves_figure(records, reference), service.copy_caption(reference), records)
 
     @friendly
-    def explain_class(model_name, shown, chosen_class, chosen):
-        yield from _explain(model_name, shown, chosen, "predicted", class_name=chosen_class)
+    def explain_class(model_name, shown, chosen_class, chosen, context):
+        yield from _explain(model_name, shown, chosen, context, "predicted", class_name=chosen_class)
 
     @friendly
-    def explain_click(model_name, shown, chosen, evt: gr.SelectData):
-        yield from _explain(model_name, shown, chosen, "clicked", click=tuple(evt.index))
+    def explain_click(model_name, shown, chosen, context, evt: gr.SelectData):
+        yield from _explain(model_name, shown, chosen, context, "clicked", click=tuple(evt.index))
 
     @friendly
-    def explain_drawn(model_name, shown, chosen_class, chosen, painted):
+    def explain_drawn(model_name, shown, chosen_class, chosen, context, painted):
         layers = (painted or {}).get("layers") or []
         painted_layer = layers[0][..., 3] if layers else None
         if painted_layer is None or not painted_layer.any():
-            yield "⚠ The drawn region is empty: paint over the part of the image to explain.", *(gr.skip(),) * 4
+            yield "⚠ The drawn region is empty: paint over the part of the image to explain.", *(gr.skip(),) * 7
             return
-        yield from _explain(model_name, shown, chosen, "drawn", class_name=chosen_class, drawing=painted_layer)
+        yield from _explain(model_name, shown, chosen, context, "drawn", class_name=chosen_class,
+                            drawing=painted_layer)
 
-    outputs = [target_text, gallery, table, curves, unfamiliar]
+    outputs = [target_text, gallery, table, curves, unfamiliar, context_curves, caption, records_state]
     examples.select(pick_example, None, [image, truth_state], api_visibility="private", **ctx.light)
     # another model: the shown prediction was the previous model's (its regions, its classes)
     model.change(lambda: (None, None, "", "", gr.update(choices=[], value=None), gr.update(value="", visible=False)),
@@ -161,9 +180,13 @@ def build(ctx, model=None) -> dict:
                          **ctx.heavy)
     # one place shows progress (the maps), not a pending badge on every panel
     streamed = dict(ctx.heavy, show_progress_on=[gallery], show_progress="minimal")
-    explain_button.click(explain_class, [model, shown_state, class_name, methods], outputs,
+    explain_button.click(explain_class, [model, shown_state, class_name, methods, context_only], outputs,
                          api_name="segment_explain", **streamed)
-    predicted.select(explain_click, [model, shown_state, methods], outputs, **streamed)
-    drawn_button.click(explain_drawn, [model, shown_state, class_name, methods, drawing], outputs, **streamed)
+    predicted.select(explain_click, [model, shown_state, methods, context_only], outputs, **streamed)
+    drawn_button.click(explain_drawn, [model, shown_state, class_name, methods, context_only, drawing], outputs,
+                       **streamed)
+    context_only.change(pictures_of, [records_state, context_only], [gallery], api_visibility="private",
+                        **ctx.light)
     return {"segment_model": model, "segment_image": image, "segment_prediction": predicted,
-            "segment_maps": gallery, "segment_scores": table, "segment_curves": curves}
+            "segment_maps": gallery, "segment_scores": table, "segment_curves": curves,
+            "segment_context_curves": context_curves, "segment_caption": caption, "segment_context_only": context_only}
