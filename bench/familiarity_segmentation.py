@@ -12,18 +12,16 @@ and a JSON card beside them (`.json`).
 """
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from explainers import familiarity  # noqa: E402
-from explainers.models import load_model  # noqa: E402
-from explainers.segmentation import familiarity as seg_familiarity  # noqa: E402
-from explainers.statistics import wilson_interval  # noqa: E402
-from saliency_lab.segmentation import SegmentationView  # noqa: E402
+from explainers import familiarity
+from explainers.models import load_model
+from explainers.segmentation import familiarity as seg_familiarity
+from explainers.statistics import wilson_interval
+from saliency_lab.segmentation import SegmentationView
 
 SUFFIXES = (".jpg", ".jpeg", ".png")
 

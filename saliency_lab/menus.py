@@ -26,13 +26,21 @@ def model_label(name: str) -> str:
     kind = model_kind(name)
     if kind == "bundled":
         return f"{name} · bundled" if model_available(name) else f"{name} · bundled (not trained yet)"
-    if kind == "fine-tuned":
-        return f"{name} · fine-tuned"
+    if kind == "fine-tuned":  # a card shipped in the code's weights/ (the grid ViT, the decoy models) is bundled
+        return f"{name} · bundled" if shipped(name) else f"{name} · fine-tuned"
     if kind == "imported":
         return f"{name} · imported"
     if kind == "memory":
         return f"{name} · in memory"
     return f"{name} · hub (cached)" if model_available(name) else f"{name} · hub (downloads on first use)"
+
+
+def shipped(name: str) -> bool:
+    """Whether the model's card comes with the code (weights/), not from a fine-tune run on this machine."""
+    try:
+        return models_module.card_path(name).parent == models_module.WEIGHTS_DIR
+    except ValueError:
+        return False
 
 
 def model_choices(names=None) -> list:

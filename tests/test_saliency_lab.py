@@ -895,3 +895,16 @@ def engine_options(method, bundle):
     from explainers import engine
 
     return engine.method_options(method, None, bundle)
+
+
+def test_models_shipped_in_weights_are_labelled_bundled_not_fine_tuned():
+    """The grid ViT and the decoy models come with the code (weights/): on a fresh install nothing was fine-tuned."""
+    from explainers.models import WEIGHTS_DIR, model_kind
+    from saliency_lab import menus
+
+    shipped = [p.stem for p in WEIGHTS_DIR.glob("*.json")
+               if model_kind(p.stem) == "fine-tuned" and "familiarity" not in p.stem]
+    if not shipped:
+        pytest.skip("no extra model card in weights/")
+    for name in shipped:
+        assert menus.model_label(name) == f"{name} · bundled", name
