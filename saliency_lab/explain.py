@@ -443,8 +443,11 @@ def safe_part(text: str, fallback: str) -> str:
 
 
 def download_prefix(state) -> str:
-    """"<image>-<model>" of a state, for the names of its downloads (cell-bloodmnist-vit-overlay-aha.png)."""
-    return f"{safe_part(Path(str(state.get('image_name') or '')).stem, 'image')}-{safe_part(state.get('model'), 'model')}"
+    """"<image>-<model>-<explained class>" of a state, for the names of its downloads
+    (cell-bloodmnist-vit-eosinophil-overlay-aha.png): the runner-up's overlays are not named like the top class's."""
+    prefix = f"{safe_part(Path(str(state.get('image_name') or '')).stem, 'image')}-{safe_part(state.get('model'), 'model')}"
+    explained = state.get("target_name")
+    return f"{prefix}-{safe_part(explained, 'class')}" if explained else prefix
 
 
 SLOW_SECONDS = 5.0  # a map expected to take longer than this is "slow": unticked when the model changes

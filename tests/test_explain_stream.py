@@ -186,16 +186,18 @@ def test_downloads_are_named_after_the_image_and_the_model(tmp_path):
     for cell in ("test_00000.jpg", "test_00001.jpg"):
         state = [s for s, _ in explain.explain_stream(services, str(CELLS / cell), bundle.name, ["gradcam"])][-1]
         paths = explain.write_downloads(services, state, 0.5, "cividis")
-        stem = Path(cell).stem
-        assert sorted(p.name for p in paths) == sorted(f"{stem}-named-cnn-{n}" for n in (
+        stem = f"{Path(cell).stem}-named-cnn-{explain.safe_part(state['target_name'], 'class')}"  # the class too
+        assert sorted(p.name for p in paths) == sorted(f"{stem}-{n}" for n in (
             "overlay-gradcam.png", "curves.csv", "report.json"))
         assert all(p.exists() for p in paths)
         names |= {p.name for p in paths}
         shown = explain.overlay_pictures(services, state, 0.5, "cividis")
-        assert Path(shown[0][0]).name == f"{stem}-named-cnn-gradcam.jpg"  # the gallery's download button
+        assert Path(shown[0][0]).name == f"{stem}-gradcam.jpg"  # the gallery's download button
     assert len(names) == 6  # the second image's files do not replace the first's
     assert explain.download_prefix({"image_name": "../../etc/pass wd.png", "model": "hub:org/model"}) == \
         "pass-wd-hub-org-model"
+    assert explain.download_prefix({"image_name": "c.png", "model": "m", "target_name": "immature granulocytes (ig)"}) \
+        == "c-m-immature-granulocytes-ig"
     assert explain.safe_part("...", "image") == "image"
 
 

@@ -61,6 +61,17 @@ input[type=range] { min-width: 0 !important; }
 #seg-maps .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
                            overflow: visible !important; text-overflow: clip !important; font-size: 12px;
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
+/* the segmentation view's score table (up to eight columns): a word or a number is never broken over lines; on a
+   phone small type and padding, so that the eight columns fit the width */
+#seg-scores table { table-layout: auto; width: 100%; }
+#seg-scores td, #seg-scores th { word-break: normal !important; overflow-wrap: normal !important; hyphens: none; }
+#seg-scores td:not(:first-child) { white-space: nowrap; }
+@media (max-width: 640px) {
+  #seg-scores td, #seg-scores th { font-size: 11px !important; padding: 3px 2px !important; line-height: 1.25; }
+  #seg-scores p { font-size: 12px; }
+  /* the step viewer's plot has no label: its toolbar below the figure's title, not over it */
+  [id$="-step-plot"] [data-testid=plotly] { margin-top: 36px; }
+}
 #aucs table { table-layout: auto; }
 #aucs td, #aucs th { white-space: normal !important; font-size: 13px; }
 /* (no column hidden on a phone: Gradio's virtual table then draws an empty body, one tall blank row)
@@ -88,7 +99,12 @@ input[type=range] { min-width: 0 !important; }
   #finetune-compare th:nth-child(n+2), #finetune-compare .sizing-body td:nth-child(n+2) { width: 1px; }
 }
 .section-title p { margin: 0; font-size: 1.05em; }
-.example-gallery .caption-label { font-size: 11px; max-width: 100% !important; }
+/* example thumbnails: the name under the picture, not over it */
+.example-gallery .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+.example-gallery .thumbnail-item > img { height: auto !important; aspect-ratio: 1 / 1; }
+.example-gallery .caption-label { position: static !important; font-size: 11px; max-width: 100% !important;
+                                  white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
+                                  border: none !important; opacity: 1 !important; line-height: 1.25; }
 /* as many example columns as fit (a fixed 4 ran past the right edge of a phone) */
 .example-gallery .grid-container { grid-template-columns: repeat(auto-fill, minmax(84px, 1fr)) !important; }
 .example-gallery .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
