@@ -150,12 +150,38 @@ def load_record(text: str) -> Episode:
         raise AgentsError("That is not an episode record (it needs an agent, a seed and max_steps).") from None
 
 
-def method_choices() -> list:
+def method_choices(names: list | None = None) -> list:
     """[(label, name)] for the map menu: the registry's methods an agent network takes
-    (`explainers.agents.saliency.agent_method_choices`)."""
-    from explainers.agents.saliency import agent_method_choices
+    (`explainers.agents.saliency.agent_method_choices`); with agent names, only those that run on every one of
+    them (no ViT-only map for a CNN agent)."""
+    from explainers.agents.saliency import agent_method_choices, agent_methods
 
-    return agent_method_choices()
+    choices = agent_method_choices()
+    if names:  # every map left runs on these agents: no "(ViT)" marker needed
+        choices = [(label.removesuffix(" (ViT)"), name) for label, name in choices]
+    for agent in names or []:
+        allowed = set(agent_methods(load(agent)[0]))
+        choices = [(label, name) for label, name in choices if name in allowed]
+    return choices
+
+
+def agent_label(name: str) -> str:
+    """A menu label that tells the agents apart even when cut short on a phone: the arm first, then the name
+    without its scenario prefix."""
+    try:
+        card = json.loads(card_file(name).read_text())
+    except (OSError, ValueError, AgentsError):
+        return name
+    lam = float(card.get("lambda") or 0.0)
+    arm = f"CAMAL λ {lam:g}" if lam else "vanilla PPO"
+    short = name.removeprefix(f"{card.get('scenario', '')}-")
+    return f"{arm} · {short}"
+
+
+def export_name(episodes: list, method: str, start: int, stop: int, fmt: str) -> str:
+    """agent(s), seed, map and frames: e.g. defend_the_center-vanilla-vs-...-seed10000000-gradcam-0-99.gif."""
+    agents = "-vs-".join(episode.agent for episode in episodes)
+    return f"{agents}-seed{episodes[0].seed}-{method}-frames{start}-{stop}.{fmt}"
 
 
 def frame_map(episode: Episode, index: int, method: str = "gradcam", target: str = "value") -> np.ndarray:
@@ -233,7 +259,7 @@ def timeline_figure(episodes: list, index: int):
         data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.values,
                      "name": f"V(s) {episode.agent}", "line": {"color": colours[number % 2]}})
         data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.ious, "yaxis": "y2",
-                     "name": f"IoU {episode.agent}", "line": {"color": colours[number % 2], "dash": "dot"}})
+                     "name": f"Grad-CAM IoU {episode.agent}", "line": {"color": colours[number % 2], "dash": "dot"}})
     layout = plot_layout("Value and IoU with the mask over the episode", 360,
                      xaxis=axis_style(title={"text": "step", "standoff": 4}), yaxis=axis_style(title={"text": "V(s)"}),
                      yaxis2=axis_style(title={"text": "IoU (Grad-CAM of V)"}, overlaying="y", side="right",
@@ -269,8 +295,11 @@ def export_episode(episodes: list, path, *, method: str = "gradcam", target: str
     if fmt == "gif":
         from PIL import Image
 
-        images = [Image.fromarray(picture) for picture in pictures]
-        images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+        # each frame quantised by the fast octree (PIL's default median cut took most of a minute for 77 frames)
+        images = [Image.fromarray(picture).quantize(colors=255, method=Image.Quantize.FASTOCTREE)
+                  for picture in pictures]
+        images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0,
+                       optimize=False)
     else:
         import cv2
 
@@ -319,23 +348,42 @@ def describe_job(services, job, history, report) -> job_panel.JobReport:
     from dataclasses import replace
 
     params = job.get("params") or {}
-    figure = training_curves(history) if history else report.figure
+    figure = training_curves(history) if any("seconds" in p for p in history) else report.figure  # update rows
     text = report.text
+    run = job_panel.this_run(history)
+    if job["status"] == "running" and not any("seconds" in p for p in run):
+        phase = next((p.get("phase") for p in reversed(run) if p.get("phase")), None)
+        text += (" · playing the first rollout" if phase == "first-rollout" or (run and run[-1].get("step"))
+                 else " · starting the game (ViZDoom takes up to a minute to start)")
     if job["status"] == "done":
         text += (f" · the agent **{params.get('name', '')}** is in the agent menus of its scenario "
                  f"({params.get('scenario', '')}).")
-    return replace(report, text=text, figure=figure)
+    return replace(report, text=text, figure=figure, percent=training_percent(job, run))
+
+
+def training_percent(job, run) -> float:
+    """Done: 100; running: the larger of the steps' share of the step cap and the time budget's share spent."""
+    if job["status"] == "done":
+        return 100.0
+    progress = job.get("progress") or {}
+    shares = [float(progress["step"] or 0) / float(progress["total"])] if progress.get("total") else []
+    fractions = [p["budget_fraction"] for p in run if isinstance(p.get("budget_fraction"), (int, float))]
+    shares += fractions[-1:]
+    return round(100.0 * min(1.0, max(shares, default=0.0)), 1)
 
 
 def training_curves(history: list):
     """Return and IoU of a training job's metric points (the job runner's history), as they come."""
     from .figures import FigureSpec, axis_style, plot_layout
 
-    steps = [point.get("step") for point in history]
+    def series(key):  # only the rows that carry it (progress rows inside a rollout carry neither)
+        points = [(p.get("step"), p[key]) for p in history if isinstance(p.get(key), (int, float))]
+        return {"x": [step for step, _ in points], "y": [value for _, value in points]}
+
     data = [{"type": "scatter", "mode": "lines+markers", "name": "return (episodes ended in the update)",
-             "x": steps, "y": [point.get("return") for point in history]},
+             **series("return")},
             {"type": "scatter", "mode": "lines+markers", "name": "IoU of V(s)-CAM with masks", "yaxis": "y2",
-             "x": steps, "y": [point.get("iou") for point in history]}]
+             **series("iou")}]
     layout = plot_layout("Training: return and IoU", 280, xaxis=axis_style(title={"text": "environment steps"}),
                      yaxis=axis_style(title={"text": "return"}),
                      yaxis2=axis_style(title={"text": "IoU"}, overlaying="y", side="right", range=[0, 1]),

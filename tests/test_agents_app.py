@@ -94,3 +94,14 @@ def test_training_job_kind_rejects_unknown_settings(service):
         service.agent_train_job({"scenario": "doom3", "name": "x"}, Context())
     with pytest.raises(service.AgentsError, match="Unknown settings"):
         service.agent_train_job({"scenario": "defend_the_center", "name": "x", "epochs": 3}, Context())
+
+
+def test_training_percent_follows_steps_or_the_time_budget():
+    from saliency_lab.agents import training_percent
+
+    running = {"status": "running", "progress": {"step": 512, "total": 2048}}
+    assert training_percent(running, []) == 25.0
+    budgeted = {"status": "running", "progress": {"step": 512, "total": None}}
+    assert training_percent(budgeted, [{"budget_fraction": 0.1}, {"budget_fraction": 0.4}]) == 40.0
+    assert training_percent(budgeted, []) == 0.0
+    assert training_percent({"status": "done", "progress": {"step": 3, "total": None}}, []) == 100.0

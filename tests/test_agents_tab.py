@@ -56,10 +56,16 @@ def test_handlers_play_scrub_replay_export(agent_folder, monkeypatch):
     service._agents.clear()
     a, b = tab.agent_choices("defend_the_center")
     assert a["value"] == "t-vanilla" and b["value"] == "t-camal"
-    records, slider, picture_a, picture_b, facts, figure = tab.play("t-vanilla", "t-camal", 10_000_002, 6,
-                                                                    "gradcam", "value")
+    labels = dict((value, label) for label, value in a["choices"])
+    assert labels["t-vanilla"].startswith("vanilla PPO") and labels["t-camal"].startswith("CAMAL λ 1")
+    menu = tab.map_choices("t-vanilla", "t-camal", "gradskip")  # a CNN agent: no ViT-only map is offered
+    assert {name for _, name in menu["choices"]} == {"gradcam", "occlusion", "rise", "aha"}
+    assert menu["value"] == "gradcam"
+    records, slider, picture_a, picture_b, facts, figure, stop = tab.play("t-vanilla", "t-camal", 10_000_002, 6,
+                                                                          "gradcam", "value")
     assert len(records) == 2 and slider["maximum"] == 5 and picture_a.shape == picture_b.shape == (240, 320, 3)
-    assert "t-vanilla" in facts and "t-camal" in facts
+    assert "t-vanilla" in facts and "t-camal" in facts and "IoU of the Grad-CAM of V(s)" in facts
+    assert stop["value"] == 5  # "To frame" within the episode
     picture_a2, _, facts2, _ = tab.scrub(records, 4, "occlusion", "action")
     assert "step 4" in facts2 and picture_a2.shape == (240, 320, 3)
     replayed = tab.load_record(tab.record_text(records), "gradcam", "value")
@@ -67,7 +73,7 @@ def test_handlers_play_scrub_replay_export(agent_folder, monkeypatch):
     with pytest.raises(gr.Error, match="not an episode record"):
         tab.load_record("not json", "gradcam", "value")
     path = tab.export(records, "gif", 0, 3, 1, "gradcam", "value")
-    assert path.endswith(".gif")
+    assert path.endswith("t-vanilla-vs-t-camal-seed10000002-gradcam-frames0-3.gif")
     with pytest.raises(gr.Error, match="Pick an agent"):
         tab.play(None, None, 1, 5, "gradcam", "value")
 
@@ -78,15 +84,22 @@ def test_training_job_runs_through_the_job_runner(tmp_path):
     runner = services.runner()
     try:
         job_id = runner.submit("agent-train", {"scenario": "defend_the_center", "name": "job-agent", "seed": 0,
-                                               "lambda": 1.0, "steps": 32, "num_envs": 1, "rollout_steps": 32})
+                                               "lambda": 1.0, "steps": 64, "num_envs": 1, "rollout_steps": 64,
+                                               "budget_s": 600})
         job = runner.wait(job_id, timeout=240)
         assert job["status"] == "done", open(job["log"]).read()[-2000:]
         report = job_panel.job_report(services, job_id)  # the one job panel's view of it
         assert report.finished and "done" in report.text and "job-agent" in report.text
         assert [trace["name"].split(" ")[0] for trace in report.figure.data] == ["return", "IoU"]
         assert len(report.figure.data[0]["x"]) >= 1
+        assert report.percent == 100.0  # the bar reaches the end
+        history = runner.history(job_id)
+        assert history[0]["phase"] == "start" and any(p.get("phase") == "first-rollout" for p in history)
+        steps = [p["step"] for p in history if "return_100" not in p and p.get("step")]
+        assert steps and min(steps) < 64  # the bar moved during the rollout, before the update
+        assert all(0 < p["budget_fraction"] < 1 for p in history[1:])
         assert "job-agent" in service.list_agents("defend_the_center")
         card = json.loads(service.card_file("job-agent").read_text())
-        assert card["lambda"] == 1.0 and card["steps"] == 32
+        assert card["lambda"] == 1.0 and card["steps"] == 64
     finally:
         runner.shutdown()

@@ -29,6 +29,7 @@ EVAL_SEED_BASE = 10_000_000
 # lambda per frame (the term is divided by the minibatch size, like the PPO loss); see docs/agents.md for how it
 # was chosen
 DEFAULT_LAMBDA = 1.0
+PROGRESS_EVERY = 32  # rollout steps between progress reports inside a rollout (what the app's bar shows)
 
 
 def cam_iou(net, frames: torch.Tensor, masks: torch.Tensor, device, batch: int = 256) -> float:
@@ -77,10 +78,15 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
     if state["resumes"]:
         generator.manual_seed(seed + 7919 * state["resumes"])
         _say(log, f"[train-agent] {name}: resumed at step {state['steps']} (update {state['updates']})")
+    started = time.time()
+    if progress is not None:  # the game takes a while to start: say so rather than nothing
+        progress(state["steps"], steps, phase="start", elapsed_s=state["seconds"])
     envs = VecEnv(scenario_name, config.num_envs, seed * 1000 + 100 * state["resumes"], frame_hw=frame_hw)
     frames, masks = envs.reset()
+    if progress is not None:
+        progress(state["steps"], steps, phase="first-rollout", **_budget(budget_s, started))
     rollout = Rollout(config.rollout_steps, config.num_envs, (3, *frame_hw), device)
-    started, stopped_by = time.time(), "steps"
+    stopped_by = "steps"
     try:
         while steps is None or state["steps"] < steps:
             if cancelled is not None and cancelled():
@@ -95,6 +101,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                 if cancelled is not None and t % 64 == 63 and cancelled():
                     stopped_by = "cancelled"  # the half-played rollout is dropped; the checkpoint is the last update
                     break
+                if progress is not None and t % PROGRESS_EVERY == PROGRESS_EVERY - 1:  # the bar moves within a rollout
+                    progress(state["steps"] + (t + 1) * config.num_envs, steps, **_budget(budget_s, started))
                 actions, log_probs, values = act(net, frames, device, generator)
                 rollout.frames[t], rollout.masks[t] = torch.from_numpy(frames), torch.from_numpy(masks)
                 rollout.actions[t], rollout.log_probs[t], rollout.values[t] = actions, log_probs, values
@@ -170,6 +178,10 @@ def _checkpoint(net, optimizer, state, stem, started):
     save_checkpoint(net, optimizer, saved, stem)
 
 
+def _budget(budget_s, started) -> dict:
+    return {"budget_fraction": min(1.0, (time.time() - started) / budget_s)} if budget_s else {}
+
+
 def _say(log, text):
     print(text, file=log or sys.stderr, flush=True)
 
@@ -178,9 +190,7 @@ def _report(progress, log, name, record, steps, budget_s, started):
     if progress is not None:
         total = steps or None
         metrics = {k: record[k] for k in ("return", "return_100", "iou", "seconds") if record.get(k) is not None}
-        if budget_s:
-            metrics["budget_fraction"] = min(1.0, (time.time() - started) / budget_s)
-        progress(record["steps"], total, **metrics)
+        progress(record["steps"], total, **metrics, **_budget(budget_s, started))
     shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
                      if v is not None)
     _say(log, f"[train-agent] {name} {shown}")

@@ -21,6 +21,7 @@ TITLE = "Agents"
 TAB_ID = "agents"
 log = logging.getLogger(__name__)
 NONE = "(none)"
+EXPORT_DEFAULT_FRAMES = 100  # "To frame" after a play: the 100th frame, or the episode's last
 TARGET_CHOICES = [("V(s), the critic's value", "value"), ("the chosen action's probability", "action")]
 ABOUT = ("Each agent plays ViZDoom from the seed you give; the map shows which pixels drive its value V(s) (or its "
          "chosen action), the green outline marks what matters in the scenario (monsters, medkits) from the game's "
@@ -37,7 +38,23 @@ def agent_choices(scenario: str) -> tuple:
     names = service.list_agents(scenario) if service.status()["available"] else []
     first = next((n for n in names if "vanilla" in n), names[0] if names else None)
     second = next((n for n in names if "camal" in n), NONE)
-    return gr.update(choices=names, value=first), gr.update(choices=[NONE, *names], value=second)
+    labelled = [(service.agent_label(n), n) for n in names]
+    return gr.update(choices=labelled, value=first), gr.update(choices=[NONE, *labelled], value=second)
+
+
+@friendly
+def map_choices(agent_a: str, agent_b: str, method: str):
+    """The map menu offers only the maps that run on the agent(s) picked."""
+    names = [n for n in (agent_a, agent_b) if n and n != NONE]
+    choices = service.method_choices(names)
+    allowed = [name for _, name in choices]
+    fallback = "gradcam" if "gradcam" in allowed else (allowed[0] if allowed else None)
+    return gr.update(choices=choices, value=method if method in allowed else fallback)
+
+
+def _map_label(method: str, target: str) -> str:
+    label = dict((name, label) for label, name in service.method_choices()).get(method, method)
+    return f"{label} of {'V(s)' if target == 'value' else 'the action'}"
 
 
 def _episodes(records: list) -> list:
@@ -50,12 +67,13 @@ def _view(records: list, index: int, method: str, target: str) -> tuple:
     lines = []
     for episode in episodes:
         facts = service.frame_facts(episode, index, method, target)
-        iou = "no relevant object in view" if facts["iou"] is None else f"IoU {facts['iou']:.2f}"
+        iou = ("no relevant object in view" if facts["iou"] is None
+               else f"IoU of the {_map_label(method, target)} {facts['iou']:.2f}")
         summary = service.episode_summary(episode)
         mean_iou = "n/a" if summary["mean_iou"] is None else f"{summary['mean_iou']:.2f}"
         lines.append(f"**{episode.agent}**: step {facts['step']}, V(s) {facts['value']:.3f}, {iou}; episode return "
-                     f"{summary['return']:.0f} over {summary['steps']} steps, mean Grad-CAM IoU {mean_iou}. "
-                     f"{episode.note}")
+                     f"{summary['return']:.0f} over {summary['steps']} steps, episode mean IoU of the Grad-CAM of "
+                     f"V(s) {mean_iou}. {episode.note}")
     second = pictures[1] if len(pictures) > 1 else None
     return pictures[0], second, "\n\n".join(lines), service.timeline_figure(episodes, index)
 
@@ -68,7 +86,8 @@ def play(agent_a: str, agent_b: str, seed, max_steps, method: str, target: str) 
     names = [agent_a] + ([agent_b] if agent_b and agent_b != NONE else [])
     records = [service.play(n, int(seed), int(max_steps)).record() for n in names]
     length = min(e.length for e in _episodes(records))
-    return (records, gr.update(maximum=max(length - 1, 1), value=0), *_view(records, 0, method, target))
+    return (records, gr.update(maximum=max(length - 1, 1), value=0), *_view(records, 0, method, target),
+            gr.update(value=min(EXPORT_DEFAULT_FRAMES, length) - 1))
 
 
 @friendly
@@ -99,7 +118,9 @@ def export(records: list, fmt: str, start, stop, scale, method: str, target: str
     if not records:
         raise gr.Error("Play an episode first.")
     folder = tempfile.mkdtemp(prefix="agents-export-")
-    path = service.export_episode(_episodes(records), f"{folder}/episode.{fmt}", method=method, target=target,
+    episodes = _episodes(records)
+    name = service.export_name(episodes, method, int(start), int(stop), fmt)
+    path = service.export_episode(episodes, f"{folder}/{name}", method=method, target=target,
                                   fmt=fmt, start=int(start), stop=int(stop) + 1, scale=int(scale))
     return str(path)
 
@@ -134,7 +155,8 @@ def build(ctx) -> dict:
         max_steps = gr.Number(300, precision=0, minimum=1, maximum=service.EPISODE_CAP,
                               label=f"Steps at most (cap {service.EPISODE_CAP})", elem_id="agents-max-steps")
     with gr.Row():
-        method = gr.Dropdown(service.method_choices(), value="gradcam", label="Map", elem_id="agents-method")
+        method = gr.Dropdown(service.method_choices([first["value"]] if first.get("value") else None),
+                             value="gradcam", label="Map", elem_id="agents-method")
         target = gr.Radio(TARGET_CHOICES, value="value", label="Explain", elem_id="agents-target")
         play_button = gr.Button("Play", variant="primary", elem_id="agents-play")
     with gr.Row():
@@ -173,8 +195,9 @@ def build(ctx) -> dict:
 
     view_outputs = [picture_a, picture_b, facts, timeline]
     scenario.change(agent_choices, [scenario], [agent_a, agent_b], **ctx.light)
+    gr.on([agent_a.change, agent_b.change], map_choices, [agent_a, agent_b, method], [method], **ctx.light)
     play_button.click(play, [agent_a, agent_b, seed, max_steps, method, target],
-                      [records, frame, *view_outputs], **ctx.heavy).then(record_text, [records], [record])
+                      [records, frame, *view_outputs, stop], **ctx.heavy).then(record_text, [records], [record])
     gr.on([frame.release, method.change, target.change], scrub, [records, frame, method, target], view_outputs,
           trigger_mode="always_last", **ctx.heavy)
     load_button.click(load_record, [record, method, target], [records, frame, *view_outputs], **ctx.heavy)
