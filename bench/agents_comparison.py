@@ -1,0 +1,238 @@
+"""The agents' comparison, in resumable stages: the recipe pilots and their gate, the CAMAL lambda, 5 seeds x 2 arms,
+the held-out evaluation and the results. The same command continues where it stopped.
+
+    PYTHONPATH=. python bench/agents_comparison.py --work bench/agents-runs --parallel 2 [--stop-at 22:20]
+
+Stages (each starts when the one before is complete; a stage's runs go at most `--parallel` at a time, one thread
+each, `train-agent` resuming from its checkpoint in WORK):
+1. pilots: the recipes of bench/agents_recipe_gate.md (A: Nature CNN, B: compact CNN width 16; both 100 x 156,
+   2 envs x 2048 steps, 3 epochs, lr 1e-4, minibatch 32, clip 0.2, no entropy bonus) on training seed 1 to
+   196,608 steps (48 updates, within 200k), then 100 episodes each on reset seeds EVAL_SEED_BASE + k; gate: mean return >= 15. The recipe
+   the comparison uses: B if it passes, else A if it passes; none: the script stops and says so.
+2. lambda: CAMAL at lambda 0.3, 1 and 3 on training seed 2 with the chosen recipe; the rule, fixed before the
+   runs: the largest lambda whose critic's explained variance (mean over the last 5 updates) is >= 0.3; none:
+   the comparison does not run CAMAL, and says so.
+3. compare: training seeds 101-105 x {vanilla, CAMAL at the chosen lambda}, 196,608 steps each.
+4. evaluate: every agent of stage 3 on 100 held-out episodes (reset seeds EVAL_SEED_BASE + 1000 + k, never
+   used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test.
+5. results: bench/results/agents-comparison.json (rliable intervals and POI over seeds for return and IoU, the
+   counterfactual gap per arm and CAMAL - vanilla, the baselines and IoU reference points beside them).
+`--stop-at HH:MM` (UTC) or SIGTERM: the runs stop with a checkpoint; run the same command to continue.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from explainers.agents.train import EVAL_SEED_BASE  # noqa: E402
+
+STEPS = 196_608  # 48 updates of 2 x 2048 steps: the most within the gate's 200k
+RECIPE = ["--scenario", "defend_the_center", "--frame-hw", "100", "156", "--num-envs", "2", "--rollout-steps", "2048",
+          "--epochs", "3", "--lr", "1e-4", "--minibatch", "32", "--clip", "0.2", "--entropy-coef", "0",
+          "--iou-every", "5", "--checkpoint-every", "2", "--threads", "1", "--device", "cpu"]
+NETWORKS = {"A": ["--arch", "nature"], "B": ["--arch", "cnn", "--width", "16"]}
+PREFERENCE = ("B", "A")  # if both pass the gate (bench/agents_recipe_gate.md)
+GATE_RETURN, GATE_EPISODES = 15.0, 100
+LAMBDAS, LAMBDA_SEED, EV_FLOOR, EV_UPDATES = (0.3, 1.0, 3.0), 2, 0.3, 5
+SEEDS, EVAL_EPISODES, EVAL_OFFSET = (101, 102, 103, 104, 105), 100, 1000
+STOPPED = 3  # exit status: stopped before the end, run the same command again
+
+
+class Stop(Exception):
+    pass
+
+
+def finished(work: Path, name: str) -> dict | None:
+    card = work / f"{name}.json"
+    if not card.exists():
+        return None
+    card = json.loads(card.read_text())
+    return card if card.get("steps", 0) >= STEPS else None
+
+
+def run_all(work: Path, runs: list, args, logs: Path) -> None:
+    """Train the runs not yet finished, at most `args.parallel` at a time; Stop at the deadline or on a signal."""
+    waiting = [run for run in runs if not finished(work, run[0])]
+    active: dict = {}
+    while waiting or active:
+        while waiting and len(active) < args.parallel and not stop_now(args):
+            name, extra = waiting.pop(0)
+            command = [sys.executable, "-m", "explainers", "train-agent", *RECIPE, *extra, "--steps", str(STEPS),
+                       "--out", str(work), "--name", name]
+            log = open(logs / f"{name}.log", "a")
+            active[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                            env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+            print(f"[comparison] started {name}", flush=True)
+        if stop_now(args):
+            for proc in active.values():
+                proc.send_signal(signal.SIGTERM)  # train-agent checkpoints and exits after its current step
+            for proc in active.values():
+                proc.wait()
+            raise Stop()
+        time.sleep(5)
+        for name, proc in list(active.items()):
+            if proc.poll() is not None:
+                del active[name]
+                if not finished(work, name):
+                    raise SystemExit(f"{name} stopped without finishing (see {logs / (name + '.log')})")
+
+
+def stop_now(args) -> bool:
+    if STOP_SIGNAL:
+        return True
+    if not args.stop_at:
+        return False
+    hour, minute = (int(v) for v in args.stop_at.split(":"))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (now.hour, now.minute) >= (hour, minute)
+
+
+STOP_SIGNAL: list = []
+
+
+def evaluate(work: Path, name: str, seed_base: int, episodes: int, greedy: bool = False, prior=None) -> dict:
+    out = work / "eval" / f"{name}{'-greedy' if greedy else ''}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    from explainers.agents.evaluate import evaluate_agents
+
+    result = evaluate_agents([work / f"{name}.json"], episodes=episodes, seed_base=seed_base, greedy=greedy,
+                             prior=prior, curve_every=10)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_rounded(result)))
+    return result
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def pilots(work: Path, args, logs: Path) -> str | None:
+    """Train and judge the pilots; the preferred one that passes is chosen as soon as it is known."""
+    record = {"gate": f"mean return >= {GATE_RETURN} on {GATE_EPISODES} episodes (reset seeds "
+                      f"{EVAL_SEED_BASE}-{EVAL_SEED_BASE + GATE_EPISODES - 1}) within {STEPS} steps",
+              "recipe": RECIPE, "pilots": {}}
+    for key in PREFERENCE:  # a preferred pilot that already passed settles it
+        if finished(work, f"pilot-{key}") and judge(work, key, record):
+            return write_pilots(record, key, args)
+    run_all(work, [(f"pilot-{key}", ["--seed", "1", "--lambda", "0", *NETWORKS[key]]) for key in PREFERENCE],
+            args, logs)
+    passed = [key for key in PREFERENCE if judge(work, key, record)]
+    return write_pilots(record, passed[0] if passed else None, args)
+
+
+def judge(work: Path, key: str, record: dict) -> bool:
+    result = evaluate(work, f"pilot-{key}", EVAL_SEED_BASE, GATE_EPISODES)
+    returns = [e["return"] for e in result["episodes"]]
+    card = finished(work, f"pilot-{key}")
+    record["pilots"][key] = {"network": NETWORKS[key], "steps": card["steps"], "train_seconds":
+                             card["train_seconds"], **_mean_ci(returns), "passed": float(np.mean(returns)) >= GATE_RETURN}
+    return record["pilots"][key]["passed"]
+
+
+def write_pilots(record: dict, chosen: str | None, args) -> str | None:
+    record["chosen"] = chosen
+    Path(args.results, "agents-pilots.json").write_text(json.dumps(_rounded(record), indent=1))
+    return chosen
+
+
+def _mean_ci(values) -> dict:
+    from explainers.statistics import bootstrap_ci
+
+    return {"mean_return": float(np.mean(values)), "ci95": bootstrap_ci(values), "episodes": len(values)}
+
+
+def pick_lambda(work: Path, key: str, args, logs: Path) -> float | None:
+    names = {lam: f"lambda-{lam:g}-s{LAMBDA_SEED}" for lam in LAMBDAS}
+    run_all(work, [(name, ["--seed", str(LAMBDA_SEED), "--lambda", str(lam), *NETWORKS[key]])
+                   for lam, name in names.items()], args, logs)
+    table = {}
+    for lam, name in names.items():
+        history = finished(work, name)["history"]
+        table[lam] = float(np.mean([row["explained_variance"] for row in history[-EV_UPDATES:]]))
+    allowed = [lam for lam, ev in table.items() if ev >= EV_FLOOR]
+    chosen = max(allowed) if allowed else None
+    (work / "lambda.json").write_text(json.dumps({"rule": f"largest lambda with explained variance >= {EV_FLOOR} "
+                                                           f"(mean of the last {EV_UPDATES} updates)",
+                                                  "explained_variance": table, "chosen": chosen}, indent=1))
+    return chosen
+
+
+def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
+    arms = [("vanilla", 0.0)] + ([("camal", lam)] if lam is not None else [])
+    runs = [(f"{arm}-s{seed}", ["--seed", str(seed), "--lambda", str(value), *NETWORKS[key]])
+            for seed in SEEDS for arm, value in arms]
+    run_all(work, runs, args, logs)
+    prior_path = Path(args.results, "agents-mask-prior-100x156.npy")
+    prior = np.load(prior_path).astype(np.float32) if prior_path.exists() else None
+    for name, _ in runs:
+        for greedy in (False, True):
+            if stop_now(args):
+                raise Stop()
+            evaluate(work, name, EVAL_SEED_BASE + EVAL_OFFSET, EVAL_EPISODES, greedy, prior)
+    return [name for name, _ in runs]
+
+
+def _smoke() -> None:
+    global STEPS, GATE_RETURN, GATE_EPISODES, LAMBDAS, SEEDS, EVAL_EPISODES, EV_FLOOR
+    STEPS, GATE_RETURN, GATE_EPISODES, LAMBDAS, SEEDS, EVAL_EPISODES, EV_FLOOR = 256, -99, 2, (1.0,), (101,), 2, -99
+    RECIPE[RECIPE.index("--rollout-steps") + 1] = "64"
+    RECIPE[RECIPE.index("--frame-hw") + 1:RECIPE.index("--frame-hw") + 3] = ["60", "80"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", default=str(ROOT / "bench" / "agents-runs"))
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--stop-at", default=None, help="HH:MM (UTC): stop with checkpoints at this time")
+    parser.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "agents-comparison-logs"))
+    parser.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--smoke", action="store_true", help="a quick check of the machinery (tiny runs, a few "
+                                                             "episodes): its numbers are not results")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        _smoke()
+    work, logs = Path(args.work), Path(args.logs)
+    work.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: STOP_SIGNAL.append(True))
+    try:
+        key = pilots(work, args, logs)
+        if key is None:
+            print("[comparison] no recipe passed the gate: see bench/results/agents-pilots.json", flush=True)
+            return 0
+        lam = pick_lambda(work, key, args, logs)
+        names = compare(work, key, lam, args, logs)
+    except Stop:
+        print("[comparison] stopped with checkpoints: run the same command to continue", flush=True)
+        return STOPPED
+    from agents_comparison_results import write_results  # noqa: E402 - beside this script
+
+    write_results(work, names, Path(args.results, "agents-comparison.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""The comparison's figures from its evaluations (bench/agents_comparison.py, stage 5).
+
+Per training seed, an agent's score is the mean over its 100 held-out episodes; arms are compared over the seeds
+with stratified bootstrap intervals and the probability of improvement (rliable's definitions,
+`explainers.agents.stats`). Beside them: the scripted baselines and the IoU reference points
+(bench/results/agents-baselines-100x156.json, same frame size), the reference points on each agent's own frames,
+the counterfactual gap (median over frames of the monsters' scaled drop minus the control's) per seed, and the
+critics' explained variance at the end of training.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from explainers.agents.counterfactual import summarise_drops
+from explainers.agents.stats import compare_arms
+
+
+def _seed_scores(work: Path, name: str) -> dict:
+    sampled = json.loads((work / "eval" / f"{name}.json").read_text())
+    greedy = json.loads((work / "eval" / f"{name}-greedy.json").read_text())
+    episodes = sampled["episodes"]
+    ious = [e["iou"] for e in episodes if e["iou"] is not None]
+    references = {key: float(np.nanmean([e["iou_reference"].get(key) if e["iou_reference"].get(key) is not None
+                                         else np.nan for e in episodes]))
+                  for key in episodes[0]["iou_reference"]}
+    card = json.loads((work / f"{name}.json").read_text())
+    drops = summarise_drops(next(iter(sampled["counterfactual"].values())), n_resamples=2000)
+    return {"return": float(np.mean([e["return"] for e in episodes])),
+            "return_greedy": float(np.mean([e["return"] for e in greedy["episodes"]])),
+            "iou": float(np.mean(ious)) if ious else float("nan"), "iou_reference": references,
+            "counterfactual_gap": drops["monsters_minus_control"]["median"],
+            "counterfactual": drops,
+            "deletion_drop": float(np.mean(next(iter(sampled["fidelity"].values()))["deletion_drop"])),
+            "explained_variance_end": float(np.mean([r["explained_variance"] for r in card["history"][-5:]])),
+            "steps": card["steps"], "train_seconds": card["train_seconds"]}
+
+
+def write_results(work: Path, names: list, out: Path) -> dict:
+    arms: dict = {}
+    for name in names:
+        arm, seed = name.rsplit("-s", 1)
+        arms.setdefault(arm, {})[int(seed)] = _seed_scores(work, name)
+    comparisons = {}
+    if "camal" in arms:
+        seeds = sorted(set(arms["camal"]) & set(arms["vanilla"]))
+        for metric in ("return", "return_greedy", "iou", "counterfactual_gap", "deletion_drop"):
+            comparisons[metric] = compare_arms([arms["camal"][s][metric] for s in seeds],
+                                               [arms["vanilla"][s][metric] for s in seeds])
+    baselines_path = Path(__file__).resolve().parent / "results" / "agents-baselines-100x156.json"
+    baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else None
+    lambda_path = work / "lambda.json"
+    result = {"arms": arms, "camal_minus_vanilla": comparisons,
+              "lambda": json.loads(lambda_path.read_text()) if lambda_path.exists() else None,
+              "baselines": baselines and {"policies": {k: v["return"] for k, v in baselines["policies"].items()},
+                                          "iou_references": baselines["iou_references"]},
+              "ignoring_critic": "a critic that ignores the monsters has a counterfactual gap of 0"}
+    out.write_text(json.dumps(result, indent=1))
+    return result
