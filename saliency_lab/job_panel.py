@@ -3,7 +3,7 @@ report (status line, progress, live figure, and once finished its results), the 
 open.
 
     report = job_report(services, job_id)    # JobReport: text, percent, figure, status, finished, gallery, table
-    rows = job_rows(services)                # [job, state, progress, model, started, finished, error]
+    rows = job_rows(services)                # [job, kind, state, progress, model, started, finished, error]
     job_choices(services, kind="aha-train")  # [(label, id)] for a picker
     cancel_job(services, job_id); resume_job(services, job_id); open_job(services, job_id)
 
@@ -28,7 +28,7 @@ from . import figures
 
 FINISHED = ("done", "failed", "cancelled", "interrupted")
 RESUMABLE = ("failed", "cancelled", "interrupted")
-JOB_HEADERS = ["job", "state", "progress", "model", "started", "finished", "error"]
+JOB_HEADERS = ["job", "kind", "state", "progress", "model", "started", "finished", "error"]
 # the modules that describe the app's job kinds (imported on first use: each registers with @describes)
 DESCRIBED_IN = ("saliency_lab.finetune", "saliency_lab.aha_train", "saliency_lab.agents")
 _DESCRIBERS: dict = {}
@@ -257,26 +257,43 @@ def _when(seconds) -> str:
 
 
 def job_rows(services, limit: int = 30, kind: str | None = None) -> list:
-    """[job, state, progress, model, started, finished, error] of the most recent jobs (newest first; of one
+    """[job, kind, state, progress, model, started, finished, error] of the most recent jobs (newest first; of one
     `kind` when given). The runner reconciled every record with its process when it started (a dead process:
-    interrupted)."""
+    interrupted). The model of a job that makes one (an agent) is the one it makes."""
     rows = []
     for job in services.runner().list(limit):
         if kind is not None and job["kind"] != kind:
             continue
-        progress = job["progress"]
-        done = f"{progress['step'] or 0}/{progress['total']}" if progress.get("total") else ""
-        model = Path(str((job.get("params") or {}).get("model", ""))).name.removesuffix(".json")
-        if job["kind"] == "aha-train":
-            model += " (AHA explainer)"
-        rows.append([job["id"], job["status"], done, model, _when(job["started"]), _when(job["finished"]),
-                     (job.get("error") or "")[:200]])
+        rows.append([job["id"], job["kind"], job["status"], progress_cell(job), job_model(job), _when(job["started"]),
+                     _when(job["finished"]), (job.get("error") or "")[:200]])
     return rows
+
+
+def progress_cell(job: dict) -> str:
+    """"step/total", "step N" where the total is not known, "done" for a finished job that said none."""
+    progress = job.get("progress") or {}
+    step, total = progress.get("step"), progress.get("total")
+    if total:
+        return f"{step or 0}/{total}"
+    if step:
+        return f"step {step}"
+    return "done" if job["status"] == "done" else ""
+
+
+def job_model(job: dict) -> str:
+    """The model a job works on (fine-tune, AHA training) or makes (an agent: its name and scenario)."""
+    params = job.get("params") or {}
+    model = Path(str(params.get("model", ""))).name.removesuffix(".json")
+    if job["kind"] == "aha-train":
+        model += " (AHA explainer)"
+    if not model and params.get("name"):
+        model = str(params["name"]) + (f" ({params['scenario']})" if params.get("scenario") else "")
+    return model
 
 
 def job_choices(services, limit: int = 30, kind: str | None = None) -> list:
     """[(label, id)] of the recent jobs (of one `kind` when given) for a picker."""
-    return [(" · ".join(part for part in (row[0], row[1], row[3], row[2]) if part), row[0])
+    return [(" · ".join(part for part in (row[0], row[2], row[4], row[3]) if part), row[0])
             for row in job_rows(services, limit, kind)]
 
 

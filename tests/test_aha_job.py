@@ -299,7 +299,8 @@ def test_the_forms_service_functions(data_dir, tmp_path):
         assert labels["aha"].endswith("· one pass (trained explainer)")  # the Explain tab's menu note
         assert aha_train.aha_note(services, name).endswith("one pass (trained explainer).")
         assert (job_id in [v for _, v in job_panel.job_choices(services, kind=aha_train.KIND)])
-        assert any(row[0] == job_id and row[3] == f"{name} (AHA explainer)" for row in job_panel.job_rows(services))
+        assert any(row[0] == job_id and row[1] == "aha-train" and row[4] == f"{name} (AHA explainer)"
+                   for row in job_panel.job_rows(services))
     finally:
         if services._runner is not None:
             services._runner.shutdown()

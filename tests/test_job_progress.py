@@ -205,3 +205,18 @@ def test_camal_rows_carry_loss_and_iou_to_the_figure(tmp_path):
     C.finetune(bundle, data, epochs=1, lam=0.0, batch_size=4,
                progress=lambda step, total, **m: plain.append(m) if m else None, log_every=1)
     assert plain and not any("iou" in m for m in plain)  # no CAM without the mask term: no IoU
+
+
+def test_the_jobs_table_names_each_jobs_kind_model_and_progress():
+    """Every kind of job gets its kind, its model (an agent job: the agent it makes) and its progress (a step
+    without a known total as such)."""
+    from saliency_lab import job_panel
+
+    agent = {"kind": "agent-train", "status": "running", "progress": {"step": 4096, "total": None},
+             "params": {"name": "camal-1", "scenario": "defend_the_center"}}
+    finetune = {"kind": "finetune", "status": "done", "progress": {"step": 30, "total": 30},
+                "params": {"model": "weights/bloodmnist-cnn.json"}}
+    assert job_panel.JOB_HEADERS[:5] == ["job", "kind", "state", "progress", "model"]
+    assert job_panel.job_model(agent) == "camal-1 (defend_the_center)" and job_panel.progress_cell(agent) == "step 4096"
+    assert job_panel.job_model(finetune) == "bloodmnist-cnn" and job_panel.progress_cell(finetune) == "30/30"
+    assert job_panel.progress_cell({"status": "done", "progress": {}}) == "done"
