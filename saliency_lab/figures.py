@@ -338,7 +338,7 @@ def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:
     """Loss terms (left axis) and the CAM inside/outside the masks, IoU, accuracy (right axis) against the step,
     from JobRunner.history(); `before_iou` (if reported) is drawn as a dotted reference line."""
     colours = palette()
-    data, shapes, annotations = [], [], []
+    data = []
     for index, (key, (label, axis)) in enumerate(JOB_SERIES.items()):
         points = [(p.get("step"), p[key]) for p in history if isinstance(p.get(key), (int, float))]
         if not points:
@@ -347,18 +347,20 @@ def job_figure(history: list, title: str = "Fine-tune progress") -> FigureSpec:
                      "mode": "lines+markers", "name": label, "yaxis": axis, "marker": {"size": 4},
                      "line": {"color": colours[index % len(colours)], "width": 2,
                               "dash": "dot" if axis == "y2" else "solid"}})
-    for point in history:
-        if isinstance(point.get("before_iou"), (int, float)):
-            shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y2", "y0": point["before_iou"],
-                           "y1": point["before_iou"], "line": {"color": "#999", "dash": "dot"}})
-            annotations.append({"text": f"IoU before {point['before_iou']:.2f}", "xref": "paper", "x": 1,
-                                "yref": "y2", "y": point["before_iou"], "showarrow": False, "xanchor": "right"})
-            break
-    layout = plot_layout(title, 340, xaxis=axis_style(title={"text": "step"}), yaxis=axis_style(title={"text": "loss"}),
-                     yaxis2={"title": {"text": "CAM share / IoU"}, "overlaying": "y", "side": "right",
-                             "range": [0, 1], "showgrid": False},
-                     margin={"l": 60, "r": 60, "t": 45, "b": 40}, legend={"orientation": "h", "y": -0.25},
-                     shapes=shapes, annotations=annotations)
+    steps = sorted({p["step"] for p in history if isinstance(p.get("step"), (int, float))})
+    # one step (a one-step run): an x range of its own (plotly's autorange of one value drew NaN paths)
+    span = [steps[0] - 1, steps[-1] + 1] if len(steps) == 1 else [steps[0], steps[-1]] if steps else [0, 1]
+    before = next((p["before_iou"] for p in history if isinstance(p.get("before_iou"), (int, float))), None)
+    if before is not None:  # a trace on the right axis (a shape there drew NaN when no trace used that axis)
+        data.append({"type": "scatter", "x": span, "y": [before, before], "mode": "lines", "yaxis": "y2",
+                     "name": f"IoU before {before:.2f}", "line": {"color": "#999", "dash": "dot", "width": 1.5},
+                     "hoverinfo": "skip"})
+    one_step = {"range": span} if len(steps) == 1 else {}
+    layout = plot_layout(title, 340, xaxis=axis_style(title={"text": "step"}, **one_step),
+                         yaxis=axis_style(title={"text": "loss"}),
+                         yaxis2={"title": {"text": "CAM share / IoU"}, "overlaying": "y", "side": "right",
+                                 "range": [0, 1], "showgrid": False},
+                         margin={"l": 60, "r": 60, "t": 45, "b": 40}, legend={"orientation": "h", "y": -0.25})
     return FigureSpec(data, layout)
 
 

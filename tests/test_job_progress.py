@@ -220,3 +220,13 @@ def test_the_jobs_table_names_each_jobs_kind_model_and_progress():
     assert job_panel.job_model(agent) == "camal-1 (defend_the_center)" and job_panel.progress_cell(agent) == "step 4096"
     assert job_panel.job_model(finetune) == "bloodmnist-cnn" and job_panel.progress_cell(finetune) == "30/30"
     assert job_panel.progress_cell({"status": "done", "progress": {}}) == "done"
+
+
+def test_a_one_step_fine_tune_figure_has_an_x_range_and_no_shape_on_an_empty_axis():
+    """A one-step run: plotly's autorange of one step, and a reference line drawn as a shape on an axis no trace
+    used, gave NaN paths in the browser. The reference IoU is a trace on the right axis; one step has its range."""
+    figure = figures.job_figure([{"t": 0, "step": 1, "loss": 0.7, "before_iou": 0.2}]).to_dict()
+    layout = figure["layout"]
+    assert layout["xaxis"]["range"] == [0, 2] and not layout.get("shapes")
+    before = [trace for trace in figure["data"] if trace["name"].startswith("IoU before")]
+    assert before and before[0]["yaxis"] == "y2" and before[0]["y"] == [0.2, 0.2]
