@@ -1,12 +1,14 @@
-"""The model bundle contract: `ModelBundle` (a network and what methods need to know about it) and
-`ModelUnavailableError`. Its own module so that every loader (explainers.models for classifiers,
-explainers.segmentation.model for SegFormers) builds bundles without importing another loader;
-`explainers.models` re-exports both names.
+"""The model bundle contract: `ModelBundle` (a network and what methods need to know about it),
+`ModelUnavailableError`, and the registry of model kinds (`ModelKind`, `register_kind`: timm's `register_model`
+for whole kinds of model). Its own module so that every loader (explainers.models for classifiers,
+explainers.segmentation.model for SegFormers) builds bundles and registers its kind without importing another
+loader; `explainers.models` re-exports these names and finds, lists and loads every kind's models.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -17,6 +19,33 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 class ModelUnavailableError(RuntimeError):
     """A model cannot be loaded here (not bundled, not cached, and the hub is unreachable)."""
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """A kind of model (a classifier, a segmentation model, ...), registered by its loader's module.
+
+    `name` is the "kind" its cards carry; `from_card(name, card, weights_path) -> ModelBundle` builds one from its
+    card and weights; `from_hub(name, **options) -> ModelBundle` downloads (or finds cached) a hub model of this
+    kind; `hub_name(name) -> bool` says whether a name without a card is one of its hub names (the classifier
+    kind takes every other name: `default`); `bundled` are the shipped names (listed first, when their card is
+    present) and `hub` the hub names offered by default."""
+    name: str
+    from_card: Callable
+    from_hub: Callable | None = None
+    hub_name: Callable | None = None
+    bundled: tuple = ()
+    hub: tuple = ()
+    default: bool = False
+
+
+MODEL_KINDS: dict = {}
+
+
+def register_kind(kind: ModelKind) -> ModelKind:
+    """Add a kind of model to the registry (its loader's module calls this when imported)."""
+    MODEL_KINDS[kind.name] = kind
+    return kind
 
 
 @dataclass

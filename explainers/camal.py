@@ -627,12 +627,12 @@ def _run_camal(*, model, data, out, masks, epochs, lam, lr, weight_decay, batch_
     if world > 1:
         import torch.distributed as dist
         dist.barrier()
-    from .models import model_dirs
+    from .models import card_folders
 
-    listed = any(out_dir.resolve() == Path(folder).resolve() for folder in model_dirs())
+    listed = any(out_dir.resolve() == Path(folder).resolve() for folder in card_folders())
     if not listed:
         print(f"CAMAL: {name} written to {out_dir}; the model zoo lists models in "
-              f"{' and '.join(str(f) for f in model_dirs())} only (load this one with "
+              f"{' and '.join(str(f) for f in card_folders())} only (load this one with "
               f"--model {out_dir / (name + '.json')})", file=sys.stderr)
     summary.update({"before": before, "after": after, "card": str(out_dir / f"{name}.json"),
                     "weights": str(out_dir / card["weights_file"]), "figures": figures, "listed_in_zoo": listed})

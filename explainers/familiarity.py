@@ -187,10 +187,9 @@ def load(path) -> FamiliarityStats:
 
 def stats_path(model_name: str) -> Path | None:
     """Where a model's statistics are: the code's weights/ (bundled models), else the user's models folder."""
-    from .models import WEIGHTS_DIR, safe_name
-    from .paths import user_models_dir
+    from .models import card_folders, safe_name
 
-    for folder in (Path(WEIGHTS_DIR), user_models_dir()):
+    for folder in card_folders():
         path = folder / f"{safe_name(model_name)}.familiarity.safetensors"
         if path.exists():
             return path

@@ -453,13 +453,9 @@ def safe_name_part(part: str) -> bool:
 # --------------------------------------------------------------------------------------------- list / remove
 def imported_models() -> list:
     """Cards of the imported models in the data folder, by name."""
-    from .models import model_cards
+    from .models import cards
 
-    cards = []
-    for _, card in model_cards(_user_dir()):
-        if card.get("source") == "import" and card.get("kind") == "classifier":
-            cards.append(card)
-    return cards
+    return [card.data for card in cards("classifier", folders=[_user_dir()]) if card.data.get("source") == "import"]
 
 
 def remove_imported_model(name: str) -> list:

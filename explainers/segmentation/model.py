@@ -7,11 +7,12 @@ post-processing does), so a region target, a mask and a map share one pixel grid
 the methods need: `segformer_facts(bundle)` gives per stage its blocks, heads, and the reduction ratio of its
 efficient attention (keys and values pooled by an R x R stride-R convolution).
 
-Loaders:
+Loaders, registered as the "segmentation" kind of model (`explainers.bundle.register_kind`, at the end):
 - bundled: `weights/NAME.json` with `"kind": "segmentation"` and `"architecture": "segformer"` (the transformers
   config in `segformer_config`) and the safetensors beside it (see `load_segformer_bundle`);
-- hub: names such as `nvidia/segformer-b0-finetuned-ade-512-512`, through transformers' from_pretrained into the
-  HuggingFace cache; offline (or without transformers) they fail at once with a plain message.
+- hub: repository names such as `nvidia/segformer-b0-finetuned-ade-512-512` (`owner/name`, the form transformers'
+  from_pretrained reads; timm's names have no '/'), through from_pretrained into the HuggingFace cache; offline (or
+  without transformers) they fail at once with a plain message.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..bundle import IMAGENET_MEAN, IMAGENET_STD, ModelBundle, ModelUnavailableError
+from ..bundle import IMAGENET_MEAN, IMAGENET_STD, ModelBundle, ModelKind, ModelUnavailableError, register_kind
 
 SEGMENTATION_FAMILY = "segformer"
 BUNDLED_SEGMENTATION_MODELS = ("bccd-segformer",)
@@ -200,3 +201,13 @@ def load_hub_segformer(name: str):
 def _hub_input_size(name: str) -> tuple:
     found = re.search(r"(\d{3,4})-(\d{3,4})$", name)
     return (int(found.group(1)), int(found.group(2))) if found else (512, 512)
+
+
+def is_hub_repository(name: str) -> bool:
+    """Whether a name without a card is a hub repository of this kind: `owner/name` (what transformers'
+    from_pretrained reads; the classifiers' timm names have no '/')."""
+    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", str(name)) is not None
+
+
+register_kind(ModelKind("segmentation", from_card=load_segformer_bundle, from_hub=load_hub_segformer,
+                        hub_name=is_hub_repository, bundled=BUNDLED_SEGMENTATION_MODELS, hub=HUB_SEGMENTATION_MODELS))
