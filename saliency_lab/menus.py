@@ -9,6 +9,8 @@ file in `explainers/methods/`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from explainers import models as models_module
 from explainers.engine import method_label
 from explainers.methods import METHODS, available_methods, get_method, ordered
@@ -118,11 +120,34 @@ def sliders() -> list:
     return sorted(found, key=lambda item: item[1].rank)
 
 
-def api_parameter(option) -> str:
+# The ids the page and its API published for the sliders before the library stopped naming them (the browser
+# tests and scripts call them): kept. Any other method option is '<method>-<option>' (`slider_ids`).
+PUBLISHED_SLIDER_IDS = {("aha", "refine_steps"): "refine", ("occlusion", "window_fraction"): "occlusion-window",
+                        ("gradskip", "alpha"): "alpha", ("gradskip", "gate_power"): "class-focus"}
+
+
+@dataclass(frozen=True)
+class SliderIds:
+    """A method option's slider in the page: its element id, the endpoint of a release and, for a live option,
+    the endpoint of its moves (None otherwise)."""
+    elem_id: str
+    api_name: str
+    preview_api_name: str | None
+
+
+def slider_ids(method: str, option) -> SliderIds:
+    """The slider's ids, derived here from (method, option): the library's options carry no Gradio names. A live
+    option's release gives its curves ('<id>_curves') and its moves a preview ('<id>_preview')."""
+    elem_id = PUBLISHED_SLIDER_IDS.get((method, option.name)) or f"{method}-{option.name}".replace("_", "-")
+    api = elem_id.replace("-", "_")
+    return SliderIds(elem_id, f"{api}_curves", f"{api}_preview") if option.live else SliderIds(elem_id, api, None)
+
+
+def api_parameter(method: str, option) -> str:
     """The name a script calls a slider by in the app's API (gradio_client keywords): the slider's id as a Python
     name (alpha, class_focus, occlusion_window), or the method's keyword where that only extends the id
     (refine -> refine_steps)."""
-    ident = (option.elem_id or option.name).replace("-", "_")
+    ident = slider_ids(method, option).elem_id.replace("-", "_")
     return option.name if option.name.startswith(ident) else ident
 
 

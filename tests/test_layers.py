@@ -153,3 +153,25 @@ def test_every_tab_keeps_the_tab_contract():
                   if isinstance(node, ast.ImportFrom) and node.module}
         assert "gradio" not in roots, f"{path.name} imports gradio: only saliency_lab/ui/ may"
     assert importlib.import_module("saliency_lab.ui").TabContext
+
+
+def test_library_options_carry_no_gradio_names_and_the_app_derives_them():
+    """A method's Option names no element or endpoint of the page: the app derives them from (method, option),
+    keeping the names the page and its API have published, and naming any other option '<method>-<option>'."""
+    import dataclasses
+
+    from explainers.methods import Option
+    from saliency_lab import menus
+
+    fields = {field.name for field in dataclasses.fields(Option)}
+    assert not fields & {"elem_id", "api_name", "preview_api_name"}
+    ids = {(method, option.name): menus.slider_ids(method, option) for method, option in menus.sliders()}
+    assert ids[("gradskip", "alpha")] == menus.SliderIds("alpha", "alpha_curves", "alpha_preview")
+    assert ids[("gradskip", "gate_power")] == menus.SliderIds("class-focus", "class_focus_curves", "class_focus_preview")
+    assert ids[("aha", "refine_steps")] == menus.SliderIds("refine", "refine", None)
+    assert ids[("occlusion", "window_fraction")] == menus.SliderIds("occlusion-window", "occlusion_window", None)
+    assert len({i.elem_id for i in ids.values()}) == len(ids)  # one element per slider
+    new = Option("window_size", "A new option", 1, 0, 2, 1)
+    assert menus.slider_ids("newmethod", new) == menus.SliderIds("newmethod-window-size", "newmethod_window_size", None)
+    assert [menus.api_parameter(m, o) for m, o in menus.sliders()] == ["alpha", "class_focus", "refine_steps",
+                                                                      "occlusion_window"]

@@ -52,7 +52,7 @@ class AHA(Method):
     user_options = (Option("refine_steps", "AHA refinement steps T", 0, 0, MAX_REFINE_STEPS, 1, int,
                            "0 = one pass (fastest); each step optimises the map for this image (about one "
                            "forward and backward pass of the model over 28 perturbed images).",
-                           rank=1, elem_id="refine", api_name="refine", flag="refine-steps"),)
+                           rank=1, flag="refine-steps"),)
     flag_options = (Option("per_image_steps", "AHA per-image steps", PER_IMAGE_STEPS, 1, MAX_PER_IMAGE_STEPS, 1, int,
                            "Optimisation steps of the per-image mode (a model without a trained explainer)."),)
 

@@ -44,8 +44,8 @@ class Option:
 
     `live`: the method's prepared state recombines it without a model pass (`state.map(name=value)`), so the
     app redraws while the slider moves; otherwise the method reruns when the slider is released. `rank` orders
-    the sliders of all methods; `elem_id`, `api_name` (release) and `preview_api_name` (live moves) name the
-    slider and its endpoints in the app; `short` names it in a map's caption (default: its keyword); `flag` is its
+    the sliders of all methods (the app names each slider and its endpoints from (method, option):
+    `saliency_lab.menus.slider_ids`); `short` names it in a map's caption (default: its keyword); `flag` is its
     command-line flag without the dashes (default: '<method>-<name>', underscores as dashes).
     `minimum`..`maximum` is the range the method accepts, not only the slider's: `Method.__init__` refuses a
     value outside it."""
@@ -59,9 +59,6 @@ class Option:
     info: str = ""
     live: bool = False
     rank: int = 0
-    elem_id: str = ""
-    api_name: str = ""
-    preview_api_name: str = ""
     short: str = ""
     flag: str = ""
 

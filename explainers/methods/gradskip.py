@@ -733,13 +733,11 @@ class GradSkip(Method):
     details = "GradSkip details: head weights"
     user_options = (Option("alpha", "GradSkip alpha", 0.5, 0.0, 1.0, 0.05, float,
                            "Head weights: alpha × gradient flow + (1 − alpha) × sparsity. Instant: no model pass.",
-                           live=True, rank=0, elem_id="alpha", api_name="alpha_curves",
-                           preview_api_name="alpha_preview", flag="alpha"),
+                           live=True, rank=0, flag="alpha"),
                     Option("gate_power", "GradSkip class focus", DEFAULT_GATE_POWER, 0.0, 4.0, 0.25, float,
                            "0: where the object is (attention only); higher: follow the evidence for the asked "
                            "class (the class gate's power). Instant: no model pass.", live=True, rank=0,
-                           elem_id="class-focus", api_name="class_focus_curves",
-                           preview_api_name="class_focus_preview", short="focus"))
+                           short="focus"))
 
     @classmethod
     def default_for(cls, bundle) -> bool:

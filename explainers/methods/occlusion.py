@@ -53,8 +53,7 @@ class Occlusion(Method):
     user_options = (
         Option("window_fraction", "Occlusion window (share of the side)", 0.125, 0.0625, 0.5, 0.0625,
                info="The painted square, as a share of the image side; it moves by half its size. Smaller: "
-                    "finer maps and more passes.", rank=40, elem_id="occlusion-window",
-               api_name="occlusion_window", short="window"),
+                    "finer maps and more passes.", rank=40, short="window"),
     )
 
     @classmethod

@@ -250,8 +250,7 @@ class SegGradSkip(SegmentationMethod):
     form_of = GradSkip
     # the classifier's alpha slider (label, range, step, help), under its own element id and without the classifier
     # app's endpoints and CLI flag
-    user_options = (replace(GradSkip.user_options_by_name()["alpha"], elem_id="seg-alpha", api_name="",
-                            preview_api_name="", flag=""),)
+    user_options = (replace(GradSkip.user_options_by_name()["alpha"], flag=""),)
 
     @classmethod
     def default_for(cls, bundle) -> bool:

@@ -28,7 +28,7 @@ SLIDERS = menus.sliders()  # [(method, Option)]: each method's user options, in 
 DETAILS = next((METHODS[m].details for m in menus.method_order(list(METHODS)) if METHODS[m].details), "Details")
 LIVE = [i for i, (_, option) in enumerate(SLIDERS) if option.live]  # sliders recombined without a model pass
 # the API's parameter names (gradio_client keywords): what an explanation takes, and the look of its overlays
-SLIDER_PARAMETERS = [menus.api_parameter(option) for _, option in SLIDERS]
+SLIDER_PARAMETERS = [menus.api_parameter(method, option) for method, option in SLIDERS]
 VIEW_PARAMETERS = ["opacity", "colour_map"]
 EXPLAIN_PARAMETERS = ["image_path", "model_name", "methods", "target_choice", *SLIDER_PARAMETERS, *VIEW_PARAMETERS,
                       "outline_percent"]
@@ -142,7 +142,7 @@ def outputs_of(services, state, opacity, colormap, image):
             explain.status_text(state), state)
 
 
-def live_change_handler(services, option):
+def live_change_handler(services, method, option):
     @friendly
     def on_live(value, state, opacity, colormap):
         """A live option moved (GradSkip's alpha): recombine the cached statistics (no model pass) and redraw."""
@@ -153,10 +153,10 @@ def live_change_handler(services, option):
         heads = gr.skip() if diagnostics is None else figures.head_weights_figure(diagnostics)
         return explain.overlay_pictures(services, state, opacity, colormap, image), heads, state
 
-    return named(on_live, [menus.api_parameter(option), "state", *VIEW_PARAMETERS])
+    return named(on_live, [menus.api_parameter(method, option), "state", *VIEW_PARAMETERS])
 
 
-def option_release_handler(services, option):
+def option_release_handler(services, method, option):
     """A slider released: re-run the methods with this option at its new value, with their curves, keeping the
     other methods. A live option recombines cached statistics: only the curves run."""
     owners = menus.methods_with_option(option.name)
@@ -170,7 +170,7 @@ def option_release_handler(services, option):
             state, image = explain.rerun_method(services, state, method, {option.name: value})
         return outputs_of(services, state, opacity, colormap, image)
 
-    return named(on_release, [menus.api_parameter(option), "state", *VIEW_PARAMETERS])
+    return named(on_release, [menus.api_parameter(method, option), "state", *VIEW_PARAMETERS])
 
 
 def redraw_handler(services):
@@ -465,7 +465,7 @@ def _classifier_layout(ctx, explain_state) -> dict:
                                        elem_id="methods")
             with gr.Row():  # one slider per method option (explainers.methods.Option)
                 sliders = [gr.Slider(o.minimum, o.maximum, value=o.default, step=o.step, label=o.label,
-                                     info=o.info or None, elem_id=o.elem_id or None,
+                                     info=o.info or None, elem_id=menus.slider_ids(m, o).elem_id,
                                      visible=m in first_methods) for m, o in SLIDERS]
             explain_button = gr.Button("Explain", variant="primary", size="lg", elem_id="explain-button")
             expected = gr.Markdown(elem_classes="help", elem_id="expected-time")
@@ -603,19 +603,20 @@ def _wire_sliders(ctx, ui, show_expected, after_run) -> None:
     """Each method option's slider: a live one recombines while it moves; any re-runs its methods when released."""
     services, heavy, light = ctx.services, ctx.heavy, ctx.light
     expected_inputs = [ui.model, ui.methods, *ui.sliders]
-    for slider, (_, option) in zip(ui.sliders, SLIDERS):
+    for slider, (method, option) in zip(ui.sliders, SLIDERS):
+        ids = menus.slider_ids(method, option)
         previews = []
         if option.live:  # recombined while it moves (no model pass); the curves when it is released
-            previews.append(slider.change(live_change_handler(services, option),
+            previews.append(slider.change(live_change_handler(services, method, option),
                                           [slider, ui.explain_state, ui.opacity, ui.colormap],
                                           [ui.overlays, ui.heads, ui.explain_state],
-                                          api_name=option.preview_api_name or None, **light))
+                                          api_name=ids.preview_api_name, **light))
         # a preview still waiting when the slider is released is superseded: were it to run after the release's
         # result, it would put back a caption without curves (and a state without them)
-        released = slider.release(option_release_handler(services, option), [slider, ui.explain_state, ui.opacity,
-                                  ui.colormap], [ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state],
-                                  api_name=option.api_name or None, trigger_mode="always_last", cancels=previews,
-                                  **heavy)
+        released = slider.release(option_release_handler(services, method, option),
+                                  [slider, ui.explain_state, ui.opacity, ui.colormap],
+                                  [ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state],
+                                  api_name=ids.api_name, trigger_mode="always_last", cancels=previews, **heavy)
         if not option.live:  # it ran the method again: its measured time is the next expected one
             released.success(show_expected, expected_inputs, ui.expected, **after_run)
 
