@@ -55,7 +55,7 @@ def build_app(model_names=None, loader=None, *, default_model=None, data_dir=Non
     `state_dir` (SQLite files), `jobs_root` (fine-tune jobs), `weights_dir` (fine-tuned models), `decoy_roots`
     (folders that may hold decoy BloodMNIST and its models; default `saliency_lab.datasets.decoy_locations()`),
     `segmentation_names` (list or callable: the segmentation models the Explain menu offers; default
-    `saliency_lab.segmentation.segmentation_models`)."""
+    `explainers.models.names("segmentation")`)."""
     from explainers.models import list_models
 
     if heavy_concurrency is None:  # one explanation per core (each torch op single-threaded, see configure_torch)

@@ -150,7 +150,7 @@ class Services:
     `weights_dir` (where fine-tuned models are written; default the user's models folder, outside the code), `parallel` (explanations
     run side by side), `decoy_roots` (folders that may hold decoy BloodMNIST and its models; default
     `datasets.decoy_locations()`), `segmentation_names` (list or callable: the segmentation models the Explain menu
-    offers besides `model_names`; default `segmentation.segmentation_models`)."""
+    offers besides `model_names`; default `explainers.models.names("segmentation")`)."""
 
     def __init__(self, loader, model_names, state_dir, jobs_root=None, sam_variant="auto", hf_token=None,
                  weights_dir=None, parallel=1, decoy_roots=None, segmentation_names=None):
