@@ -10,7 +10,7 @@ pair on held-out episode seeds), the agents' cards, agents-cost.json. Writes
 - weights/agents/defend_the_center-{vanilla,camal}.{safetensors,json}: the pair of training seed SHIPPED_SEED
   (fixed before the results were seen), cards with the command, steps, time, device and held-out figures.
 
-    python bench/agents_results.py /work/devout/agents-results.tar
+    python bench/agents_results.py agents-results.tar     # from device/agents.sh
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
 
 SHIPPED_SEED = 1
 SCENARIO = "defend_the_center"
-# what produced the results: bench/agents_cpu_run.sh (the GPU run of device/agents.sh failed, see DEVICE.md)
+# what produced the results: bench/agents_cpu_run.sh (not device/agents.sh: see device/agents.md)
 TRAIN_COMMAND = ("nice -n 10 python -m explainers train-agent --scenario defend_the_center --seed {seed} "
                  "--lambda {lam} "
                  "--steps {steps}{budget} --num-envs 4 --rollout-steps 128 --minibatch 128 --width 8 "

@@ -1,7 +1,7 @@
 """A review study run end to end in a real browser (Debian's chromium through Playwright), checked against a
 hand computation.
 
-    python bench/review_study_e2e.py --data /work/shared/data/bloodmnist/64/test          # starts python app.py
+    python bench/review_study_e2e.py --data BLOODMNIST/64/test                             # starts python app.py
     python bench/review_study_e2e.py --data shipped --images 24                          # the shipped cells
     python bench/review_study_e2e.py --url http://127.0.0.1:7860 --data cells.zip --db PATH/review.sqlite
     python bench/review_study_e2e.py --data ... --screenshots docs                       # docs/review-*.png

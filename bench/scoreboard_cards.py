@@ -2,8 +2,8 @@
 on a GPU machine, which brings back the JSON but not the card) in the AHA explainer cards, as `--into-card` would
 have stored them, and copy the JSON to bench/results/.
 
-    python bench/scoreboard_cards.py /work/devout/scoreboard/class-dependence-bloodmnist-vit-val64.json \\
-        --data /work/shared/data/bloodmnist/64/val
+    python bench/scoreboard_cards.py OUTPUT_FOLDER/class-dependence-bloodmnist-vit-val64.json \\
+        --data BLOODMNIST/64/val
 
 `--data` names the data as this checkout knows it (the GPU machine read a copy of the same files).
 """

@@ -2,7 +2,7 @@
 against Seg-Grad-CAM (ours and pytorch-grad-cam's, a test-only peer), and the agreement of our Seg-Grad-CAM with
 pytorch-grad-cam's on real smears (Spearman of the two maps).
 
-    python bench/seg_cost.py --data /work/devdata/bccd-seg --out bench/results/seg-cost.json
+    python bench/seg_cost.py --data .devdata/bccd-seg --out bench/results/seg-cost.json
 
 Per smear (the first N of the split): the target is its largest predicted object class over its predicted region.
 Timing: `--warmup` untimed rounds, then the median of `--repeats` timed runs of each, the four interleaved round by

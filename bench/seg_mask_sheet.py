@@ -1,6 +1,6 @@
 """Pictures of derived BCCD masks beside their photographs, for checking the mask rule by eye (docs/seg-masks*.png).
 
-    python bench/seg_mask_sheet.py --data /work/devdata/bccd-seg --out docs/seg-masks-1.png --names BloodImage_00007,...
+    python bench/seg_mask_sheet.py --data .devdata/bccd-seg --out docs/seg-masks-1.png --names BloodImage_00007,...
 
 Left: the photograph (prepared size). Right: the derived mask over it (RBC red, WBC blue, platelets yellow,
 ignored stained pixels green) and the human boxes as outlines in their class's colour.

@@ -13,7 +13,7 @@ PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1
 if [ ! -f "$DATA/splits.json" ]; then
-  echo "no prepared data at $DATA (splits.json missing): copy /work/devdata/bccd-seg there first" >&2
+  echo "no prepared data at $DATA (splits.json missing): prepare it first (device/segmentation.md)" >&2
   exit 2
 fi
 {

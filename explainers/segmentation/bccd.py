@@ -21,7 +21,7 @@ full resolution, then reduced (nearest) to the prepared size:
   calling them background would teach a model (and score a map) against real cells, so neither training nor
   scoring counts those pixels.
 
-    python -m explainers prepare-seg --source /work/shared/data/bccd --out /work/devdata/bccd-seg
+    python -m explainers prepare-seg --source BCCD_DIR --out .devdata/bccd-seg
 
 writes `images/NAME.jpg` (RGB, `--size` W H, JPEG quality 90), `masks/NAME.png` (class index per pixel,
 255 = ignore), `boxes.json` (the human boxes scaled to the prepared size), `splits.json` and `meta.json`

@@ -1,6 +1,6 @@
 """Train the bundled segmentation model: a SegFormer-B0-sized network from scratch on the prepared BCCD folder.
 
-    python -m explainers train-seg --data /work/devdata/bccd-seg --out weights --budget-s 330
+    python -m explainers train-seg --data .devdata/bccd-seg --out weights --budget-s 330
 
 The whole data set (a few MB) lives on the device; augmentation runs there too, so a busy CPU does not slow the
 GPU: per batch one random scale (0.75-1.5), per image a random 256 x 256 crop (padded with the ignore label),
@@ -276,7 +276,7 @@ def export(network, best_state, state, *, data, out_dir, name, meta, config_valu
         "weights_file": f"{name}.safetensors", "weights_dtype": "float16",
         "data": {"source": meta["source"], "prepared_size": meta["size"], "mask_rule": meta["rule"],
                  "mask_rule_counts": meta["rule_counts"],
-                 "prepare_command": "python -m explainers prepare-seg --source /work/shared/data/bccd --out DIR"},
+                 "prepare_command": "python -m explainers prepare-seg --source BCCD_DIR --out DIR"},
         "training": {"from_scratch": True, "steps": state["step"], "best_step": state["best_step"],
                      "train_seconds": round(state["elapsed_s"], 1), "budget_s": budget_s, "batch_size": batch_size,
                      "crop": crop, "lr": lr, "seed": seed, "optimizer": "AdamW (wd 0.01), warm-up + cosine over time",
