@@ -107,7 +107,7 @@ def refusals(page, shots: Path | None) -> dict:
     """An empty drawing and a click on the background: the sentence said, and the red badges left."""
     found = {}
     page.get_by_text("Draw a region instead").click()
-    page.evaluate("document.querySelector('#seg-explain-drawn').click()")  # (the editor's layer sits over it)
+    page.locator("#seg-explain-drawn").click(force=True)  # (the editor's layer sits over it)
     page.wait_for_function("document.querySelector('#seg-target').innerText.includes('empty')", timeout=60_000)
     time.sleep(1)
     found["empty_drawing"] = {"said": page.locator("#seg-target").inner_text(), "red": page.evaluate(RED)}

@@ -320,9 +320,9 @@ def step_viewer(services, state, light, prefix: str) -> None:
     feed the model at that step (on the reference) with the target's probability, and the method's curves with
     the step marked. Follows `state` (an explanation state component); ids start with `prefix`."""
     gr.Markdown("**Watch the curve being made.** Move the step: on the left the image as the deletion curve "
-                "shows it to the model (the most important pixels replaced by the grey reference), on the right as "
-                "the insertion curve does (only those pixels restored on the reference), each with the target's "
-                "probability at that step.", elem_classes="help")
+                "shows it to the model (the most important pixels replaced by the reference, the model's mean "
+                "colour), on the right as the insertion curve does (only those pixels restored on that colour), "
+                "each with the target's probability at that step.", elem_classes="help")
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=240):
             method = gr.Radio([], label="Method", elem_id=f"{prefix}-method")

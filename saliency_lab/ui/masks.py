@@ -51,7 +51,9 @@ def _mask_editor(ctx, explain_image) -> dict:
     sam_original = gr.State(None)  # the image as loaded: masks are stored at this size
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
-            editor = gr.ImageMask(label="Paint a mask (or a stroke for a box)",
+            # a short label: the editor's toolbar sits on the label's line (a long one was cut on a phone)
+            gr.Markdown("Paint a mask, or one stroke for a box.", elem_classes="help")
+            editor = gr.ImageMask(label="Mask",
                                   type="numpy", sources=["upload", "clipboard"], format="png", height=340,
                                   elem_id="mask-editor", layers=False,
                                   brush=gr.Brush(colors=["#0072B2"], color_mode="fixed", default_size=12))

@@ -68,8 +68,9 @@ def build(ctx, model=None) -> dict:
                                        label="Methods", elem_id="seg-methods")
             explain_button = gr.Button("Explain the class's region", elem_id="seg-explain")
             with gr.Accordion("Draw a region instead", open=False):
-                drawing = gr.ImageMask(label="Paint the region (the class above is explained there)", type="numpy",
-                                       elem_id="seg-drawing")
+                # a short label: the editor's toolbar sits on the label's line (a long one was cut)
+                gr.Markdown("Paint the region: the class picked above is explained there.", elem_classes="help")
+                drawing = gr.ImageMask(label="Region", type="numpy", elem_id="seg-drawing")
                 drawn_button = gr.Button("Explain the drawn region", elem_id="seg-explain-drawn")
         with gr.Column(scale=1, min_width=320):
             predicted = gr.Image(type="numpy", label="Predicted segmentation (click a region to explain it)",
