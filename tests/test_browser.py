@@ -714,16 +714,22 @@ def test_an_unfamiliar_image_is_flagged_above_the_prediction(app_url, page):
     assert not page.errors, page.errors
 
 
-def test_a_segmentation_model_turns_explain_into_the_segmentation_view(page):
-    """The Explain menu also lists the segmentation models (labelled): picking one hides the classifier view and shows
-    the segmentation view in its place (one model menu, the example smears); picking the classifier again brings the
-    classifier view back. (The whole segmentation flow on the bundled model: docs/segment-view.png.)"""
+def pick_bundled_segmentation_model(page):
+    """Picks bccd-segformer in the Explain menu; (the menu's input, the model it showed before)."""
     page.get_by_role("tab", name="Explain").click()
     model = page.locator("#model input").first
     before = model.input_value()
     model.click()
     page.locator("ul[role=listbox] li", has_text="bccd-segformer · segmentation").first.click()
     page.wait_for_selector("#segment-view", state="visible", timeout=60_000)
+    return model, before
+
+
+def test_a_segmentation_model_turns_explain_into_the_segmentation_view(page):
+    """The Explain menu also lists the segmentation models (labelled): picking one hides the classifier view and shows
+    the segmentation view in its place (one model menu, the example smears); picking the classifier again brings the
+    classifier view back. (The whole segmentation flow on the bundled model: docs/segment-view.png.)"""
+    model, before = pick_bundled_segmentation_model(page)
     page.wait_for_selector("#classifier-view", state="hidden", timeout=60_000)
     assert page.locator("#seg-examples button.thumbnail-item").count() >= 3
     assert page.locator("#seg-model").count() == 0  # the Explain menu drives the view
@@ -734,4 +740,31 @@ def test_a_segmentation_model_turns_explain_into_the_segmentation_view(page):
     page.wait_for_selector("#classifier-view", state="visible", timeout=60_000)
     page.wait_for_selector("#segment-view", state="hidden", timeout=60_000)
     assert page.locator("#explain-button").is_visible()
+    assert not page.errors, page.errors
+
+
+def test_the_segmentation_view_explains_context(page):
+    """On the bundled model: an example smear, Segment, Grad-CAM of the first class's region; the caption says what
+    a copy of the region would score, the out-of-region curve is drawn beside the region's own, and "Context only"
+    redraws the maps (outside the region only) without another run."""
+    model, before = pick_bundled_segmentation_model(page)
+    page.locator("#seg-examples button.thumbnail-item").nth(0).click()
+    page.locator("#seg-run").click()
+    wait_js(page, "(document.querySelector('#seg-legend')?.innerText || '').includes('WBC')")
+    for box in page.locator("#seg-methods input[type=checkbox]").all():  # Grad-CAM alone: the quickest map
+        if box.is_checked():
+            box.uncheck()
+    page.locator("#seg-methods label", has_text="Grad-CAM").first.click()
+    page.locator("#seg-explain").click()
+    wait_js(page, "(document.querySelector('#seg-copy-caption')?.innerText || '').includes('copies the region')",
+            timeout=300_000)
+    assert "Out del." in page.locator("#seg-scores").inner_text()
+    assert page.locator("#seg-context-curves .js-plotly-plot").count() == 1
+    whole = page.locator("#seg-maps img").first.get_attribute("src")
+    page.locator("#seg-context-only input[type=checkbox]").check()
+    wait_js(page, f"document.querySelector('#seg-maps img')?.getAttribute('src') !== {whole!r}")
+    model.click()
+    model.fill(before)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#classifier-view", state="visible", timeout=60_000)
     assert not page.errors, page.errors
