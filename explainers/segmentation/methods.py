@@ -230,9 +230,10 @@ class SegGradSkip(SegmentationMethod):
                            over all blocks), the rest of each row staying on its own token (as the classifier
                            GradSkip's form of that name): a query whose gradients are weak keeps its relevance
                            instead of sending all of it to whichever reduced key happens to lead.
-      key_spread="conv"    (choice) how a reduced key's relevance goes back to the tokens it pools (module doc).
-      start="decoder"      the relevance entering at each stage's output, from the region score's gradients
-                           only (`gradient_starts`): relu(dP * P) ("decoder") or |dP * P| ("decoder_abs") summed
+      key_spread="even"    (choice, chosen on val smears) how a reduced key's relevance goes back to the tokens it
+                           pools (module doc).
+      start="decoder_abs"  (chosen on val smears) the relevance entering at each stage's output, from the region
+                           score's gradients only (`gradient_starts`): relu(dP * P) ("decoder") or |dP * P| ("decoder_abs") summed
                            over channels, P the decode head's projection of that stage's tokens (how much each token
                            feeds the region score directly through the decoder), over all stages summing to 1. The
                            region's pixels are never read: a map cannot copy the answer.
@@ -258,7 +259,7 @@ class SegGradSkip(SegmentationMethod):
 
     def __init__(self, alpha: float = GradSkip.user_options_by_name()["alpha"].default,
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
-                 attention_weighting: str = "gradient_residual", key_spread: str = "conv", start: str = "decoder",
+                 attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = "decoder_abs",
                  beta_reduction: str = "token",
                  stage_spread: str = "even"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
