@@ -58,6 +58,14 @@ def wait_for(url: str, timeout: float = 240) -> None:
     raise SystemExit(f"the app did not answer at {url} within {timeout:.0f} s")
 
 
+def open_page(browser, url: str, **context):
+    """A new page of the app in a new browser context (`context`: viewport and the like), once the page is up."""
+    page = browser.new_context(**context).new_page()
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector("#explain-button", timeout=120_000)
+    return page
+
+
 def tick_methods(page, labels: list[str]) -> None:
     """Tick exactly the methods whose checkbox label starts with one of `labels` (case-insensitive)."""
     boxes = page.locator("#methods label")
@@ -116,9 +124,7 @@ def main(argv=None) -> int:
         wait_for(url)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
-            page.goto(url, wait_until="domcontentloaded")
-            page.wait_for_selector("#explain-button", timeout=120_000)
+            page = open_page(browser, url, viewport={"width": 1280, "height": 800})
             model = page.locator("#model input")
             model.fill(args.model)
             model.press("Enter")

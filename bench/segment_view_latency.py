@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.explain_latency import ARGS, CHROMIUM, ROOT, free_port, start_app, wait_for
+from bench.explain_latency import ARGS, CHROMIUM, ROOT, free_port, open_page, start_app, wait_for
 
 MODEL_LABEL = "bccd-segformer · segmentation"
 CAT = ROOT / "assets" / "photos" / "cat-chelsea.jpg"
@@ -173,9 +173,7 @@ def main(argv=None) -> int:
         wait_for(url)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-            page.goto(url, wait_until="domcontentloaded")
-            page.wait_for_selector("#explain-button", timeout=120_000)
+            page = open_page(browser, url, viewport={"width": 1280, "height": 900})
             pick_model(page)
             segment(page)
             result["smear_flagged"] = page.locator("#seg-unfamiliar").is_visible()
@@ -193,10 +191,8 @@ def main(argv=None) -> int:
                              "said": page.locator("#seg-unfamiliar").inner_text()}
             if args.shots:
                 page.screenshot(path=str(args.shots / "segment-cat.png"), full_page=True)
-            phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2,
-                                        is_mobile=True, has_touch=True).new_page()
-            phone.goto(url, wait_until="domcontentloaded")
-            phone.wait_for_selector("#explain-button", timeout=120_000)
+            phone = open_page(browser, url, viewport={"width": 390, "height": 844}, device_scale_factor=2,
+                              is_mobile=True, has_touch=True)
             pick_model(phone)
             segment(phone)
             one_click(phone, args.methods, args.timeout)

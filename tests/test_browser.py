@@ -734,6 +734,18 @@ def test_a_segmentation_model_turns_explain_into_the_segmentation_view(page):
     assert page.locator("#seg-examples button.thumbnail-item").count() >= 3
     assert page.locator("#seg-model").count() == 0  # the Explain menu drives the view
     wait_js(page, "document.querySelector('#model-info').innerText.includes('bccd-segformer segments')")
+    # a test smear segmented (not flagged as unfamiliar), then a refusal: an empty drawing is said on the target
+    # line, the rest left as it was, and no red "Error" badge anywhere
+    page.locator("#seg-examples button.thumbnail-item").first.click()
+    page.wait_for_selector("#seg-image img", timeout=60_000)
+    page.locator("#seg-run").click()
+    wait_js(page, "document.querySelector('#seg-legend').innerText.includes('RBC')")
+    assert not page.locator("#seg-unfamiliar").is_visible()
+    page.get_by_text("Draw a region instead").click()
+    page.locator("#seg-explain-drawn").click(force=True)
+    wait_js(page, "document.querySelector('#seg-target').innerText.includes('The drawn region is empty')")
+    red = page.evaluate("[...document.querySelectorAll('.error')].filter(e => e.offsetParent !== null).length")
+    assert red == 0
     model.click()
     model.fill(before)
     page.keyboard.press("Enter")
