@@ -119,10 +119,14 @@ def refusals(page, shots: Path | None) -> dict:
     left = box["x"] + (box["width"] - natural[0] * scale) / 2
     top = box["y"] + (box["height"] - natural[1] * scale) / 2
     page.mouse.click(left + (column + 0.5) * scale, top + (row + 0.5) * scale)
-    page.wait_for_function("document.querySelector('#seg-target').innerText.includes('⚠') && "
-                           "!document.querySelector('#seg-target').innerText.includes('empty')", timeout=60_000)
+    try:
+        page.wait_for_function("document.querySelector('#seg-target').innerText.includes('⚠') && "
+                               "!document.querySelector('#seg-target').innerText.includes('empty')", timeout=60_000)
+    except Exception:  # noqa: BLE001 - recorded as no answer (the click fired no event)
+        pass
     time.sleep(1)
-    found["background_click"] = {"said": page.locator("#seg-target").inner_text(), "red": page.evaluate(RED)}
+    found["background_click"] = {"at": [column, row], "said": page.locator("#seg-target").inner_text(),
+                                 "red": page.evaluate(RED)}
     if shots:
         page.screenshot(path=str(shots / "segment-refusal.png"), full_page=True)
     return found
