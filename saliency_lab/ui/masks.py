@@ -2,6 +2,8 @@
 the masks in mask sets, and fine-tune a model on them with CAMAL as a background job (its panel: saliency_lab.ui.jobs)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gradio as gr
 
 from saliency_lab import browse as browse_module
@@ -39,7 +41,16 @@ def build(ctx) -> dict:
 
 def _mask_editor(ctx, explain_image) -> dict:
     """Section 1: the editor, SAM's view and prompts, the mask preview and the mask sets."""
-    services, first_model, heavy, light = ctx.services, ctx.first_model, ctx.heavy, ctx.light
+    ui = _mask_editor_layout(ctx)
+    _wire_picture(ui, explain_image, ctx.light)
+    _wire_sam_prompts(ui, ctx.services, ctx.heavy)
+    added = _wire_mask_sets(ui, ctx.services, ctx.light)
+    return {"added": added, "mask_label": ui.mask_label}
+
+
+def _mask_editor_layout(ctx) -> SimpleNamespace:
+    """The editor's components and its per-session states (SimpleNamespace, one attribute per name)."""
+    services, first_model = ctx.services, ctx.first_model
     gr.Markdown("### 1 · Mark where the model *should* look\n"
                 "Paint over the relevant region and press *Use my drawing*, **or** let SAM find it: click object / "
                 "background points on the right, or **drag a box**: paint a rough stroke around (or over) the "
@@ -81,16 +92,25 @@ def _mask_editor(ctx, explain_image) -> dict:
     set_info = gr.Markdown(elem_classes="help", elem_id="set-info")
     set_gallery = gr.Gallery(label="Mask set (image with mask)", columns=10, height=170, format="png",
                              allow_preview=False, object_fit="contain", fit_columns=False)
+    return SimpleNamespace(editor=editor, use_explain=use_explain, draw_preview=draw_preview, stroke_box=stroke_box,
+                           sam_view=sam_view, click_mode=click_mode, clear_points=clear_points,
+                           segmenter_info=segmenter_info, mask_preview=mask_preview, set_name=set_name,
+                           mask_label=mask_label, add_button=add_button, set_info=set_info, set_gallery=set_gallery,
+                           sam_points=sam_points, current_mask=current_mask, sam_clean=sam_clean,
+                           sam_original=sam_original)
 
 
-    # ---- the image: from the Explain tab or uploaded into the editor (the SAM view shows an enlarged copy)
+def _wire_picture(ui, explain_image, light):
+    """The image: from the Explain tab or uploaded into the editor (the SAM view shows an enlarged copy)."""
+
     def load_from_explain(path):
         picture, view = masks.load_picture(path)
         return picture, view, masks.empty_prompts(), None, None, view, picture
 
-    use_explain.click(friendly(load_from_explain), explain_image, [editor, sam_view, sam_points, current_mask,
-                                                                 mask_preview, sam_clean, sam_original],
-                      api_name="mask_use_explain_image", **light)
+    ui.use_explain.click(friendly(load_from_explain), explain_image,
+                         [ui.editor, ui.sam_view, ui.sam_points, ui.current_mask, ui.mask_preview, ui.sam_clean,
+                          ui.sam_original],
+                         api_name="mask_use_explain_image", **light)
 
     def editor_upload(value):
         loaded = masks.editor_picture(value)
@@ -99,14 +119,19 @@ def _mask_editor(ctx, explain_image) -> dict:
         rgb, view = loaded
         return view, masks.empty_prompts(), None, view, rgb
 
-    editor.upload(friendly(editor_upload), editor, [sam_view, sam_points, current_mask, sam_clean, sam_original],
-                  api_name="mask_editor_upload", **light)
+    ui.editor.upload(friendly(editor_upload), ui.editor,
+                     [ui.sam_view, ui.sam_points, ui.current_mask, ui.sam_clean, ui.sam_original],
+                     api_name="mask_editor_upload", **light)
 
-    draw_preview.click(friendly(masks.drawn_mask), editor, [mask_preview, current_mask, segmenter_info],
-                       api_name="mask_from_drawing", **light)
+    ui.draw_preview.click(friendly(masks.drawn_mask), ui.editor, [ui.mask_preview, ui.current_mask,
+                                                                  ui.segmenter_info],
+                          api_name="mask_from_drawing", **light)
 
-    # ---- SAM prompts: every form ends in masks.PromptView -> the same five outputs
-    sam_outputs = [sam_view, sam_points, mask_preview, current_mask, segmenter_info]
+
+def _wire_sam_prompts(ui, services, heavy):
+    """SAM prompts: a click, a box (by API or from a painted stroke), clearing the clicks; every form ends in
+    masks.PromptView -> the same five outputs."""
+    sam_outputs = [ui.sam_view, ui.sam_points, ui.mask_preview, ui.current_mask, ui.segmenter_info]
 
     def shown(result):
         return result.view, result.prompts, or_skip(result.preview), or_skip(result.mask_state), result.note
@@ -116,8 +141,8 @@ def _mask_editor(ctx, explain_image) -> dict:
         x, y = evt.index
         return shown(masks.click(services, clean, prompts, mode, x, y, request.session_hash, original))
 
-    sam_view.select(on_sam_select, [sam_clean, sam_original, sam_points, click_mode], sam_outputs,
-                    api_visibility="private", **heavy)
+    ui.sam_view.select(on_sam_select, [ui.sam_clean, ui.sam_original, ui.sam_points, ui.click_mode], sam_outputs,
+                       api_visibility="private", **heavy)
 
     # explicit-coordinate endpoints: the same logic as a click or a drag, callable from gradio_client
     click_x, click_y = gr.Number(visible=False), gr.Number(visible=False)
@@ -128,8 +153,8 @@ def _mask_editor(ctx, explain_image) -> dict:
         """A click at (x, y) in the pixel grid of the image shown for SAM (the API form of a click)."""
         return shown(masks.click(services, clean, prompts, mode, x, y, request.session_hash, original))
 
-    click_button.click(on_click_api, [sam_clean, sam_original, sam_points, click_mode, click_x, click_y], sam_outputs,
-                       api_name="sam_click", **heavy)
+    click_button.click(on_click_api, [ui.sam_clean, ui.sam_original, ui.sam_points, ui.click_mode, click_x, click_y],
+                       sam_outputs, api_name="sam_click", **heavy)
 
     box_numbers = [gr.Number(visible=False) for _ in range(4)]
     box_button = gr.Button(visible=False)
@@ -140,23 +165,26 @@ def _mask_editor(ctx, explain_image) -> dict:
         the clicked points."""
         return shown(masks.box_prompt(services, clean, prompts, [x0, y0, x1, y1], request.session_hash, original))
 
-    box_button.click(on_box_api, [sam_clean, sam_original, sam_points, *box_numbers], sam_outputs, api_name="sam_box",
-                     **heavy)
+    box_button.click(on_box_api, [ui.sam_clean, ui.sam_original, ui.sam_points, *box_numbers], sam_outputs,
+                     api_name="sam_box", **heavy)
 
     @friendly
     def on_stroke_box(value, clean, original, prompts, request: gr.Request):
         """The drag form of a box: the bounding box of the stroke painted in the editor, then SAM."""
         return shown(masks.stroke_box_prompt(services, value, clean, prompts, request.session_hash, original))
 
-    stroke_box.click(on_stroke_box, [editor, sam_clean, sam_original, sam_points], sam_outputs,
-                     api_name="sam_box_from_stroke", **heavy)
+    ui.stroke_box.click(on_stroke_box, [ui.editor, ui.sam_clean, ui.sam_original, ui.sam_points], sam_outputs,
+                        api_name="sam_box_from_stroke", **heavy)
 
     def clear(clean):
         return clean, masks.empty_prompts(), None, None, ""
 
-    clear_points.click(clear, sam_clean, sam_outputs, api_name="sam_clear", queue=False)
+    ui.clear_points.click(clear, ui.sam_clean, sam_outputs, api_name="sam_clear", queue=False)
 
-    # ---- mask sets
+
+def _wire_mask_sets(ui, services, light):
+    """Mask sets: add the current mask under a class label, show a set by its name."""
+
     def set_view(name):
         return masks.mask_set_view(services.store, name)
 
@@ -166,10 +194,11 @@ def _mask_editor(ctx, explain_image) -> dict:
         gr.Info(f"Added to '{name}' (entry {entry}).", duration=3)
         return set_view(name)
 
-    added = add_button.click(add_to_set, [set_name, mask_label, current_mask], [set_gallery, set_info], api_name="add_mask",
-                     **light)
-    set_name.submit(friendly(set_view), set_name, [set_gallery, set_info], api_visibility="private", **light)
-    return {"added": added, "mask_label": mask_label}
+    added = ui.add_button.click(add_to_set, [ui.set_name, ui.mask_label, ui.current_mask],
+                                [ui.set_gallery, ui.set_info], api_name="add_mask", **light)
+    ui.set_name.submit(friendly(set_view), ui.set_name, [ui.set_gallery, ui.set_info], api_visibility="private",
+                       **light)
+    return added
 
 
 def _finetune(ctx) -> dict:

@@ -2,6 +2,8 @@
 review studies with several reviewers (saliency_lab.ui.studies)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gradio as gr
 
 from saliency_lab import browse as browse_module
@@ -40,8 +42,17 @@ def build(ctx) -> dict:
 
 def _review_list(ctx, reviewer_saved):
     """Review one data set image by image: load, filter, open, verdict, note, export."""
-    services, names, first_model, data_dir = ctx.services, ctx.names, ctx.first_model, ctx.shared["data_dir"]
-    heavy, light = ctx.heavy, ctx.light
+    ui = _review_list_layout(ctx)
+    _wire_review_loading(ui, ctx.services, ctx.heavy, ctx.light)
+    _wire_review_item(ui, ctx.services, ctx.heavy, ctx.light)
+    # the reviewer's name survives a refresh (browser local storage)
+    ui.reviewer.change(lambda n: n, ui.reviewer, reviewer_saved, api_visibility="private", queue=False)
+    return ui.reviewer, ui.review_model, ui.folder
+
+
+def _review_list_layout(ctx) -> SimpleNamespace:
+    """The list's components and its per-session state (SimpleNamespace, one attribute per name)."""
+    names, first_model, data_dir = ctx.names, ctx.first_model, ctx.shared["data_dir"]
     gr.Markdown("Review explanations image by image. Verdicts and notes are saved **the moment you make them** "
                 "(SQLite on the server): a refresh or a crash loses nothing.", elem_classes="help")
     review_state = gr.State(None)
@@ -80,6 +91,16 @@ def _review_list(ctx, reviewer_saved):
             export_file = gr.File(label="Verdicts CSV")
     position = gr.Number(visible=False, precision=0)
     open_button = gr.Button(visible=False)
+    return SimpleNamespace(review_state=review_state, folder=folder, review_model=review_model, reviewer=reviewer,
+                           load_button=load_button, class_filter=class_filter, correctness=correctness, limit=limit,
+                           page=page, progress_md=progress_md, gallery=gallery, maps=maps, item_info=item_info,
+                           plausible=plausible, implausible=implausible, unsure=unsure, note=note, saved=saved,
+                           previous=previous, following=following, export=export, export_file=export_file,
+                           position=position, open_button=open_button)
+
+
+def _wire_review_loading(ui, services, heavy, light):
+    """Load a data set's predictions, filter them by class and correctness, page through them."""
 
     def page_outputs(shown):
         return shown.items, shown.state, shown.progress, gr.update(maximum=shown.pages, value=shown.page)
@@ -94,18 +115,23 @@ def _review_list(ctx, reviewer_saved):
         shown = review.filter_page(services, state, class_value, correct_value, 1, name)
         return (*page_outputs(shown), gr.update(choices=browse_module.class_filter_choices(state["names"])))
 
-    gallery_outputs = [gallery, review_state, progress_md, page]
-    load_button.click(load, [folder, review_model, limit, class_filter, correctness, reviewer],
-                      [*gallery_outputs, class_filter], api_name="review_load", **heavy)
+    gallery_outputs = [ui.gallery, ui.review_state, ui.progress_md, ui.page]
+    ui.load_button.click(load, [ui.folder, ui.review_model, ui.limit, ui.class_filter, ui.correctness, ui.reviewer],
+                         [*gallery_outputs, ui.class_filter], api_name="review_load", **heavy)
 
     @friendly
     def refilter(state, class_value, correct_value, page_value, name):
         return page_outputs(review.filter_page(services, state, class_value, correct_value, page_value, name))
 
-    gr.on([class_filter.input, correctness.input], lambda s, c, k, n: refilter(s, c, k, 1, n),
-          [review_state, class_filter, correctness, reviewer], gallery_outputs, api_visibility="private", **light)
-    page.submit(refilter, [review_state, class_filter, correctness, page, reviewer], gallery_outputs,
-                api_name="review_page", **light)
+    gr.on([ui.class_filter.input, ui.correctness.input], lambda s, c, k, n: refilter(s, c, k, 1, n),
+          [ui.review_state, ui.class_filter, ui.correctness, ui.reviewer], gallery_outputs,
+          api_visibility="private", **light)
+    ui.page.submit(refilter, [ui.review_state, ui.class_filter, ui.correctness, ui.page, ui.reviewer],
+                   gallery_outputs, api_name="review_page", **light)
+
+
+def _wire_review_item(ui, services, heavy, light):
+    """Open an image (click, position, previous, next), record its verdict and note, export the verdicts."""
 
     @friendly
     def open_item(state, index, name):
@@ -113,12 +139,12 @@ def _review_list(ctx, reviewer_saved):
         item = review.open_item(services, state, index, name)
         return item.items, item.info, item.note, item.saved, item.state, item.index
 
-    open_outputs = [maps, item_info, note, saved, review_state, position]
+    open_outputs = [ui.maps, ui.item_info, ui.note, ui.saved, ui.review_state, ui.position]
 
     def on_select(state, name, evt: gr.SelectData):
         return open_item(state, (state or {}).get("page_start", 0) + evt.index, name)
 
-    verdict_buttons = [plausible, implausible, unsure]
+    verdict_buttons = [ui.plausible, ui.implausible, ui.unsure]
 
     def show_verdict(state, name):
         """The saved verdict of the opened image, shown as the selected (primary) button."""
@@ -126,15 +152,16 @@ def _review_list(ctx, reviewer_saved):
         return [gr.update(variant=v) for v in variants]
 
     selected = dict(api_visibility="private", queue=False, show_progress="hidden")
-    opened = [gallery.select(on_select, [review_state, reviewer], open_outputs, api_visibility="private", **heavy),
-              open_button.click(open_item, [review_state, position, reviewer], open_outputs, api_name="review_open",
+    opened = [ui.gallery.select(on_select, [ui.review_state, ui.reviewer], open_outputs, api_visibility="private",
                                 **heavy),
-              previous.click(friendly(lambda state, reviewer: open_item(state, review.neighbour_index(state, -1), reviewer)),
-                             [review_state, reviewer], open_outputs, api_name="review_previous", **heavy),
-              following.click(friendly(lambda state, reviewer: open_item(state, review.neighbour_index(state, 1), reviewer)),
-                              [review_state, reviewer], open_outputs, api_name="review_next", **heavy)]
+              ui.open_button.click(open_item, [ui.review_state, ui.position, ui.reviewer], open_outputs,
+                                   api_name="review_open", **heavy),
+              ui.previous.click(friendly(lambda state, name: open_item(state, review.neighbour_index(state, -1), name)),
+                                [ui.review_state, ui.reviewer], open_outputs, api_name="review_previous", **heavy),
+              ui.following.click(friendly(lambda state, name: open_item(state, review.neighbour_index(state, 1), name)),
+                                 [ui.review_state, ui.reviewer], open_outputs, api_name="review_next", **heavy)]
     for event in opened:
-        event.then(show_verdict, [review_state, reviewer], verdict_buttons, **selected)
+        event.then(show_verdict, [ui.review_state, ui.reviewer], verdict_buttons, **selected)
 
     def verdict_fn(verdict):
         @friendly
@@ -143,24 +170,21 @@ def _review_list(ctx, reviewer_saved):
         return record
 
     for button, verdict in zip(verdict_buttons, review.VERDICTS):
-        button.click(verdict_fn(verdict), [review_state, reviewer, note], [saved, progress_md],
-                     api_name=f"verdict_{verdict}", **light).then(show_verdict, [review_state, reviewer],
+        button.click(verdict_fn(verdict), [ui.review_state, ui.reviewer, ui.note], [ui.saved, ui.progress_md],
+                     api_name=f"verdict_{verdict}", **light).then(show_verdict, [ui.review_state, ui.reviewer],
                                                                  verdict_buttons, **selected)
 
     @friendly
     def save_note(state, name, text):
         return or_skip(review.save_note(services, state, name, text))
 
-    note.input(save_note, [review_state, reviewer, note], saved, api_name="review_note", trigger_mode="always_last",
-               **light)
-    note.blur(save_note, [review_state, reviewer, note], saved, api_visibility="private", **light)  # pastes, too
+    ui.note.input(save_note, [ui.review_state, ui.reviewer, ui.note], ui.saved, api_name="review_note",
+                  trigger_mode="always_last", **light)
+    ui.note.blur(save_note, [ui.review_state, ui.reviewer, ui.note], ui.saved, api_visibility="private",
+                 **light)  # pastes, too
 
     @friendly
     def export_csv(state, name):
         return review.export_verdicts(services, state)
 
-    export.click(export_csv, [review_state, reviewer], export_file, api_name="review_export", **light)
-
-    # the reviewer's name survives a refresh (browser local storage)
-    reviewer.change(lambda n: n, reviewer, reviewer_saved, api_visibility="private", queue=False)
-    return reviewer, review_model, folder
+    ui.export.click(export_csv, [ui.review_state, ui.reviewer], ui.export_file, api_name="review_export", **light)
