@@ -9,7 +9,7 @@ import gradio as gr
 from explainers.methods import METHODS
 from explainers.review_report import SLOTS
 from saliency_lab import datasets, menus, review_data, studies
-from saliency_lab.ui.common import friendly, or_skip
+from saliency_lab.ui.common import friendly, or_skip, refusal_in_status
 
 MAX_SLOTS = 8  # maps A..H in a blinded study
 
@@ -233,15 +233,16 @@ def _wire_reviewing(ctx, ui) -> None:
 def _wire_results(ctx, ui) -> None:
     services, heavy, light = ctx.services, ctx.heavy, ctx.light
     # ---- results
-    @friendly
     def results(name, code, progress=gr.Progress()):
+        """The study's results; a refused code (wrong, or the reviewers' before the owner closes the study) is one
+        sentence in the results box, the figures and report left as they were (no red badge on each)."""
         shown = studies.study_results(
             services, name, code,
             progress=lambda done, total: progress(done / total if total else 0, desc="Deletion/insertion AUCs…"))
         return shown.summary, shown.ratings_figure, shown.kappa_figure, shown.report
 
     # the owner code (not the reviewers' code of section 3) unlocks the results until the owner closes the study
-    ui.results_button.click(results, [ui.study_name, ui.owner_code], [ui.results_md, ui.ratings_plot, ui.kappa_plot, ui.report_json],
+    ui.results_button.click(refusal_in_status(results, 3), [ui.study_name, ui.owner_code], [ui.results_md, ui.ratings_plot, ui.kappa_plot, ui.report_json],
                          api_name="review_agreement", **heavy)
     ui.export_csv.click(friendly(lambda name, code: studies.export_study(services, name, code, "csv")), [ui.study_name, ui.owner_code],
                      ui.export_file, api_name="review_study_export_csv", **light)
