@@ -9,9 +9,12 @@ each, `train-agent` resuming from its checkpoint in WORK):
    2 envs x 2048 steps, 3 epochs, lr 1e-4, minibatch 32, clip 0.2, no entropy bonus) on training seed 1 to
    196,608 steps (48 updates, within 200k), then 100 episodes each on reset seeds EVAL_SEED_BASE + k; gate: mean return >= 15. The recipe
    the comparison uses: B if it passes, else A if it passes; none: the script stops and says so.
-2. lambda: CAMAL at lambda 0.3, 1 and 3 on training seed 2 with the chosen recipe; the rule, fixed before the
-   runs: the largest lambda whose critic's explained variance (mean over the last 5 updates) is >= 0.3; none:
-   the comparison does not run CAMAL, and says so.
+   A pilots record (`agents-pilots.json`) that names a chosen recipe settles this stage.
+2. lambda: with `--sweep`, CAMAL at lambda 0.3, 1 and 3 on training seed 2 with the chosen recipe; the rule,
+   fixed before the runs: the largest lambda whose critic's explained variance (mean over the last 5 updates)
+   is >= 0.3; none: the comparison does not run CAMAL, and says so. Without `--sweep` (the sweep does not fit
+   this CPU's time beside the comparison): the documented default lambda 1.0 per frame, and the same rule is
+   checked on the comparison's CAMAL runs after the fact (the results say whether it holds).
 3. compare: training seeds 101-105 x {vanilla, CAMAL at the chosen lambda}, 196,608 steps each.
 4. evaluate: every agent of stage 3 on 100 held-out episodes (reset seeds EVAL_SEED_BASE + 1000 + k, never
    used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test.
@@ -48,6 +51,7 @@ NETWORKS = {"A": ["--arch", "nature"], "B": ["--arch", "cnn", "--width", "16"]}
 PREFERENCE = ("B", "A")  # if both pass the gate (bench/agents_recipe_gate.md)
 GATE_RETURN, GATE_EPISODES = 15.0, 100
 LAMBDAS, LAMBDA_SEED, EV_FLOOR, EV_UPDATES = (0.3, 1.0, 3.0), 2, 0.3, 5
+DEFAULT_LAMBDA = 1.0  # without --sweep
 SEEDS, EVAL_EPISODES, EVAL_OFFSET = (101, 102, 103, 104, 105), 100, 1000
 STOPPED = 3  # exit status: stopped before the end, run the same command again
 
@@ -132,6 +136,9 @@ def pilots(work: Path, args, logs: Path) -> str | None:
     record = {"gate": f"mean return >= {GATE_RETURN} on {GATE_EPISODES} episodes (reset seeds "
                       f"{EVAL_SEED_BASE}-{EVAL_SEED_BASE + GATE_EPISODES - 1}) within {STEPS} steps",
               "recipe": RECIPE, "pilots": {}}
+    done = Path(args.results, "agents-pilots.json")
+    if done.exists() and json.loads(done.read_text()).get("chosen"):
+        return json.loads(done.read_text())["chosen"]
     for key in PREFERENCE:  # a preferred pilot that already passed settles it
         if finished(work, f"pilot-{key}") and judge(work, key, record):
             return write_pilots(record, key, args)
@@ -207,6 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--stop-at", default=None, help="HH:MM (UTC): stop with checkpoints at this time")
     parser.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "agents-comparison-logs"))
     parser.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--sweep", action="store_true", help="choose lambda by the sweep of stage 2 (3 more runs)")
     parser.add_argument("--smoke", action="store_true", help="a quick check of the machinery (tiny runs, a few "
                                                              "episodes): its numbers are not results")
     args = parser.parse_args(argv)
@@ -222,7 +230,7 @@ def main(argv=None) -> int:
         if key is None:
             print("[comparison] no recipe passed the gate: see bench/results/agents-pilots.json", flush=True)
             return 0
-        lam = pick_lambda(work, key, args, logs)
+        lam = pick_lambda(work, key, args, logs) if args.sweep else DEFAULT_LAMBDA
         names = compare(work, key, lam, args, logs)
     except Stop:
         print("[comparison] stopped with checkpoints: run the same command to continue", flush=True)

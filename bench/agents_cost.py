@@ -3,6 +3,8 @@ and the batch-level V(s)-CAM (one backward) against per-frame extraction (one ba
 difference between the two. Random frames and masks: the cost does not depend on what the frames show.
 
     python bench/agents_cost.py --device cuda --out bench/results/agents-cost-h200.json
+    python bench/agents_cost.py --arch nature --frame-hw 100 156 --num-envs 2 --rollout-steps 256 --epochs 3 \
+        --minibatch 32 --out bench/results/agents-cost-cpu-nature-100x156.json   # the recipe of the gate
 """
 from __future__ import annotations
 
@@ -21,12 +23,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def synthetic_rollout(config, device, seed=0):
-    from explainers.agents.envs import FRAME_HW
+def synthetic_rollout(config, device, seed=0, frame_hw=(60, 80)):
     from explainers.agents.ppo import Rollout
 
     generator = torch.Generator().manual_seed(seed)
-    rollout = Rollout(config.rollout_steps, config.num_envs, (3, *FRAME_HW), device)
+    rollout = Rollout(config.rollout_steps, config.num_envs, (3, *frame_hw), device)
     shape = rollout.frames.shape
     rollout.frames = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
     rollout.masks = torch.rand(rollout.masks.shape, generator=generator) < 0.1
@@ -59,7 +60,7 @@ def time_updates(make_config, device, repeats, arch="cnn", **net_options):
         torch.manual_seed(0)
         net = build_network(arch, 4, **net_options).to(device).train()
         prepared[name] = (config, net, torch.optim.Adam(net.parameters(), lr=config.lr),
-                          synthetic_rollout(config, device))
+                          synthetic_rollout(config, device, frame_hw=net_options.get("frame_hw", (60, 80))))
     times = {name: [] for name in prepared}
     for repeat in range(repeats + 1):
         for name, (config, net, optimizer, rollout) in prepared.items():
@@ -105,17 +106,27 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--num-envs", type=int, default=PPOConfig.num_envs)
     parser.add_argument("--rollout-steps", type=int, default=PPOConfig.rollout_steps)
+    parser.add_argument("--arch", choices=["cnn", "nature"], default="cnn")
+    parser.add_argument("--frame-hw", type=int, nargs=2, default=[60, 80])
+    parser.add_argument("--epochs", type=int, default=PPOConfig.epochs)
+    parser.add_argument("--minibatch", type=int, default=PPOConfig.minibatch)
     parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--no-cam-extraction", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     def config_():
-        return PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps)
+        return PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, epochs=args.epochs,
+                         minibatch=args.minibatch)
 
     config = config_()
-    net_options = {"width": args.width, "hidden": args.hidden}
-    times = time_updates(config_, args.device, args.repeats, **net_options)
+    net_options = {"frame_hw": tuple(args.frame_hw)}
+    if args.arch == "cnn":
+        net_options["width"] = args.width
+    if args.hidden is not None:
+        net_options["hidden"] = args.hidden
+    times = time_updates(config_, args.device, args.repeats, arch=args.arch, **net_options)
     vanilla = times["vanilla"]
 
     def arm(name):
@@ -126,12 +137,14 @@ def main(argv=None) -> int:
     result = {
         "date": time.strftime("%Y-%m-%d"), "device": args.device,
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
-        "torch": torch.__version__, "threads": args.threads, "repeats": args.repeats, "network": net_options,
+        "torch": torch.__version__, "threads": args.threads, "repeats": args.repeats,
+        "network": {"arch": args.arch, **net_options},
         "update": {"frames": config.num_envs * config.rollout_steps, "epochs": config.epochs,
                    "minibatch": config.minibatch, "vanilla_s_median": statistics.median(vanilla),
                    "camal": arm("camal"), "camal_detach_weights": arm("camal_detach_weights"),
                    "target": "CAMAL update at most 1.3x vanilla"},
-        "cam_extraction": [time_cams(args.device, batch, args.repeats) for batch in (16, 256)],
+        "cam_extraction": [] if args.no_cam_extraction else [time_cams(args.device, batch, args.repeats)
+                                                              for batch in (16, 256)],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
