@@ -1,0 +1,69 @@
+"""The pilots' record (bench/results/agents-pilots.json) from their gate evaluations (`evaluate-agent` JSON on
+100 held-out episodes) and their training checkpoints' histories: the gate of bench/agents_recipe_gate.md,
+per pilot the mean return with its 95% bootstrap interval, the IoU of the V(s)-CAM with its reference points on
+the same frames, the counterfactual test, the training curve, and which recipe the comparison uses.
+
+    PYTHONPATH=. python bench/agents_pilot_record.py --pilot A EVAL_A.json CKPT_A.json --pilot B EVAL_B.json \
+        CKPT_B.json --out bench/results/agents-pilots.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agents_comparison import GATE_RETURN, NETWORKS, PREFERENCE, RECIPE, STEPS  # noqa: E402
+from explainers.agents.counterfactual import summarise_drops  # noqa: E402
+from explainers.statistics import bootstrap_ci  # noqa: E402
+
+
+def _mean_ci(values) -> dict:
+    values = [float(v) for v in values if v is not None]
+    return {"mean": round(float(np.mean(values)), 4), "ci95": [round(v, 4) for v in bootstrap_ci(values)],
+            "n": len(values)}
+
+
+def pilot(evaluation: dict, state: dict, key: str) -> dict:
+    episodes = evaluation["episodes"]
+    returns = [e["return"] for e in episodes]
+    references = {k: _mean_ci([e["iou_reference"].get(k) for e in episodes]) for k in episodes[0]["iou_reference"]}
+    drops = summarise_drops(next(iter(evaluation["counterfactual"].values())), n_resamples=5000)
+    fidelity = next(iter(evaluation["fidelity"].values()))
+    history = state["history"]
+    curve = [{"steps": r["steps"], "return_100": round(r["return_100"], 3), "explained_variance":
+              round(r["explained_variance"], 3), "entropy": round(r["entropy"], 3)} for r in history[3::4]]
+    return {"network": NETWORKS[key], "train_seed": 1, "steps": state["steps"], "train_seconds": state["seconds"],
+            "return": _mean_ci(returns), "passed": float(np.mean(returns)) >= GATE_RETURN,
+            "steps_alive": _mean_ci([e["length"] for e in episodes]),
+            "episode_seeds": [evaluation["episode_seeds"][0], evaluation["episode_seeds"][-1]],
+            "iou": _mean_ci([e["iou"] for e in episodes]), "iou_reference": references,
+            "counterfactual": drops, "deletion_drop": _mean_ci(fidelity["deletion_drop"]),
+            "explained_variance_last5": round(float(np.mean([r["explained_variance"] for r in history[-5:]])), 3),
+            "training_curve": curve}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pilot", nargs=3, action="append", metavar=("KEY", "EVAL", "CHECKPOINT_JSON"),
+                        required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    pilots = {key: pilot(json.loads(Path(e).read_text()), json.loads(Path(c).read_text()), key)
+              for key, e, c in args.pilot}
+    passed = [key for key in PREFERENCE if key in pilots and pilots[key]["passed"]]
+    record = {"gate": f"mean return >= {GATE_RETURN} on 100 held-out episodes within 200k steps "
+                      "(bench/agents_recipe_gate.md)", "recipe": RECIPE, "steps_cap": STEPS,
+              "pilots": pilots, "chosen": passed[0] if passed else None}
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    print(json.dumps({k: (v["return"], v["passed"]) for k, v in pilots.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
