@@ -108,8 +108,9 @@ def test_the_segmentation_endpoints_work_on_the_menus_model(running):
 
     client.predict(SEG, ["gradcam"], api_name="/select_model")
     image_path, _ = examples()[0]
-    _, legend, _, classes, _, unfamiliar = client.predict(SEG, gradio_client.handle_file(image_path),
-                                                           api_name="/segment")
+    _, legend, _, classes, _, unfamiliar, target_line, *_ = client.predict(SEG, gradio_client.handle_file(image_path),
+                                                                           api_name="/segment")
+    assert target_line == ""  # a new picture: the previous explanation is cleared
     assert not unfamiliar["visible"]  # the tiny model has no familiarity statistics: no warning
     assert "background" in legend and "round" in legend  # the legend names the model's classes
     present = [value for _, value in classes["choices"]]

@@ -88,14 +88,17 @@ def build(ctx, model=None) -> dict:
     caption = gr.Markdown(elem_id="seg-copy-caption")
     table = gr.Markdown(elem_id="seg-scores")
     with gr.Row(equal_height=False):
-        curves = gr.Plot(label="Deletion and insertion of the region score", elem_id="seg-curves")
-        context_curves = gr.Plot(label="Deletion outside the region", elem_id="seg-context-curves")
+        # side by side from 680 px, one under the other on a phone (side by side their titles ran together)
+        curves = gr.Plot(label="Deletion and insertion of the region score", elem_id="seg-curves", min_width=340)
+        context_curves = gr.Plot(label="Deletion outside the region", elem_id="seg-context-curves", min_width=340)
     records_state = gr.State(None)  # the last explanation's records (the toggle redraws from them)
 
     @friendly
     def pick_example(evt: gr.SelectData):
         path = example_paths[evt.index]
         return path, service.example_mask(path)
+
+    cleared = ("", [], "", "", None, None, None)  # target line, maps, caption, table, both curves, records
 
     @friendly
     def segment(model_name, picture, truth):
@@ -104,7 +107,8 @@ def build(ctx, model=None) -> dict:
         the rest as it was."""
         if picture is None or not model_name:
             return (*(gr.skip(),) * 3, "⚠ " + ("Upload a smear photo or pick an example first." if picture is None
-                                               else "Pick a segmentation model."), *(gr.skip(),) * 3)
+                                               else "Pick a segmentation model."), *(gr.skip(),) * 3,
+                    *(gr.skip(),) * len(cleared))
         view = service.SegmentationView(loader(model_name))
         shown = view.predict(picture, truth=truth)
         present = view.classes_present(shown)
@@ -113,8 +117,10 @@ def build(ctx, model=None) -> dict:
         if not present:
             note = (note + " The model found no object in this image (all background): there is no region to "
                     "explain; draw one instead.").strip()
+        # the previous explanation belonged to the picture no longer shown: cleared
         return (shown, shown.overlay, view.legend_markdown(shown), note,
-                gr.update(choices=present, value=present[0] if present else None), shown.rgb, unfamiliar_update(shown))
+                gr.update(choices=present, value=present[0] if present else None), shown.rgb, unfamiliar_update(shown),
+                *cleared)
 
     def _explain(model_name, shown, chosen, context, region, **where):
         """Streamed: the maps as they come (cheapest first), then their curves, then the deletion outside the
@@ -177,8 +183,8 @@ def build(ctx, model=None) -> dict:
                  queue=False, show_progress="hidden")
     image.upload(lambda: None, None, [truth_state], **ctx.light)
     segment_button.click(segment, [model, image, truth_state],
-                         [shown_state, predicted, legend, notes, class_name, drawing, unfamiliar], api_name="segment",
-                         **ctx.heavy)
+                         [shown_state, predicted, legend, notes, class_name, drawing, unfamiliar, target_text, gallery,
+                          caption, table, curves, context_curves, records_state], api_name="segment", **ctx.heavy)
     # one place shows progress (the maps), not a pending badge on every panel
     streamed = dict(ctx.heavy, show_progress_on=[gallery], show_progress="minimal")
     explain_button.click(explain_class, [model, shown_state, class_name, methods, context_only], outputs,
