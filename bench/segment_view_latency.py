@@ -98,7 +98,8 @@ def background_pixel() -> tuple:
     from saliency_lab.segmentation import SegmentationView, examples
 
     shown = SegmentationView(load_model("bccd-segformer")).predict(examples()[0][0])
-    distance = ndimage.distance_transform_edt(shown.prediction.numpy() == 0)
+    background = np.pad(shown.prediction.numpy() == 0, 1)  # the border counts as a cell: a click well inside
+    distance = ndimage.distance_transform_edt(background)[1:-1, 1:-1]
     row, column = np.unravel_index(int(distance.argmax()), distance.shape)
     return int(column), int(row)
 

@@ -108,7 +108,8 @@ input[type=range] { min-width: 0 !important; }
 /* as many example columns as fit (a fixed 4 ran past the right edge of a phone) */
 .example-gallery .grid-container { grid-template-columns: repeat(auto-fill, minmax(84px, 1fr)) !important; }
 .example-gallery .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
-                              overflow: visible !important; }
+                              overflow: visible !important; padding-top: 36px; }  /* clear of the block's label */
+@media (max-width: 640px) { .example-gallery .grid-wrap { padding-top: 58px; } }  /* a label on two lines */
 /* the data-set browser and the review gallery: as many columns as fit (no clipped column), whole labels */
 #browse-gallery .grid-container, #review-gallery .grid-container {
   grid-template-columns: repeat(auto-fill, minmax(84px, 1fr)) !important; }
