@@ -73,7 +73,7 @@ def build(ctx, model=None) -> dict:
                 drawing = gr.ImageMask(label="Region", type="numpy", elem_id="seg-drawing")
                 drawn_button = gr.Button("Explain the drawn region", elem_id="seg-explain-drawn")
         with gr.Column(scale=1, min_width=320):
-            predicted = gr.Image(type="numpy", label="Predicted segmentation (click a region to explain it)",
+            predicted = gr.Image(type="numpy", label="Prediction: click a region",
                                  interactive=False, format="png", height=260, elem_id="seg-prediction")
             unfamiliar = gr.Markdown(visible=False, elem_id="seg-unfamiliar", elem_classes="warning-note")
             legend = gr.Markdown(elem_id="seg-legend")

@@ -55,7 +55,8 @@ input[type=range] { min-width: 0 !important; }
 /* the segmentation view's maps: whole (the smear's shape, not a square crop), each caption (its IoU and PA) whole */
 #seg-maps .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }  /* a lone map too */
 #seg-maps .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
-                       overflow: visible !important; }
+                       overflow: visible !important; padding-top: 36px; }  /* clear of the block's label */
+@media (max-width: 640px) { #seg-maps .grid-wrap { padding-top: 58px; } }  /* a label on two lines */
 #seg-maps .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
 #seg-maps .thumbnail-lg > img { height: auto !important; object-fit: contain !important; }
 #seg-maps .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
