@@ -5,6 +5,7 @@ the same frames, the counterfactual test, the training curve, and which recipe t
 
     PYTHONPATH=. python bench/agents_pilot_record.py --pilot A EVAL_A.json CKPT_A.json --pilot B EVAL_B.json \
         CKPT_B.json --out bench/results/agents-pilots.json
+    PYTHONPATH=. python bench/agents_pilot_record.py --unfinished CKPT.json --out RECORD.json   # a run's curve
 """
 from __future__ import annotations
 
@@ -36,8 +37,7 @@ def pilot(evaluation: dict, state: dict, key: str) -> dict:
     drops = summarise_drops(next(iter(evaluation["counterfactual"].values())), n_resamples=5000)
     fidelity = next(iter(evaluation["fidelity"].values()))
     history = state["history"]
-    curve = [{"steps": r["steps"], "return_100": round(r["return_100"], 3), "explained_variance":
-              round(r["explained_variance"], 3), "entropy": round(r["entropy"], 3)} for r in history[3::4]]
+    curve = training_curve(history[3::4])
     return {"network": NETWORKS[key], "train_seed": 1, "steps": state["steps"], "train_seconds": state["seconds"],
             "return": _mean_ci(returns), "passed": float(np.mean(returns)) >= GATE_RETURN,
             "steps_alive": _mean_ci([e["length"] for e in episodes]),
@@ -48,12 +48,29 @@ def pilot(evaluation: dict, state: dict, key: str) -> dict:
             "training_curve": curve}
 
 
+def training_curve(rows) -> list:
+    keys = ("steps", "return_100", "explained_variance", "entropy", "ppo_grad_norm", "camal_grad_norm", "iou",
+            "camal_gap", "seconds")
+    return [{k: round(r[k], 4) for k in keys if isinstance(r.get(k), (int, float))} for r in rows]
+
+
+def unfinished(state: dict) -> dict:
+    """The training curve of a run that has not finished (no held-out episode played)."""
+    return {"run": state.get("run"), "steps": state["steps"], "train_seconds": state["seconds"],
+            "note": "training-frame figures only (return_100: the last 100 training episodes; iou: the V(s)-CAM "
+                    "on the rollout's frames); not judged on held-out episodes",
+            "training_curve": training_curve(state["history"])}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pilot", nargs=3, action="append", metavar=("KEY", "EVAL", "CHECKPOINT_JSON"),
-                        required=True)
+    parser.add_argument("--pilot", nargs=3, action="append", metavar=("KEY", "EVAL", "CHECKPOINT_JSON"))
+    parser.add_argument("--unfinished", metavar="CHECKPOINT_JSON")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.unfinished:
+        Path(args.out).write_text(json.dumps(unfinished(json.loads(Path(args.unfinished).read_text())), indent=1))
+        return 0
     pilots = {key: pilot(json.loads(Path(e).read_text()), json.loads(Path(c).read_text()), key)
               for key, e, c in args.pilot}
     passed = [key for key in PREFERENCE if key in pilots and pilots[key]["passed"]]
