@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from explainers.agents.baselines import iou_references, play_scripted  # noqa: E402
-from explainers.agents.envs import make_env  # noqa: E402
-from explainers.agents.train import EVAL_SEED_BASE  # noqa: E402
-from explainers.statistics import bootstrap_ci  # noqa: E402
+from explainers.agents.baselines import iou_references, play_scripted
+from explainers.agents.envs import make_env
+from explainers.agents.train import EVAL_SEED_BASE
+from explainers.statistics import bootstrap_ci
 
 
 def summary(values) -> dict:

@@ -38,10 +38,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from explainers.agents.train import EVAL_SEED_BASE  # noqa: E402
+from explainers.agents.train import EVAL_SEED_BASE
 
 STEPS = 196_608  # 48 updates of 2 x 2048 steps: the most within the gate's 200k
 RECIPE = ["--scenario", "defend_the_center", "--frame-hw", "100", "156", "--num-envs", "2", "--rollout-steps", "2048",
@@ -235,12 +233,11 @@ def main(argv=None) -> int:
     except Stop:
         print("[comparison] stopped with checkpoints: run the same command to continue", flush=True)
         return STOPPED
-    from agents_comparison_results import write_results  # noqa: E402 - beside this script
+    from agents_comparison_results import write_results  # beside this script
 
     write_results(work, names, Path(args.results, "agents-comparison.json"))
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    raise SystemExit(main())
+        raise SystemExit(main())

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agents_comparison import GATE_RETURN, NETWORKS, PREFERENCE, RECIPE, STEPS  # noqa: E402
-from explainers.agents.counterfactual import summarise_drops  # noqa: E402
-from explainers.statistics import bootstrap_ci  # noqa: E402
+from agents_comparison import GATE_RETURN, NETWORKS, PREFERENCE, RECIPE, STEPS
+from explainers.agents.counterfactual import summarise_drops
+from explainers.statistics import bootstrap_ci
 
 
 def _mean_ci(values) -> dict:
