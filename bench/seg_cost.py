@@ -22,7 +22,7 @@ import torch
 from explainers.atomic import atomic_write_text
 from explainers.metrics import spearman
 from explainers.models import load_model
-from explainers.methods.gradcam import GradCAM
+from explainers.methods.gradcam import GradCAM as RegionGradCAM
 from explainers.segmentation.methods import SegGradSkip
 from explainers.segmentation.targets import RegionTarget, background_classes
 from explainers.segmentation.train import load_prepared
@@ -76,7 +76,7 @@ def main() -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bundle = load_model(args.model).to(device)
     images, _, names = load_prepared(args.data, args.split, "cpu")
-    gradskip, ours = SegGradSkip(**json.loads(args.options)), GradCAM()
+    gradskip, ours = SegGradSkip(**json.loads(args.options)), RegionGradCAM()
     peer = GradCAM(model=_Wrapped(bundle), target_layers=[bundle.network.segformer.decode_head.linear_fuse])
     rows = []
     for index in range(min(args.images, len(names))):
