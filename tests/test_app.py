@@ -791,10 +791,11 @@ def test_jobs_are_reconciled_at_start_up_listed_resumed_and_opened(tmp_path):
         url = launch_for_test(demo)
         client = Client(url, verbose=False)
         table, picker = client.predict(api_name="/jobs_list")
-        rows = {row[0]: row for row in table["data"]}
-        assert table["headers"] == ["job", "state", "progress", "model", "started", "finished", "error"]
-        assert rows[lost][1] == "interrupted" and "gone" in rows[lost][6] and rows[lost][4]
-        assert rows[finished][1] == "done" and rows[finished][2] == "1/1" and rows[finished][5]
+        assert table["headers"] == ["job", "kind", "state", "progress", "model", "started", "finished", "error"]
+        rows = {row[0]: dict(zip(table["headers"], row)) for row in table["data"]}
+        assert rows[lost]["kind"] == "sleep-steps" and rows[lost]["model"] == "tiny-cnn"
+        assert rows[lost]["state"] == "interrupted" and "gone" in rows[lost]["error"] and rows[lost]["started"]
+        assert rows[finished]["state"] == "done" and rows[finished]["progress"] == "1/1" and rows[finished]["finished"]
         status = client.predict(finished, api_name="/open_job")
         assert "done" in str(status)
         text = client.predict(api_name="/finetune_status")[0]
