@@ -39,6 +39,68 @@ def pictures_of(records, context: bool = False) -> list:
                         f"(vs the {r.get('region', 'predicted region')})")) for r in records or []]
 
 
+# what a new prediction clears: the target line, maps, caption, table, both curves, records
+CLEARED = ("", [], "", "", None, None, None)
+
+
+def segment_picture(loader, model_name, picture, truth):
+    """The prediction, its legend and notes, the class menu, the picture for drawing, and the unfamiliar-photo
+    warning (shown before any explanation). A refusal (no picture, no model) is said in the notes and leaves
+    the rest as it was."""
+    if picture is None or not model_name:
+        return (*(gr.skip(),) * 3, "⚠ " + ("Upload a smear photo or pick an example first." if picture is None
+                                           else "Pick a segmentation model."), *(gr.skip(),) * 3,
+                *(gr.skip(),) * len(CLEARED))
+    view = service.SegmentationView(loader(model_name))
+    shown = view.predict(picture, truth=truth)
+    present = view.classes_present(shown)
+    note = " ".join(shown.notes) or ("The example's derived mask is known: IoU and PA against it are shown too."
+                                     if shown.truth is not None else "")
+    if not present:
+        note = (note + " The model found no object in this image (all background): there is no region to "
+                "explain; draw one instead.").strip()
+    # the previous explanation belonged to the picture no longer shown: cleared
+    return (shown, shown.overlay, view.legend_markdown(shown), note,
+            gr.update(choices=present, value=present[0] if present else None), shown.rgb, unfamiliar_update(shown),
+            *CLEARED)
+
+
+def explain_region_stream(loader, model_name, shown, chosen, context, region, **where):
+    """Streamed: the maps as they come (cheapest first), then their curves, then the deletion outside the
+    region with what a copy of the region would score; a region that cannot be explained (a background
+    click, an empty drawing) is said on the target line, the rest left as it was."""
+    if shown is None:
+        yield "⚠ Segment an image first.", *(gr.skip(),) * 7
+        return
+    view = service.SegmentationView(loader(model_name))
+    try:
+        target = view.region(shown, **where)
+        if not chosen:
+            raise ValueError("Pick at least one explanation method.")
+    except Exception as error:  # noqa: BLE001 - a refusal in our words; a bug goes on to `friendly`
+        if not is_user_error(error):
+            raise
+        yield "⚠ " + user_message(error), *(gr.skip(),) * 3, unfamiliar_update(shown), *(gr.skip(),) * 3
+        return
+    text = f"Explaining **{target.describe(view.bundle.class_names)}**."
+    waiting = figures.empty_figure("The curves appear here once the maps are in.")
+    drawn, plot, records = 0, waiting, []
+    for records in view.explain_stream(shown, target, chosen, region=region):
+        curves_in = sum("deletion" in r for r in records)
+        plot = (figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
+                if curves_in else waiting)
+        pending = len(chosen) - curves_in
+        status = text + (f" Computing the curves… ({pending} to go)" if pending else
+                         " Deleting the pixels outside the region…")
+        yield (status, pictures_of(records, context) if len(records) != drawn else gr.skip(),
+               service.scores_markdown(records), plot, unfamiliar_update(shown), *(gr.skip(),) * 3)
+        drawn = len(records)
+    reference = view.context(shown, target, records)
+    # the last message is whole (nothing skipped): it is what an API caller (gradio_client) receives
+    yield (text, pictures_of(records, context), service.scores_markdown(records), plot, unfamiliar_update(shown),
+           service.context_curves_figure(records, reference), service.copy_caption(reference), records)
+
+
 def build(ctx, model=None) -> dict:
     """The view's components and events; `model`: the menu that names the segmentation model (the Explain tab's),
     else the view has its own."""
@@ -98,72 +160,19 @@ def build(ctx, model=None) -> dict:
         path = example_paths[evt.index]
         return path, service.example_mask(path)
 
-    cleared = ("", [], "", "", None, None, None)  # target line, maps, caption, table, both curves, records
-
     @friendly
     def segment(model_name, picture, truth):
-        """The prediction, its legend and notes, the class menu, the picture for drawing, and the unfamiliar-photo
-        warning (shown before any explanation). A refusal (no picture, no model) is said in the notes and leaves
-        the rest as it was."""
-        if picture is None or not model_name:
-            return (*(gr.skip(),) * 3, "⚠ " + ("Upload a smear photo or pick an example first." if picture is None
-                                               else "Pick a segmentation model."), *(gr.skip(),) * 3,
-                    *(gr.skip(),) * len(cleared))
-        view = service.SegmentationView(loader(model_name))
-        shown = view.predict(picture, truth=truth)
-        present = view.classes_present(shown)
-        note = " ".join(shown.notes) or ("The example's derived mask is known: IoU and PA against it are shown too."
-                                         if shown.truth is not None else "")
-        if not present:
-            note = (note + " The model found no object in this image (all background): there is no region to "
-                    "explain; draw one instead.").strip()
-        # the previous explanation belonged to the picture no longer shown: cleared
-        return (shown, shown.overlay, view.legend_markdown(shown), note,
-                gr.update(choices=present, value=present[0] if present else None), shown.rgb, unfamiliar_update(shown),
-                *cleared)
-
-    def _explain(model_name, shown, chosen, context, region, **where):
-        """Streamed: the maps as they come (cheapest first), then their curves, then the deletion outside the
-        region with what a copy of the region would score; a region that cannot be explained (a background
-        click, an empty drawing) is said on the target line, the rest left as it was."""
-        if shown is None:
-            yield "⚠ Segment an image first.", *(gr.skip(),) * 7
-            return
-        view = service.SegmentationView(loader(model_name))
-        try:
-            target = view.region(shown, **where)
-            if not chosen:
-                raise ValueError("Pick at least one explanation method.")
-        except Exception as error:  # noqa: BLE001 - a refusal in our words; a bug goes on to `friendly`
-            if not is_user_error(error):
-                raise
-            yield "⚠ " + user_message(error), *(gr.skip(),) * 3, unfamiliar_update(shown), *(gr.skip(),) * 3
-            return
-        text = f"Explaining **{target.describe(view.bundle.class_names)}**."
-        waiting = figures.empty_figure("The curves appear here once the maps are in.")
-        drawn, plot, records = 0, waiting, []
-        for records in view.explain_stream(shown, target, chosen, region=region):
-            curves_in = sum("deletion" in r for r in records)
-            plot = (figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
-                    if curves_in else waiting)
-            pending = len(chosen) - curves_in
-            status = text + (f" Computing the curves… ({pending} to go)" if pending else
-                             " Deleting the pixels outside the region…")
-            yield (status, pictures_of(records, context) if len(records) != drawn else gr.skip(),
-                   service.scores_markdown(records), plot, unfamiliar_update(shown), *(gr.skip(),) * 3)
-            drawn = len(records)
-        reference = view.context(shown, target, records)
-        # the last message is whole (nothing skipped): it is what an API caller (gradio_client) receives
-        yield (text, pictures_of(records, context), service.scores_markdown(records), plot, unfamiliar_update(shown),
-               service.context_curves_figure(records, reference), service.copy_caption(reference), records)
+        """The prediction, its legend and the class menu (see `segment_picture`)."""
+        return segment_picture(loader, model_name, picture, truth)
 
     @friendly
     def explain_class(model_name, shown, chosen_class, chosen, context):
-        yield from _explain(model_name, shown, chosen, context, "predicted", class_name=chosen_class)
+        yield from explain_region_stream(loader, model_name, shown, chosen, context, "predicted",
+                                         class_name=chosen_class)
 
     @friendly
     def explain_click(model_name, shown, chosen, context, evt: gr.SelectData):
-        yield from _explain(model_name, shown, chosen, context, "clicked", click=tuple(evt.index))
+        yield from explain_region_stream(loader, model_name, shown, chosen, context, "clicked", click=tuple(evt.index))
 
     @friendly
     def explain_drawn(model_name, shown, chosen_class, chosen, context, painted):
@@ -172,8 +181,8 @@ def build(ctx, model=None) -> dict:
         if painted_layer is None or not painted_layer.any():
             yield "⚠ The drawn region is empty: paint over the part of the image to explain.", *(gr.skip(),) * 7
             return
-        yield from _explain(model_name, shown, chosen, context, "drawn", class_name=chosen_class,
-                            drawing=painted_layer)
+        yield from explain_region_stream(loader, model_name, shown, chosen, context, "drawn",
+                                         class_name=chosen_class, drawing=painted_layer)
 
     outputs = [target_text, gallery, table, curves, unfamiliar, context_curves, caption, records_state]
     examples.select(pick_example, None, [image, truth_state], api_visibility="private", **ctx.light)
