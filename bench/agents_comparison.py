@@ -94,13 +94,19 @@ def run_all(work: Path, runs: list, args, logs: Path) -> None:
 
 
 def stop_now(args) -> bool:
-    if STOP_SIGNAL:
-        return True
-    if not args.stop_at:
-        return False
-    hour, minute = (int(v) for v in args.stop_at.split(":"))
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return (now.hour, now.minute) >= (hour, minute)
+    return bool(STOP_SIGNAL) or (args.deadline is not None and time.time() >= args.deadline)
+
+
+def next_occurrence(clock: str | None, now: datetime.datetime | None = None) -> float | None:
+    """The next time the UTC clock reads HH:MM, as a timestamp: 01:40 given at 23:25 means tomorrow's 01:40."""
+    if not clock:
+        return None
+    hour, minute = (int(v) for v in clock.split(":"))
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    target = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if target <= now:
+        target += datetime.timedelta(days=1)
+    return target.timestamp()
 
 
 STOP_SIGNAL: list = []
@@ -216,6 +222,7 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a quick check of the machinery (tiny runs, a few "
                                                              "episodes): its numbers are not results")
     args = parser.parse_args(argv)
+    args.deadline = next_occurrence(args.stop_at)
     if args.smoke:
         _smoke()
     work, logs = Path(args.work), Path(args.logs)

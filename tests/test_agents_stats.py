@@ -41,3 +41,20 @@ def test_agrees_with_rliable():
         assert np.allclose(ours[key], theirs[key], atol=0.025), (key, ours[key], theirs[key])
     # POI over 5 x 5 runs moves in steps of 1/25: the two draws' quantiles may sit one step apart
     assert np.allclose(ours["poi_ci"], theirs["poi_ci"], atol=1 / 25 + 0.01), (ours["poi_ci"], theirs["poi_ci"])
+
+
+def test_the_comparison_deadline_crosses_midnight():
+    """`--stop-at 01:40` given at 23:25 means the next 01:40, not one already past (which stopped every run at once)."""
+    import datetime
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("agents_comparison",
+                                                  Path(__file__).parent.parent / "bench" / "agents_comparison.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    utc = datetime.timezone.utc
+    late = datetime.datetime(2026, 12, 5, 23, 25, tzinfo=utc)
+    assert module.next_occurrence("01:40", late) == datetime.datetime(2026, 12, 6, 1, 40, tzinfo=utc).timestamp()
+    assert module.next_occurrence("23:50", late) == datetime.datetime(2026, 12, 5, 23, 50, tzinfo=utc).timestamp()
+    assert module.next_occurrence(None, late) is None
