@@ -771,6 +771,8 @@ def test_the_segmentation_view_explains_context(page):
     wait_js(page, "(document.querySelector('#seg-copy-caption')?.innerText || '').includes('copies the region')",
             timeout=300_000)
     assert "Out del." in page.locator("#seg-scores").inner_text()
+    # the figure comes in the same answer as the caption, but plotly draws it a moment later in the browser
+    page.wait_for_selector("#seg-context-curves .js-plotly-plot", timeout=30_000)
     assert page.locator("#seg-context-curves .js-plotly-plot").count() == 1
     whole = page.locator("#seg-maps img").first.get_attribute("src")
     page.locator("#seg-context-only input[type=checkbox]").check()
