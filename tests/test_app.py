@@ -866,3 +866,23 @@ def explained_names(names) -> list:
     prefix = f"{Path(CELL).stem}-tiny-cnn-class-"
     assert all(re.match(re.escape(prefix) + r"\d+-", n) for n in names), names
     return sorted(re.sub(re.escape(prefix) + r"\d+-", "", n) for n in names)
+
+
+def test_explain_without_an_image_is_said_in_the_status_line(running):
+    """The page's Explain button with no image: our sentence in the status line and every other panel left as it
+    was (no error event, so no red "Error" badge on each panel); the API's /explain still answers with an error."""
+    import gradio as gr
+    from gradio_client.exceptions import AppError
+
+    from saliency_lab.explain import NO_IMAGE
+    from saliency_lab.ui.explain import explain_stream_handler
+
+    demo, client, _ = running
+    page = explain_stream_handler(demo.services, refusals_in_status=True)
+    answers = list(page(None, "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis", 10))
+    assert len(answers) == 1 and len(answers[0]) == 8
+    assert answers[0][5] == "⚠ " + NO_IMAGE
+    assert all(isinstance(part, type(gr.skip())) and part == gr.skip()
+               for i, part in enumerate(answers[0]) if i != 5)
+    with pytest.raises(AppError, match="Upload an image"):
+        client.predict(None, "tiny-cnn", ["gradcam"], "auto", *sliders(), 0.5, "cividis", 10, api_name="/explain")

@@ -87,6 +87,24 @@ def refusal_in_status(fn, untouched: int):
     return friendly(wrapper)
 
 
+def refusal_in_status_stream(fn, status_index: int, outputs: int):
+    """`refusal_in_status` for a streamed handler whose status line is output `status_index` of `outputs`: a
+    refused input (no image, a model that cannot be loaded) becomes one sentence there, everything else stays as
+    it was; a bug stays a `friendly` message."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - user errors become the status line, bugs a message
+            if not is_user_error(error):
+                raise
+            answer = [gr.skip()] * outputs
+            answer[status_index] = "⚠ " + user_message(error)
+            yield tuple(answer)
+    return friendly(wrapper)
+
+
 CHECKED = "checked-upload"  # the class that marks a gr.Image whose uploads load_image checks first
 TO_HANDLER = "refusal-to-handler"  # ... and hands a refusal to its handler (RefusedUpload) instead of a toast
 

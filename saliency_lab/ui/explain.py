@@ -19,7 +19,8 @@ from saliency_lab import explain, figures, menus, pictures
 from saliency_lab import segmentation
 from saliency_lab.errors import is_user_error, user_message
 from saliency_lab.ui import segment as segment_view
-from saliency_lab.ui.common import RefusedUpload, checked_image, dataset_dropdown, friendly, log, named
+from saliency_lab.ui.common import (RefusedUpload, checked_image, dataset_dropdown, friendly, log, named,
+                                    refusal_in_status_stream)
 
 TITLE = "Explain"
 TAB_ID = "explain"
@@ -100,8 +101,10 @@ def stream_outputs(services, state, image, opacity, colormap, previous=None) -> 
     return overlays, figure, table, explain.status_text(state), state
 
 
-def explain_stream_handler(services):
-    @friendly
+def explain_stream_handler(services, refusals_in_status: bool = False):
+    """The streamed explanation; with `refusals_in_status` (the page's own buttons), a refused input is said in
+    the status line with nothing else changed, instead of an error (which the API's callers get)."""
+
     def explain_stream(image_path, model_name, methods, target_choice, *rest):
         """An explanation as it is made (the Explain button, a new image, a new class, the API's /explain): the
         prediction, then each method's map and at once its curves, the quickest methods first, each as soon as it
@@ -132,7 +135,9 @@ def explain_stream_handler(services):
                 yield explain.label_value(state["prediction"]), target_update, *outputs, heads
             previous = state
 
-    return named(explain_stream, EXPLAIN_PARAMETERS)
+    outputs = 8  # top 5, target menu, overlays, curves, score table, status, state, details
+    wrapped = refusal_in_status_stream(explain_stream, 5, outputs) if refusals_in_status else friendly(explain_stream)
+    return named(wrapped, EXPLAIN_PARAMETERS)
 
 
 def outputs_of(services, state, opacity, colormap, image):
@@ -524,6 +529,7 @@ def _wire_explain(ctx, ui) -> None:
     curves_inputs = [ui.explain_state, *[ui.sliders[i] for i in LIVE], ui.opacity, ui.colormap]
     curves_outputs = [ui.overlays, ui.curves, ui.aucs, ui.status, ui.explain_state, ui.heads]
     stream_fn = explain_stream_handler(services)
+    page_stream = explain_stream_handler(services, refusals_in_status=True)  # the page's own events
     curves_group = dict(concurrency_id="curves", concurrency_limit=heavy_concurrency)
     # the API: /explain streams (each yield one more map or curve pair); /explain_maps and /explain_curves are
     # its two steps apart (hidden triggers)
@@ -536,9 +542,9 @@ def _wire_explain(ctx, ui) -> None:
     # one place shows progress and errors (the status line says what is still computing), not a red pill on
     # every panel; elapsed time only: the expected time of each method on this model is shown before it runs
     on_stream = dict(heavy, show_progress_on=[ui.overlays], show_progress="minimal")
-    ui.explain_button.click(stream_fn, explain_inputs, stream_outputs_list, api_visibility="private",
+    ui.explain_button.click(page_stream, explain_inputs, stream_outputs_list, api_visibility="private",
                             **on_stream).success(show_expected, expected_inputs, ui.expected, **after_run)
-    ui.target.input(stream_fn, explain_inputs, stream_outputs_list, api_name="explain_target",
+    ui.target.input(page_stream, explain_inputs, stream_outputs_list, api_name="explain_target",
                     **on_stream).success(show_expected, expected_inputs, ui.expected, **after_run)
 
     def cleared(message):
