@@ -367,3 +367,14 @@ def make_mask_set(path, count=24, seed=0, decoy="class", size=32):
         items.append((f"{i}.png", image, mask, label))
     write_mask_set(path, items)
     return path
+
+
+def screenshot_folder(tmp_path_factory, name: str):
+    """Where a browser test's screenshots go: SALIENCY_LAB_SCREENSHOTS when set (to look at them), else a temporary
+    folder named `name`."""
+    import os
+
+    folder = os.environ.get("SALIENCY_LAB_SCREENSHOTS")
+    path = Path(folder) if folder else tmp_path_factory.mktemp(name)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

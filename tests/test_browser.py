@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch_for_test, tiny_cnn, tiny_vit, verdict_stats
+from conftest import launch_for_test, screenshot_folder, tiny_cnn, tiny_vit, verdict_stats
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -51,31 +51,24 @@ def app_url(tmp_path_factory):
     except ImportError:
         pass
     state = tmp_path_factory.mktemp("browser-state")
-    saved_data_dir = os.environ.get("SALIENCY_DATA_DIR")
-    os.environ["SALIENCY_DATA_DIR"] = str(tmp_path_factory.mktemp("browser-data"))  # imports land here
     from explainers.import_model import imported_models
 
     def model_names():
         return ["tiny-vit", "tiny-cnn"] + [card["name"] for card in imported_models()]
 
-    demo = app.build_app(model_names=model_names, default_model="tiny-vit",
-                         data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b",
-                         decoy_roots=[ROOT])  # the decoy models shipped in weights/, if any; no ../shared
-    url = launch_for_test(demo, **app.launch_kwargs(demo))
-    yield url
-    demo.close()
-    if saved_data_dir is None:
-        os.environ.pop("SALIENCY_DATA_DIR", None)
-    else:
-        os.environ["SALIENCY_DATA_DIR"] = saved_data_dir
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SALIENCY_DATA_DIR", str(tmp_path_factory.mktemp("browser-data")))  # imports land here
+        demo = app.build_app(model_names=model_names, default_model="tiny-vit",
+                             data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, sam_variant="vit_b",
+                             decoy_roots=[ROOT])  # the decoy models shipped in weights/, if any; no ../shared
+        url = launch_for_test(demo, **app.launch_kwargs(demo))
+        yield url
+        demo.close()
 
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory):
-    folder = os.environ.get("SALIENCY_LAB_SCREENSHOTS")
-    path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return screenshot_folder(tmp_path_factory, "screenshots")
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,11 @@ answered by one sentence of ours with the rest of the page as it was, the study 
 
 Screenshots go to SALIENCY_LAB_SCREENSHOTS (a folder) when set, else to a temporary folder.
 """
-import os
 from pathlib import Path
 
 import pytest
 
-from conftest import launch_for_test, tiny_cnn, tiny_vit
+from conftest import launch_for_test, screenshot_folder, tiny_cnn, tiny_vit
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -45,26 +44,19 @@ def app_url(tmp_path_factory):
     register_bundle(tiny_cnn(num_classes=8))
     register_bundle(tiny_vit(num_classes=8))
     state = tmp_path_factory.mktemp("phone-state")
-    previous = os.environ.get("SALIENCY_DATA_DIR")
-    os.environ["SALIENCY_DATA_DIR"] = str(state / "user-data")
-    demo = app.build_app(model_names=["tiny-vit", "tiny-cnn"], default_model="tiny-vit",
-                         data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state, weights_dir=state / "weights",
-                         sam_variant="vit_b", decoy_roots=[])
-    url = launch_for_test(demo, **app.launch_kwargs(demo))
-    yield url
-    demo.close()
-    if previous is None:
-        os.environ.pop("SALIENCY_DATA_DIR", None)
-    else:
-        os.environ["SALIENCY_DATA_DIR"] = previous
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SALIENCY_DATA_DIR", str(state / "user-data"))
+        demo = app.build_app(model_names=["tiny-vit", "tiny-cnn"], default_model="tiny-vit",
+                             data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state,
+                             weights_dir=state / "weights", sam_variant="vit_b", decoy_roots=[])
+        url = launch_for_test(demo, **app.launch_kwargs(demo))
+        yield url
+        demo.close()
 
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory):
-    folder = os.environ.get("SALIENCY_LAB_SCREENSHOTS")
-    path = Path(folder) if folder else tmp_path_factory.mktemp("phone-screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return screenshot_folder(tmp_path_factory, "phone-screenshots")
 
 
 @pytest.fixture(scope="module")

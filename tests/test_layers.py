@@ -8,33 +8,40 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PROBE = r'''
+def layer_probe(package: str, blocked: tuple, why: str, skip_prefix: str = "-", after: str = "") -> str:
+    """The code of a fresh interpreter that blocks `blocked` (a meta-path finder that raises, naming `why`), imports
+    every module of `package` (except those under `skip_prefix`), runs `after`, and prints the modules, the import
+    failures, the blocked packages loaded anyway and `extra` (what `after` records) as one JSON line."""
+    return f'''
 import importlib, json, pkgutil, sys
-
-BLOCKED = ("gradio", "plotly", "saliency_lab")
 
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"the library imported {name!r}, which it must never do")
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"the {why} imported {{name!r}}, which it must never do")
         return None
 
 sys.meta_path.insert(0, Block())
-import explainers
-names = sorted(m.name for m in pkgutil.walk_packages(explainers.__path__, "explainers.")
-               if not m.name.endswith("__main__"))
-failures = {}
+import {package}
+names = sorted(m.name for m in pkgutil.walk_packages({package}.__path__, "{package}.")
+               if not m.name.endswith("__main__") and not m.name.startswith({skip_prefix!r}))
+failures, extra = {{}}, {{}}
 for name in names:
     try:
         importlib.import_module(name)
     except ImportError as error:
         failures[name] = str(error)
-light = [name for name in BLOCKED if name in sys.modules]
-print(json.dumps({"modules": names, "failures": failures, "loaded": light}))
+{after}
+loaded = [name for name in {blocked!r} if name in sys.modules]
+print(json.dumps({{"modules": names, "failures": failures, "loaded": loaded, "extra": extra}}))
 '''
 
 
-def run_probe(code: str) -> dict:
+PROBE = layer_probe("explainers", ("gradio", "plotly", "saliency_lab"), "library")
+
+
+def run_probe(code: str):
+    """Run `code` in a fresh interpreter (offline, this repository importable) and read its last line as JSON."""
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -52,20 +59,19 @@ def test_library_never_imports_the_ui_or_the_app():
 
 def test_the_probe_catches_a_violation():
     """The same finder, with a library module that reaches the app: it must be reported (the test can fail)."""
-    code = PROBE.replace("import explainers\n", "import explainers\nimport explainers.models as _m\n", 1)
-    code = code.replace("failures = {}", "failures = {}\ntry:\n    import saliency_lab.menus\nexcept ImportError as e:\n"
-                                         "    failures['probe'] = str(e)")
+    code = layer_probe("explainers", ("gradio", "plotly", "saliency_lab"), "library", after="""
+try:
+    import saliency_lab.menus
+except ImportError as error:
+    failures["probe"] = str(error)
+""")
     result = run_probe(code)
     assert "saliency_lab" in result["failures"]["probe"]
 
 
 def _loaded_after(statement: str) -> list:
-    code = (f"import sys; {statement}; print(__import__('json').dumps(sorted(m for m in "
-            "('gradio', 'plotly', 'saliency_lab', 'timm', 'torch') if m in sys.modules)))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe(f"import sys; {statement}; print(__import__('json').dumps(sorted(m for m in "
+                     "('gradio', 'plotly', 'saliency_lab', 'timm', 'torch') if m in sys.modules)))")
 
 
 def test_import_explainers_is_light():
@@ -94,32 +100,13 @@ def test_the_space_deploy_copies_every_package_the_app_imports():
     assert {"assets", "weights"} <= copied
 
 
-SERVICE_PROBE = r'''
-import importlib, json, pkgutil, sys
-
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "gradio":
-            raise ImportError(f"the service layer imported {name!r}, which only saliency_lab.ui may do")
-        return None
-
-sys.meta_path.insert(0, Block())
-import saliency_lab
-names = sorted(m.name for m in pkgutil.walk_packages(saliency_lab.__path__, "saliency_lab.")
-               if not m.name.startswith("saliency_lab.ui"))
-failures = {}
-for name in names:
-    try:
-        importlib.import_module(name)
-    except ImportError as error:
-        failures[name] = str(error)
-ui = {}
+SERVICE_PROBE = layer_probe("saliency_lab", ("gradio",), "service layer (only saliency_lab.ui may import it)",
+                            skip_prefix="saliency_lab.ui", after="""
 try:
     importlib.import_module("saliency_lab.ui.explain")
 except ImportError as error:
-    ui["saliency_lab.ui.explain"] = str(error)
-print(json.dumps({"modules": names, "failures": failures, "ui": ui, "gradio": "gradio" in sys.modules}))
-'''
+    extra["saliency_lab.ui.explain"] = str(error)
+""")
 
 
 def test_only_the_ui_package_imports_gradio():
@@ -128,8 +115,8 @@ def test_only_the_ui_package_imports_gradio():
     result = run_probe(SERVICE_PROBE)
     for expected in ("saliency_lab.explain", "saliency_lab.services", "saliency_lab.jobs", "saliency_lab.datasets"):
         assert expected in result["modules"]
-    assert result["failures"] == {} and result["gradio"] is False
-    assert "only saliency_lab.ui may do" in result["ui"]["saliency_lab.ui.explain"]
+    assert result["failures"] == {} and result["loaded"] == []
+    assert "only saliency_lab.ui may import it" in result["extra"]["saliency_lab.ui.explain"]
 
 
 def test_every_tab_keeps_the_tab_contract():

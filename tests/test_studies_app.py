@@ -1,7 +1,6 @@
 """Review studies through the running app's named endpoints (gradio_client): upload, create, two reviewers in
 two sessions, blinded pages without method names, results with the code only."""
 import json
-import os
 import zipfile
 from pathlib import Path
 
@@ -24,17 +23,14 @@ def app_url(tmp_path_factory):
 
     register_bundle(tiny_vit(num_classes=8))
     state = tmp_path_factory.mktemp("studies-app")
-    previous = os.environ.get("SALIENCY_DATA_DIR")
-    os.environ["SALIENCY_DATA_DIR"] = str(state / "user-data")
-    demo = app.build_app(model_names=["tiny-vit"], default_model="tiny-vit", data_dir=str(ROOT / "assets" / "bloodmnist"),
-                         state_dir=state, weights_dir=state / "weights", decoy_roots=[])
-    url = launch_for_test(demo)
-    yield url
-    demo.close()
-    if previous is None:
-        os.environ.pop("SALIENCY_DATA_DIR", None)
-    else:
-        os.environ["SALIENCY_DATA_DIR"] = previous
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SALIENCY_DATA_DIR", str(state / "user-data"))
+        demo = app.build_app(model_names=["tiny-vit"], default_model="tiny-vit",
+                             data_dir=str(ROOT / "assets" / "bloodmnist"), state_dir=state,
+                             weights_dir=state / "weights", decoy_roots=[])
+        url = launch_for_test(demo)
+        yield url
+        demo.close()
 
 
 def client(url):
