@@ -1,4 +1,5 @@
 """Shared fixtures: tiny models built in the test (no network, no ../shared)."""
+import contextlib
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -378,3 +379,14 @@ def screenshot_folder(tmp_path_factory, name: str):
     path = Path(folder) if folder else tmp_path_factory.mktemp(name)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def forward_passes(module):
+    """The batch size of every forward pass `module` makes inside the block (a list, filled as they happen)."""
+    sizes = []
+    handle = module.register_forward_hook(lambda _module, inputs, _output: sizes.append(len(inputs[0])))
+    try:
+        yield sizes
+    finally:
+        handle.remove()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import launch_for_test, png_header_only, tiny_cnn, tiny_vit
+from conftest import forward_passes, launch_for_test, png_header_only, tiny_cnn, tiny_vit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -166,14 +166,10 @@ def test_gradskip_alpha_recombines_without_a_model_pass(running):
     out = explain(client, model="tiny-vit", methods=("gradskip", "gradcam"), alpha=0.5)
     before = Image.open(out[2][0]["image"]).copy()
     bundle = demo.services.bundle("tiny-vit")
-    calls = []
-    handle = bundle.network.register_forward_hook(lambda *a: calls.append(1))
-    try:
+    with forward_passes(bundle.network) as calls:
         started = time.perf_counter()
         overlays, heads = client.predict(0.0, 0.5, "cividis", api_name="/alpha_preview")
         elapsed = time.perf_counter() - started
-    finally:
-        handle.remove()
     assert not calls, "moving alpha must not run the model"
     assert elapsed < 5.0
     assert "alpha=0.0" in overlays[0]["caption"]
@@ -197,12 +193,8 @@ def test_gradskip_class_focus_recombines_without_a_model_pass(running):
     out = explain(client, model="tiny-vit", methods=("gradskip",))
     before = np.asarray(Image.open(out[2][0]["image"]), dtype=int)
     bundle = demo.services.bundle("tiny-vit")
-    calls = []
-    handle = bundle.network.register_forward_hook(lambda *a: calls.append(1))
-    try:
+    with forward_passes(bundle.network) as calls:
         overlays, _heads = client.predict(0.0, 0.5, "cividis", api_name="/class_focus_preview")
-    finally:
-        handle.remove()
     assert not calls, "moving the class focus must not run the model"
     assert "focus=0.0" in overlays[0]["caption"]
     assert np.abs(np.asarray(Image.open(overlays[0]["image"]), dtype=int) - before).max() > 0
@@ -841,14 +833,9 @@ def test_outline_of_the_top_share_redraws_without_a_model_pass(running):
     """Issue 11.11 (optional part): moving the top-% outline redraws the overlays from the cached maps."""
     demo, client, _ = running
     explain(client)
-    calls = []
-    network = demo.services.bundle("tiny-cnn").network
-    hook = network.register_forward_hook(lambda *args: calls.append(1))
-    try:
+    with forward_passes(demo.services.bundle("tiny-cnn").network) as calls:
         outlined = client.predict(20, 0.5, "cividis", api_name="/outline")
         plain = client.predict(0, 0.5, "cividis", api_name="/outline")
-    finally:
-        hook.remove()
     assert calls == []  # no model pass
     assert len(outlined) == len(plain) == 2
     for with_line, without in zip(outlined, plain):

@@ -11,19 +11,15 @@ from explainers import engine, familiarity
 from explainers.familiarity import FamiliarityStats
 from explainers.statistics import wilson_interval
 
-from conftest import tiny_cnn, tiny_vit
+from conftest import forward_passes, tiny_cnn, tiny_vit
 
 
 def test_features_come_from_the_predictions_own_forward_pass():
     """logits_and_features: the logits are the bundle's, the features timm's pre-logits, from ONE forward pass."""
     for bundle in (tiny_cnn(), tiny_vit()):
         images = torch.rand(3, 3, *bundle.input_size)
-        calls = []
-        handle = bundle.network.register_forward_hook(lambda *args: calls.append(1))
-        try:
+        with forward_passes(bundle.network) as calls:
             logits, features = familiarity.logits_and_features(bundle, images)
-        finally:
-            handle.remove()
         assert len(calls) == 1
         with torch.no_grad():
             network = bundle.network
@@ -38,12 +34,8 @@ def test_vit_features_can_add_the_mean_patch_token_from_the_same_pass():
     left out), still one forward pass; refused on a CNN; statistics remember which features they were fitted on."""
     vit = tiny_vit()
     images = torch.rand(2, 3, *vit.input_size)
-    calls = []
-    handle = vit.network.register_forward_hook(lambda *args: calls.append(1))
-    try:
+    with forward_passes(vit.network) as calls:
         _, both = familiarity.logits_and_features(vit, images, familiarity.WITH_PATCH_MEAN)
-    finally:
-        handle.remove()
     assert len(calls) == 1 and not vit.network.norm._forward_hooks
     with torch.no_grad():
         tokens = vit.network.forward_features(vit.normalize(images))
@@ -137,12 +129,8 @@ def test_predict_and_check_matches_predict_top_and_says_nothing_without_statisti
         familiarity.register_stats(bundle, None)
         assert engine.predict_and_check(bundle, prepared) == (engine.predict_top(bundle, prepared), None)
         familiarity.register_stats(bundle, familiarity.fit(bundle, tiny_folder, tiny_folder))
-        calls = []
-        handle = bundle.network.register_forward_hook(lambda *args: calls.append(1))
-        try:
+        with forward_passes(bundle.network) as calls:
             prediction, verdict = engine.predict_and_check(bundle, prepared)
-        finally:
-            handle.remove()
         assert len(calls) == 1  # the prediction and the check: one forward pass
         assert [(i, n) for i, n, _ in prediction] == [(i, n) for i, n, _ in engine.predict_top(bundle, prepared)]
         assert np.allclose([p for *_, p in prediction], [p for *_, p in engine.predict_top(bundle, prepared)])

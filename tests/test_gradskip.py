@@ -3,7 +3,7 @@ import pytest
 import timm
 import torch
 
-from conftest import tiny_cnn, tiny_vit
+from conftest import forward_passes, tiny_cnn, tiny_vit
 from explainers.attention import AttentionRecorder
 from explainers.engine import explain
 from explainers.methods import MethodNotApplicable, available_methods, get_method
@@ -660,12 +660,8 @@ def test_beta_profile_library_function():
     assert len(profile["main_share"]) == 3 and profile["target"] == 2
     assert beta_profile(bundle, image[0], 2, alpha=0.5)["main_share"] == pytest.approx(profile["main_share"], abs=1e-6)
     # from a cached state: no model pass
-    calls = []
-    handle = bundle.network.register_forward_hook(lambda *_: calls.append("forward"))
-    try:
+    with forward_passes(bundle.network) as calls:
         cached = beta_profile(bundle, image, 2, 0.5, state=state, attention_weighting="attention")
-    finally:
-        handle.remove()
     assert calls == [] and cached["attention_weighting"] == "attention"
     assert cached["main_share"] == pytest.approx(state.beta_profile(0.5, attention_weighting="attention")["main_share"])
     with pytest.raises(ValueError, match="explains class"):
