@@ -487,18 +487,20 @@ def _train_step(run) -> None:
     run.optimizer.zero_grad(set_to_none=True)
     terms.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(explainer.parameters(), run.clip)
+    used_lr = run.optimizer.param_groups[0]["lr"]  # with time_schedule, set by _step_tau, not by the step schedule
     run.optimizer.step()
     run.schedule.step()
     step = run.step = step + 1
     loss = float(terms.loss.detach())
     running = run.running = loss if run.running is None else 0.9 * run.running + 0.1 * loss
     run.bar.update(1)
-    run.bar.set_postfix(loss=f"{running:.3f}", tau=f"{tau:.2f}", G=grid, lr=f"{run.schedule.get_last_lr()[0]:.1e}")
+    run.bar.set_postfix(loss=f"{running:.3f}", tau=f"{tau:.2f}", G=grid, lr=f"{used_lr:.1e}")
     if step % run.log_every == 0 or step == run.total_steps:
         run.history.append({"step": step, "loss": round(running, 5),
                             "deletion_auc": round(float(terms.deletion_auc.mean()), 5),
                             "insertion_auc": round(float(terms.insertion_auc.mean()), 5),
                             "peak": round(float(terms.peak.mean()), 4), "tau": round(tau, 4), "grid": grid,
+                            "lr": float(f"{used_lr:.3g}"),
                             "grad_norm": round(float(grad_norm), 4), "seconds": round(_elapsed(run), 1)})
 
 
