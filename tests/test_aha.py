@@ -672,6 +672,11 @@ def test_training_resumes_exactly(tmp_path, trained_cnn):
     assert interrupted["recipe"]["stopped_by_time_budget"] and interrupted["recipe"]["steps"] == 1
     resumed = train_aha(out=str(tmp_path / "b" / "aha-x"), **common)
     assert resumed["recipe"]["steps"] == 4 and not resumed["recipe"]["stopped_by_time_budget"]
+    # the card lists both starts of the command: steps 0-1, then 1-4
+    segments = resumed["recipe"]["segments"]
+    assert [(s["from_step"], s["to_step"]) for s in segments] == [(0, 1), (1, 4)]
+    assert all(s["device"] == "cpu" and s["started_utc"] and s["seconds"] >= 0 for s in segments)
+    assert [(s["from_step"], s["to_step"]) for s in straight["recipe"]["segments"]] == [(0, 4)]
     from safetensors.torch import load_file
 
     a = load_file(str(tmp_path / "a" / "aha-x.safetensors"))

@@ -14,6 +14,14 @@ from .data import load_eval_images
 from .figures import held_out_figures
 
 
+def close_segment(run) -> list:
+    """The run's segments (each start of the command) with the current one brought up to now: its last step and
+    its seconds."""
+    if run.segments:
+        run.segments[-1].update(to_step=run.step, seconds=round(time.time() - run.started, 1))
+    return run.segments
+
+
 def card_recipe(run) -> dict:
     """The card's recipe: every option and derived setting the run used, and how its weights were chosen."""
     best, baseline, held_indices = run.best, run.baseline, run.held_indices
@@ -33,6 +41,7 @@ def card_recipe(run) -> dict:
         "lr": run.lr, "weight_decay": run.weight_decay, "warmup_fraction": run.warmup,
         "schedule": "linear warm-up, cosine", "grad_clip": run.clip, "peak_weight": run.peak_weight, "seed": run.seed,
         "deletion_weight": run.deletion_weight, "init_from": run.init_from,
+        "segments": close_segment(run),  # each start of the command: a run stopped and resumed has several
     }
     if run.val_gridpg_min is not None:
         recipe["val_gridpg"] = {"min": float(run.val_gridpg_min), "mosaics": int(run.val_mosaics), "seed": 0,

@@ -35,7 +35,7 @@ from ..aha.store import explainer_stem, stem_from_out
 from ..metrics import METRICS
 from .data import (AUGMENTS, TARGET_MODES, augment_batch, check_labels, holdout_indices, load_eval_images,
                    load_train_images, mosaic_batch, mosaic_cell_size, mosaic_targets, pick_targets, to_input_size)
-from .export import export_explainer
+from .export import close_segment, export_explainer
 from .validation import (SELECT_RULES, baseline_validation, class_following_key, validation_class_dependence,
                          validation_gridpg, validation_mosaics, validation_scores)
 
@@ -221,6 +221,9 @@ def _train_frozen(bundle, *, rank, world, device, **options) -> dict:
     run.fraction_grid = default_fractions(run.fractions)
     run.amp = device.type == "cuda"
     run.started = time.time()
+    # this segment of the run (a resumed run has several): the card lists each one
+    run.segments.append({"from_step": run.step, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "device": str(device), "to_step": run.step, "seconds": 0.0})
     run.bar = tqdm(total=run.total_steps, initial=run.step, desc=f"aha-{run.model}", file=sys.stderr,
                    disable=not run.progress or rank)
     run.running = None
@@ -340,7 +343,7 @@ def _setup_validation(run) -> None:
 
 def _resume(run) -> None:
     """The starting state: step 0, or the checkpoint's (weights, optimiser, schedule, history, the best so far)."""
-    run.step, run.elapsed_before, run.history = 0, 0.0, []
+    run.step, run.elapsed_before, run.history, run.segments = 0, 0.0, [], []
     run.validation, run.best = [], None  # best: {"step", "ins_minus_del", "state"} by the fixed validation metric
     checkpoint_path, total_steps = run.checkpoint_path, run.total_steps
     if not checkpoint_path.exists():
@@ -354,6 +357,9 @@ def _resume(run) -> None:
     run.schedule.load_state_dict(state["schedule"])
     run.step, run.elapsed_before, run.history = state["step"], state["elapsed"], json.loads(state["history"])
     run.validation = json.loads(state.get("validation", "[]"))
+    # a checkpoint made before segments were recorded: its steps are one earlier segment of unknown start
+    run.segments = json.loads(state.get("segments", "null")) or [
+        {"from_step": 0, "started_utc": None, "device": None, "to_step": run.step, "seconds": round(run.elapsed_before, 1)}]
     if "best_state" in state:
         kept = state.get("best_eligible", True)
         run.best = {"step": int(state["best_step"]), "ins_minus_del": float(state["best_score"]),
@@ -371,7 +377,7 @@ def _save_checkpoint(run) -> None:
         state = {"explainer": run.explainer.state_dict(), "optimizer": run.optimizer.state_dict(),
                  "schedule": run.schedule.state_dict(), "step": run.step, "total_steps": run.total_steps,
                  "elapsed": _elapsed(run), "history": json.dumps(run.history),
-                 "validation": json.dumps(run.validation)}
+                 "validation": json.dumps(run.validation), "segments": json.dumps(close_segment(run))}
         best = run.best
         if best is not None:
             state.update(best_state=best["state"], best_step=best["step"], best_score=best["ins_minus_del"],
