@@ -376,3 +376,37 @@ def test_a_checkpoint_resumes_only_its_own_run_and_exports_a_snapshot(tmp_path):
     final, _ = load_agent(tmp_path / "s.json")
     assert card["steps"] == 64 and card["snapshot_of"] == "s.ckpt"
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), final.state_dict().values()))
+
+
+def test_export_agent_halves_the_file_and_carries_the_held_out_evaluation(tmp_path):
+    """export-agent: float16 weights (half the bytes), loaded back into the float32 network with the same policy
+    and values within float16's precision, and the held-out summary (mean return, its interval, seeds, IoU) in the
+    card, computed from that agent's episodes only."""
+    import json
+
+    from explainers.agents.checkpoint import load_agent, save_agent
+    from explainers.cli import main
+    from explainers.statistics import bootstrap_ci
+
+    torch.manual_seed(0)
+    net = build_network("nature", 4, frame_hw=(60, 80)).eval()
+    save_agent(net, {"scenario": "defend_the_center", "steps": 4096, "lambda": 0.0}, tmp_path, "trained")
+    returns = [3.0, 5.0, 9.0, 11.0]
+    episodes = [{"agent": "trained", "seed": 1000 + k, "return": r, "iou": 0.1 * k} for k, r in enumerate(returns)]
+    episodes.append({"agent": "other", "seed": 5, "return": 99.0, "iou": 0.9})  # another agent's: left out
+    (tmp_path / "eval.json").write_text(json.dumps({"episodes": episodes, "greedy": False}))
+    assert main(["export-agent", "--agent", str(tmp_path / "trained.json"), "--name", "shipped", "--half",
+                 "--out-dir", str(tmp_path / "out"), "--evaluation", str(tmp_path / "eval.json")]) == 0
+    full, half = tmp_path / "trained.safetensors", tmp_path / "out" / "shipped.safetensors"
+    assert half.stat().st_size < 0.55 * full.stat().st_size
+    shipped, card = load_agent(tmp_path / "out" / "shipped.json")
+    assert card["stored_dtype"] == "float16" and card["exported_from"] == {"name": "trained", "steps": 4096}
+    assert all(v.dtype == torch.float32 for v in shipped.state_dict().values() if v.is_floating_point())
+    frames = torch.randint(0, 256, (3, 3, 60, 80), dtype=torch.uint8)
+    with torch.no_grad():
+        (logits_a, value_a), (logits_b, value_b) = net(frames)[:2], shipped(frames)[:2]
+    assert torch.allclose(logits_a, logits_b, atol=1e-2) and torch.allclose(value_a, value_b, atol=1e-2)
+    held = card["held_out"]
+    assert held["mean_return"] == 7.0 and held["episodes"] == 4 and held["reset_seeds"] == [1000, 1003]
+    assert held["ci95"] == [round(v, 3) for v in bootstrap_ci(returns)]
+    assert held["value_cam_iou"]["mean"] == pytest.approx(0.15)

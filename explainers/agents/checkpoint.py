@@ -29,10 +29,16 @@ def _save_tensors(tensors: dict, path: Path) -> None:
     atomic_write_bytes(path, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}))
 
 
-def save_agent(net, card: dict, out_dir, name: str) -> Path:
+def save_agent(net, card: dict, out_dir, name: str, half: bool = False) -> Path:
+    """NAME.safetensors + NAME.json in `out_dir`; `half`: the weights stored in float16 (half the file, for the
+    agents shipped in the repository; loading casts them back to the network's float32)."""
     out_dir = Path(out_dir)
-    _save_tensors(net.state_dict(), out_dir / f"{check_name(name)}.safetensors")
-    card = {**card, "name": name, "arch": net.arch, "weights_file": f"{name}.safetensors"}
+    tensors = net.state_dict()
+    if half:
+        tensors = {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}
+    _save_tensors(tensors, out_dir / f"{check_name(name)}.safetensors")
+    card = {**card, "name": name, "arch": net.arch, "weights_file": f"{name}.safetensors",
+            "stored_dtype": "float16" if half else "float32"}
     atomic_write_text(out_dir / f"{name}.json", json.dumps(card, indent=2))
     return out_dir / f"{name}.json"
 

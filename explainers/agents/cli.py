@@ -63,6 +63,45 @@ def cmd_evaluate_agent(args) -> int:
     return 0
 
 
+def cmd_export_agent(args) -> int:
+    """A trained agent copied under a new name (the shipped pair), weights in float16 with --half, and the
+    summary of a held-out evaluation (evaluate-agent's JSON) in its card."""
+    from .checkpoint import load_agent, save_agent
+
+    net, card = load_agent(args.agent)
+    card = {k: v for k, v in card.items() if k not in ("name", "weights_file", "stored_dtype")}
+    card["exported_from"] = {"name": Path(args.agent).stem, "steps": card.get("steps")}
+    if args.evaluation:
+        card["held_out"] = evaluation_summary(json.loads(Path(args.evaluation).read_text()), args.agent)
+    path = save_agent(net, card, args.out_dir, args.name, half=args.half)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def evaluation_summary(result: dict, agent_card) -> dict:
+    """Mean return with its bootstrap 95% interval, episodes and their seeds, from evaluate-agent's results for
+    this agent (by name)."""
+    import numpy as np
+
+    from ..statistics import bootstrap_ci
+
+    name = json.loads(Path(agent_card).read_text())["name"]
+    episodes = [e for e in result["episodes"] if e.get("agent", name) == name]
+    if not episodes:
+        raise ValueError(f"{name} has no episodes in that evaluation")
+    returns = [e["return"] for e in episodes]
+    seeds = [e["seed"] for e in episodes if "seed" in e]
+    low, high = bootstrap_ci(returns)
+    summary = {"mean_return": round(float(np.mean(returns)), 3), "ci95": [round(low, 3), round(high, 3)],
+               "episodes": len(returns), "reset_seeds": [min(seeds), max(seeds)] if seeds else None,
+               "greedy": bool(result.get("greedy", False))}
+    ious = [e["iou"] for e in episodes if e.get("iou") is not None]
+    if ious:
+        low, high = bootstrap_ci(ious)
+        summary["value_cam_iou"] = {"mean": round(float(np.mean(ious)), 4), "ci95": [round(low, 4), round(high, 4)]}
+    return summary
+
+
 def _prior(path):
     """The fixed prior map (the mean mask over training-seed frames) from a .npy file, or None."""
     if path is None:
@@ -129,3 +168,12 @@ def add_agent_parsers(commands) -> None:
     evaluate.add_argument("--device", default="auto")
     evaluate.add_argument("--threads", type=int, default=1)
     evaluate.set_defaults(handler=cmd_evaluate_agent)
+
+    export = commands.add_parser("export-agent", help="copy a trained agent under a new name (the shipped pair): "
+                                                      "float16 weights with --half, a held-out evaluation in its card")
+    export.add_argument("--agent", required=True, help="the trained agent's card (NAME.json)")
+    export.add_argument("--name", required=True)
+    export.add_argument("--out-dir", default="weights/agents")
+    export.add_argument("--half", action="store_true", help="store the weights in float16")
+    export.add_argument("--evaluation", default=None, help="evaluate-agent's JSON for this agent (held-out seeds)")
+    export.set_defaults(handler=cmd_export_agent)
