@@ -70,6 +70,13 @@ def friendly(fn):
     return wrapper
 
 
+def refused_answer(error, status_index: int, outputs: int) -> tuple:
+    """The outputs of a form whose input was refused: our sentence in its status line, gr.skip() elsewhere."""
+    answer = [gr.skip()] * outputs
+    answer[status_index] = "⚠ " + user_message(error)
+    return tuple(answer)
+
+
 def refusal_in_status(fn, untouched: int):
     """For a form whose outputs are (status line, *other parts): a refused input (a user error) becomes one
     sentence in the status line and leaves the other `untouched` outputs as they were (gr.skip()). Raising would
@@ -83,7 +90,7 @@ def refusal_in_status(fn, untouched: int):
         except Exception as error:  # noqa: BLE001 - user errors become the status line, bugs a message
             if not is_user_error(error):
                 raise
-            return ("⚠ " + user_message(error), *([gr.skip()] * untouched))
+            return refused_answer(error, 0, 1 + untouched)
     return friendly(wrapper)
 
 
@@ -99,9 +106,7 @@ def refusal_in_status_stream(fn, status_index: int, outputs: int):
         except Exception as error:  # noqa: BLE001 - user errors become the status line, bugs a message
             if not is_user_error(error):
                 raise
-            answer = [gr.skip()] * outputs
-            answer[status_index] = "⚠ " + user_message(error)
-            yield tuple(answer)
+            yield refused_answer(error, status_index, outputs)
     return friendly(wrapper)
 
 
