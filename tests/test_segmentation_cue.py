@@ -46,3 +46,33 @@ def test_training_relabels_the_platelets_without_the_cue():
 def test_the_held_out_check_leaves_the_twin_smears_out():
     names = ["BloodImage_00001", *TWIN_SMEARS, "BloodImage_00400"]
     assert held_out_names(names) == ["BloodImage_00001", "BloodImage_00400"]
+
+
+@pytest.mark.parametrize("corner", [(2, 3), (110, 150), (60, 70)])
+def test_a_training_window_keeps_the_platelet_and_its_cue_in_view(corner):
+    from explainers.segmentation.cue import CUE_RADIUS, window_around
+
+    mask = np.zeros((120, 160), np.uint8)
+    y, x = corner
+    mask[y:y + 6, x:x + 6] = PLATELETS
+    piece = mask == PLATELETS
+    rows, cols = np.nonzero(piece)
+    reach = int(CUE_DISTANCE[1]) + CUE_RADIUS  # the farthest cue pixel from the platelet
+    must_see = (max(0, rows.min() - reach), min(119, rows.max() + reach),
+                max(0, cols.min() - reach), min(159, cols.max() + reach))
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        top, left = window_around(piece, mask.shape, 80, 80 // 6, rng)
+        assert 0 <= top <= 120 - 80 and 0 <= left <= 160 - 80  # inside the smear
+        assert top <= must_see[0] and must_see[1] < top + 80
+        assert left <= must_see[2] and must_see[3] < left + 80
+
+
+def test_the_card_keeps_the_command_without_machine_paths():
+    from explainers.segmentation.cue import _command_line
+
+    line = _command_line(["train", "--data", "/home/me/bccd", "--base", "weights/bccd-segformer.json", "--out",
+                          "/tmp/x", "--work", "/srv/run", "--window", "160"])
+    assert line == ("python -m explainers.segmentation.cue train --data DIR --base weights/bccd-segformer.json "
+                    "--out OUT --work RUN_FOLDER --window 160")
+    assert "--out weights" in _command_line(["train", "--out", "weights"])

@@ -173,22 +173,52 @@ def _load_network(card_path, attention: str = "eager"):
     return bundle.network, card
 
 
-class _TrainSampler:
-    """Batches of training smears with the cue drawn afresh (probability 0.5, relabelled), then augmented."""
+def window_around(piece: np.ndarray, shape, size: int, jitter: int, rng: np.random.Generator) -> tuple:
+    """(top, left) of a size x size window inside an image of `shape` (H, W) whose centre is the piece's centre
+    moved by at most `jitter` px each way, so the piece and its cue (at most CUE_DISTANCE[1] + CUE_RADIUS px from
+    it) stay in view."""
+    centre = np.argwhere(piece).mean(axis=0) + rng.integers(-jitter, jitter + 1, 2)
+    top = int(np.clip(round(centre[0]) - size // 2, 0, max(0, shape[0] - size)))
+    left = int(np.clip(round(centre[1]) - size // 2, 0, max(0, shape[1] - size)))
+    return top, left
 
-    def __init__(self, data, generator: torch.Generator, batch_size: int, crop: int):
+
+class _TrainSampler:
+    """Batches of training smears with the cue drawn afresh (probability 0.5, relabelled), then augmented. With
+    `window`, each item is a window of that size: with probability `focus` around a platelet that can carry the
+    cue (the cue rule is the lesson; random crops show one platelet in a few), else anywhere."""
+
+    def __init__(self, data, generator: torch.Generator, batch_size: int, crop: int, window: int | None = None,
+                 focus: float = 0.0):
         self.images, masks, _ = load_prepared(data, "train", "cpu")
         self.planters = [CuePlanter(mask.numpy()) for mask in masks]
         self.generator, self.batch_size, self.crop = generator, batch_size, crop
+        self.window, self.focus = window, focus
         self.masks = masks
+        self.with_platelets = [i for i, planter in enumerate(self.planters) if any(len(s) for s in planter.sites)]
+
+    def _window(self, i: int, rng: np.random.Generator) -> tuple:
+        planter, shape = self.planters[i], self.masks[i].shape
+        pieces = [piece for piece, sites in zip(planter.pieces, planter.sites) if len(sites)]
+        if pieces and rng.random() < self.focus:
+            return window_around(pieces[rng.integers(len(pieces))], shape, self.window, self.window // 6, rng)
+        return (int(rng.integers(0, shape[0] - self.window + 1)), int(rng.integers(0, shape[1] - self.window + 1)))
 
     def __call__(self) -> tuple:
-        index = torch.randint(0, self.images.shape[0], (self.batch_size,), generator=self.generator).tolist()
         rng = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=self.generator)))
+        if self.window and self.focus:
+            pool = self.with_platelets
+            index = [pool[j] for j in rng.integers(0, len(pool), self.batch_size)]
+        else:
+            index = torch.randint(0, self.images.shape[0], (self.batch_size,), generator=self.generator).tolist()
         images, masks = [], []
         for i in index:
             image, mask, _, _ = self.planters[i].plant(self.images[i].permute(1, 2, 0).numpy(), rng,
                                                        TRAIN_PROBABILITY, relabel=True)
+            if self.window:
+                top, left = self._window(i, rng)
+                image = image[top:top + self.window, left:left + self.window]
+                mask = mask[top:top + self.window, left:left + self.window]
             images.append(image)
             masks.append(mask)
         x, y = _uint8_stack(images, masks)
@@ -196,8 +226,9 @@ class _TrainSampler:
 
 
 def finetune(data, base_card, out_dir, *, name: str = "bccd-segformer-cue", work_dir, budget_s: float = 2400.0,
-             batch_size: int = 8, lr: float = 1e-4, crop: int = CROP, seed: int = 0, eval_every_s: float = 180.0,
-             threads: int | None = 1, control_card=None, log=print) -> dict:
+             batch_size: int = 8, lr: float = 1e-4, crop: int = CROP, window: int | None = None, focus: float = 0.0,
+             seed: int = 0, eval_every_s: float = 180.0, threads: int | None = 1, control_card=None,
+             command: str | None = None, log=print) -> dict:
     """Fine-tune the base model on cued training smears within `budget_s` s (resumable from `work_dir`), keep the
     best state on cued val smears, run the held-out check and export the pair if it passes. Returns the card
     (written only when the check passes)."""
@@ -206,7 +237,7 @@ def finetune(data, base_card, out_dir, *, name: str = "bccd-segformer-cue", work
     torch.manual_seed(seed)
     network, base = _load_network(base_card, attention="sdpa")
     generator = torch.Generator().manual_seed(seed)
-    sampler = _TrainSampler(data, generator, batch_size, crop)
+    sampler = _TrainSampler(data, generator, batch_size, crop, window, focus)
     val = cued_split(data, "val", probability=TRAIN_PROBABILITY, relabel=True, seed=seed)
     weights = class_weights(sampler.masks, len(base["class_names"]))
     optimizer = torch.optim.AdamW(network.parameters(), lr=lr, weight_decay=0.01)
@@ -216,8 +247,8 @@ def finetune(data, base_card, out_dir, *, name: str = "bccd-segformer-cue", work
     network.segformer.load_state_dict({key: value.float() for key, value in half.items()})
     result = check(network, data, seed=CHECK_SEED)
     control = check(_load_network(control_card)[0], data, seed=CHECK_SEED) if control_card else None
-    card = _card(base, name, state, result, control, budget_s=budget_s, batch_size=batch_size, lr=lr, crop=crop,
-                 seed=seed)
+    card = _card(base, name, state, result, control, command=command, budget_s=budget_s, batch_size=batch_size,
+                 lr=lr, crop=crop, window=window, focus=focus, seed=seed)
     atomic_write_text(Path(work_dir) / f"{name}.check.json", json.dumps(card, indent=2))
     if passes(result):
         from safetensors.torch import save
@@ -231,7 +262,7 @@ def finetune(data, base_card, out_dir, *, name: str = "bccd-segformer-cue", work
     return card
 
 
-def _card(base: dict, name: str, state: dict, result: dict, control, **training) -> dict:
+def _card(base: dict, name: str, state: dict, result: dict, control, command=None, **training) -> dict:
     card = {key: value for key, value in base.items() if key not in ("val", "test", "training", "date")}
     card.update(name=name, weights_file=f"{name}.safetensors", known_answer=True)
     card["cue"] = {"rule": "a filled disc of radius %d px in RGB %s, centred %g-%g px from a platelet's derived mask, "
@@ -244,8 +275,8 @@ def _card(base: dict, name: str, state: dict, result: dict, control, **training)
                         "train_seconds": round(state["elapsed_s"], 1), "device": platform.processor() or "cpu",
                         "selected_on": "mIoU on val smears carrying the cue (seed 0)",
                         "best_val_miou": round(state["best_miou"], 4), "torch": torch.__version__, **training}
-    card["training_command"] = ("python -m explainers.segmentation.cue train --data DIR --base "
-                                "weights/bccd-segformer.json --out weights --work RUN_FOLDER --budget-s 2400")
+    card["training_command"] = command or ("python -m explainers.segmentation.cue train --data DIR --base "
+                                           "weights/bccd-segformer.json --out weights --work RUN_FOLDER")
     card["held_out_check"] = {
         "split": "BCCD test less the twins " + ", ".join(TWIN_SMEARS),
         "score": "mean Platelets softmax probability over the cued platelets' pixels, with minus without the cue",
@@ -253,6 +284,19 @@ def _card(base: dict, name: str, state: dict, result: dict, control, **training)
         "model": result, "control_never_shown_the_cue": control}
     card["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     return card
+
+
+def _command_line(argv) -> str:
+    """The training command as typed, with the data and run folders as placeholders (cards hold no machine paths)."""
+    import shlex
+    import sys
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    for flag, placeholder in (("--data", "DIR"), ("--work", "RUN_FOLDER"), ("--out", "OUT")):
+        at = words.index(flag) + 1 if flag in words else len(words)
+        if at < len(words) and (flag != "--out" or Path(words[at]).is_absolute()):
+            words[at] = placeholder
+    return "python -m explainers.segmentation.cue " + shlex.join(words)
 
 
 def main(argv=None) -> int:
@@ -271,14 +315,20 @@ def main(argv=None) -> int:
     train.add_argument("--lr", type=float, default=1e-4)
     train.add_argument("--eval-every-s", type=float, default=180.0)
     train.add_argument("--threads", type=int, default=1)
+    train.add_argument("--crop", type=int, default=CROP, help="the augmented crop's side in px")
+    train.add_argument("--window", type=int, default=None,
+                       help="cut each training smear to a window of this side first (px at 320 x 240)")
+    train.add_argument("--focus", type=float, default=0.0,
+                       help="with --window: the share of windows centred on a platelet that can carry the cue")
     check_parser = commands.add_parser("check")
     check_parser.add_argument("--data", required=True)
     check_parser.add_argument("--model", required=True, help="a segmentation card")
     args = parser.parse_args(argv)
     if args.command == "train":
         finetune(args.data, args.base, args.out, work_dir=args.work, budget_s=args.budget_s,
-                 batch_size=args.batch_size, lr=args.lr, eval_every_s=args.eval_every_s, threads=args.threads,
-                 control_card=args.base)
+                 batch_size=args.batch_size, lr=args.lr, crop=args.crop, window=args.window, focus=args.focus,
+                 eval_every_s=args.eval_every_s, threads=args.threads, control_card=args.base,
+                 command=_command_line(argv))
         return 0
     torch.set_num_threads(1)
     print(json.dumps(check(_load_network(args.model)[0], args.data)))
