@@ -76,3 +76,37 @@ def test_the_card_keeps_the_command_without_machine_paths():
     assert line == ("python -m explainers.segmentation.cue train --data DIR --base weights/bccd-segformer.json "
                     "--out OUT --work RUN_FOLDER --window 160")
     assert "--out weights" in _command_line(["train", "--out", "weights"])
+
+
+def test_pointing_at_the_cue_reads_only_outside_the_region():
+    from explainers.segmentation.cue import pointing_at_cue
+
+    outside = np.ones((40, 40), bool)
+    outside[10:20, 10:20] = False  # the region, grown
+    cue = np.zeros((40, 40), bool)
+    cue[14:17, 24:27] = True
+    on_cue = np.zeros((40, 40))
+    on_cue[10:20, 10:20] = 5.0  # the region's own values do not count
+    on_cue[15, 25] = 1.0
+    scores = pointing_at_cue(on_cue, outside, cue)
+    assert scores["hit"] and scores["mass"] == pytest.approx(1.0)
+    elsewhere = np.zeros((40, 40))
+    elsewhere[35, 35] = 1.0
+    assert pointing_at_cue(elsewhere, outside, cue) == {"hit": False, "mass": 0.0, "chance": scores["chance"]}
+    flat = pointing_at_cue(np.ones((40, 40)), outside, cue)
+    assert flat["mass"] == pytest.approx(flat["chance"]) and 0 < flat["chance"] < 0.1  # chance: 7 x 7 of 1500
+
+
+def test_each_cued_platelet_keeps_its_own_cue():
+    image, mask = smear()
+    mask[40:46, 10:16] = 0
+    mask[2:6, 60:64] = PLATELETS  # a second platelet with room
+    _, _, pairs = CuePlanter(mask).plant_pairs(image, np.random.default_rng(1), probability=1.0)
+    assert len(pairs) == 2
+    for piece, disc in pairs:
+        far = [other for other, _ in pairs if other is not piece][0]
+        import cv2
+
+        near = cv2.distanceTransform((~piece).astype(np.uint8), cv2.DIST_L2, 5)[disc].max()
+        away = cv2.distanceTransform((~far).astype(np.uint8), cv2.DIST_L2, 5)[disc].min()
+        assert near <= CUE_DISTANCE[1] + 3 < away

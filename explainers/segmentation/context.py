@@ -51,7 +51,7 @@ def random_order(allowed: torch.Tensor, seed: int = 0) -> torch.Tensor:
     return candidates[torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed))]
 
 
-def _distance_to(mask: np.ndarray) -> np.ndarray:
+def distance_to(mask: np.ndarray) -> np.ndarray:
     """Euclidean distance of every pixel to the nearest pixel of `mask` (0 on it)."""
     import cv2
 
@@ -59,14 +59,14 @@ def _distance_to(mask: np.ndarray) -> np.ndarray:
 
 
 def nearest_first_order(region: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    distance = torch.from_numpy(_distance_to(torch.as_tensor(region).bool().cpu().numpy()))
+    distance = torch.from_numpy(distance_to(torch.as_tensor(region).bool().cpu().numpy()))
     return order_by_values(-distance, allowed)
 
 
 def centre_first_order(region: torch.Tensor) -> torch.Tensor:
     """The region's pixels, deepest inside it (farthest from its outside) first."""
     region = torch.as_tensor(region).bool().cpu()
-    depth = torch.from_numpy(_distance_to(~region.numpy()))
+    depth = torch.from_numpy(distance_to(~region.numpy()))
     return order_by_values(depth, region)
 
 

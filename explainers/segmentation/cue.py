@@ -91,16 +91,43 @@ class CuePlanter:
               relabel: bool = False) -> tuple:
         """(image with the cues, mask, the cues' pixels, the cued platelets' pixels). With `relabel` (training),
         a platelet left without the cue becomes background, and one that could not carry it is ignored."""
-        image, mask = image.copy(), self.mask.copy()
+        image, mask, pairs = self.plant_pairs(image, rng, probability, relabel)
         cues = np.zeros(mask.shape, bool)
         cued = np.zeros(mask.shape, bool)
+        for piece, disc in pairs:
+            cued |= piece
+            cues |= disc
+        return image, mask, cues, cued
+
+    def plant_pairs(self, image: np.ndarray, rng: np.random.Generator, probability: float = 1.0,
+                    relabel: bool = False) -> tuple:
+        """As `plant`, with each cued platelet paired with its own cue: (image, mask, [(platelet, disc), ...])."""
+        image, mask = image.copy(), self.mask.copy()
+        pairs = []
         for piece, sites in zip(self.pieces, self.sites):
             if len(sites) and rng.random() < probability:
-                cues |= draw_cue(image, sites[rng.integers(len(sites))])
-                cued |= piece
+                pairs.append((piece, draw_cue(image, sites[rng.integers(len(sites))])))
             elif relabel:
                 mask[piece] = BACKGROUND if len(sites) else IGNORE_INDEX
-        return image, mask, cues, cued
+        return image, mask, pairs
+
+
+def pointing_at_cue(heat: np.ndarray, outside: np.ndarray, cue: np.ndarray, tolerance_px: int = 2) -> dict:
+    """How a map of a platelet's region points at that platelet's cue, outside the region (the region itself is
+    what the segmentation shows; the cue is the context the model was taught to need):
+    - `hit`: the map's largest value outside the region lies on the cue grown by `tolerance_px`;
+    - `mass`: the share of the map's mass outside the region that lies there;
+    - `chance`: that share for a map equal everywhere (the grown cue's share of the outside pixels).
+    `outside`: the pixels outside the region (grown), as the out-of-region scores use."""
+    import cv2
+
+    size = 2 * tolerance_px + 1
+    grown_cue = cv2.dilate(cue.astype(np.uint8), np.ones((size, size), np.uint8)).astype(bool) & outside
+    values = np.where(outside, np.clip(heat, 0, None), 0.0)
+    total = float(values.sum())
+    hit = bool(grown_cue.flat[int(np.argmax(np.where(outside, heat, -np.inf)))]) if outside.any() else False
+    return {"hit": hit, "mass": float(values[grown_cue].sum() / total) if total > 0 else 0.0,
+            "chance": float(grown_cue.sum() / max(1, outside.sum()))}
 
 
 def _uint8_stack(images, masks) -> tuple:
