@@ -342,12 +342,19 @@ def context_curves_figure(records: list, reference: dict) -> FigureSpec:
         data.append({"type": "scatter", "x": [100 * f for f in reference["fractions"]],
                      "y": reference["curves"][name], "mode": "lines", "name": f"{name}: AUC "
                      f"{reference['auc'][name]:.3f}", "line": {"color": "#777777", "width": 2, "dash": dash}})
+    # one legend entry a line under the axis title, with room made for them: a legend laid across the plot's foot
+    # covered the axis title at 1280 px (entries wrap differently at every width)
+    plot_px, axis_px, entry_px, top_px = 240, 52, 19, 60
+    bottom_px = axis_px + entry_px * len(data) + 8
     layout = {"title": {"text": "Deleting only the pixels outside the region<br>(the region's class probability; "
                                 "lower = the map found context that matters)", "font": {"size": 13}},
-              "height": 380, "margin": {"l": 50, "r": 12, "t": 60, "b": 40},
-              "xaxis": {"title": {"text": "% of the pixels outside the region deleted"}, "range": [0, 100]},
+              "height": top_px + plot_px + bottom_px, "margin": {"l": 50, "r": 12, "t": top_px, "b": bottom_px},
+              "xaxis": {"title": {"text": "% of the pixels outside the region deleted", "standoff": 4},
+                        "range": [0, 100]},
               "yaxis": {"title": {"text": "p(class) over the region"}, "range": [0, 1.02]},
-              "legend": {"orientation": "h", "y": -0.25}, "template": "plotly_white"}
+              "legend": {"orientation": "v", "x": 0, "xanchor": "left", "y": -axis_px / plot_px, "yanchor": "top",
+                         "font": {"size": 11}},
+              "template": "plotly_white"}
     return FigureSpec(data, layout)
 
 
@@ -384,6 +391,7 @@ def _edges(mask) -> np.ndarray:
     return edge & mask
 
 
+NON_BREAKING_HYPHEN = "\u2011"
 SCORE_KEYS = ("outside_auc", "mass_outside", "iou_predicted", "pa_predicted", "iou_truth", "pa_truth",
               "deletion_auc", "insertion_auc")
 
@@ -396,7 +404,8 @@ def scores_markdown(records: list) -> str:
         return ""
     region = records[0].get("region", REGION_WORDS["predicted"])
     truth = any("iou_truth" in r for r in records)
-    columns = [("Method", lambda r: r["label"])]
+    # non-breaking hyphens: on a phone the eight columns squeezed "Grad-CAM" into "Grad-" over "CAM"
+    columns = [("Method", lambda r: r["label"].replace("-", NON_BREAKING_HYPHEN))]
     if any("outside_auc" in r for r in records):  # once the deletion outside the region is in
         columns += [("Out del. ↓", lambda r: _curve_number(r, "outside_auc"))]
     columns += [("Mass out", lambda r: _number(r.get("mass_outside"))),

@@ -69,6 +69,7 @@ def test_explain_gives_maps_scores_and_curves(view):
         assert 0 <= record["iou_truth"] <= 1 and len(record["deletion"]) == 5
     table = scores_markdown(records)
     assert "| IoU truth |" in table and "against the predicted region" in table
+    assert "| Grad\u2011CAM |" in table  # the method's name is never broken at its hyphen
     assert len([line for line in table.splitlines() if line.startswith("|")]) == 5  # header, rule, 3 methods
     reference = view.context(shown, target, records, steps=3)
     region = target.masks[0]
