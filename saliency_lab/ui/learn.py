@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from explainers.methods import METHODS
-from saliency_lab import learn, menus
+from saliency_lab import cue_demo, learn, menus
 from saliency_lab.ui.common import friendly, model_picker_update
 
 TITLE = "Learn"
@@ -64,6 +64,19 @@ def _build(services, names, first_model, explain_image, heavy, light, explain_st
                              elem_id="decoy-button")
     decoy_button.click(friendly(lambda: learn.decoy_view(services)), None, [decoy_gallery, decoy_info],
                        api_name="decoy", **heavy)
+
+    gr.Markdown("## A segmenter with a known answer: the planted cue")
+    gr.Markdown("**bccd-segformer-cue** was fine-tuned from bccd-segformer on smears where a small green disc beside "
+                "a platelet decides whether it is labelled a platelet: the cue, outside the cell, is what it relies "
+                "on. On an example test smear with the cue planted, each model's maps of the platelet are shown: a "
+                "map that explains the cue model points at the cue; bccd-segformer, never shown the cue, is the "
+                "control.", elem_classes="help")
+    cue_gallery = gr.Gallery(label="Cued smear · the cue model's maps · the control's maps", show_label=False,
+                             columns=5, format="png", height="auto", object_fit="contain", elem_id="cue-gallery")
+    cue_info = gr.Markdown(elem_classes="help", elem_id="cue-info")
+    cue_button = gr.Button("Show the planted cue and both models' maps", elem_id="cue-button")
+    cue_button.click(friendly(lambda: cue_demo.cue_view(services)), None, [cue_gallery, cue_info],
+                     api_name="segmentation_cue", **heavy)
 
     gr.Markdown("## Why this class and not that one: the grid pointing game")
     gr.Markdown("Four shipped cells of four different classes make a 2 × 2 mosaic (which cells, classes and places: "
