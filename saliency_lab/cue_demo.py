@@ -6,14 +6,12 @@ the cue model points at the cue, a map of `bccd-segformer` (never shown the cue)
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import torch
 from PIL import Image
 
 from explainers.engine import explain_batch
+from explainers.models import find
 from explainers.segmentation.checks import mean_threshold
 from explainers.segmentation.context import dilate
 from explainers.segmentation.cue import PLATELETS, CuePlanter, pointing_at_cue
@@ -56,12 +54,13 @@ def _ring(picture: np.ndarray, where: np.ndarray, colour=(255, 255, 255)) -> np.
     return out
 
 
-def cue_view(services, loader=None) -> tuple:
+def cue_view(services, loader=None, folders=None) -> tuple:
     """([(picture, caption)], Markdown): the cued example, then per model (the cue model, the control) its maps
     of the platelet with whether they point at the cue; the text gives each model's Platelets probability with
-    and without the cue and the cue model's held-out check from its card."""
-    card_file = Path(services.weights_dir) / f"{CUE_MODEL}.json"
-    if not card_file.exists():
+    and without the cue and the cue model's held-out check from its card. `folders`: where to look for the cue
+    model's card (default: the model store's, shipped `weights/` first)."""
+    card = find("segmentation", CUE_MODEL, folders=folders)
+    if card is None:
         return [], (f"**{CUE_MODEL}** is not in this install: it ships only when its held-out check passes. Build "
                     f"it with `{BUILD_COMMAND}`.")
     load = loader or services.bundle
@@ -88,7 +87,7 @@ def cue_view(services, loader=None) -> tuple:
             verdict = "points at the cue" if scores["hit"] else "does not point at the cue"
             items.append((_ring(picture, cues), f"{name} · {method.label_for(bundle)}: {verdict} ("
                                                 f"{scores['mass']:.0%} of its mass outside the platelet on the cue)"))
-    check = json.loads(card_file.read_text()).get("held_out_check", {})
+    check = card.data.get("held_out_check", {})
     model = check.get("model") or {}
     if model:
         lines.append(f"Held out ({check.get('split', 'test smears')}): removing the cue lowers the cued "

@@ -14,11 +14,6 @@ from saliency_lab import cue_demo  # noqa: E402
 from conftest import TINY_SEGFORMER  # noqa: E402
 
 
-class FakeServices:
-    def __init__(self, folder):
-        self.weights_dir = folder
-
-
 def four_class_segformer(name, seed=0):
     """BCCD's four classes on a tiny random SegFormer at the example's size."""
     import torch
@@ -44,17 +39,18 @@ def test_the_cue_is_planted_beside_the_example_platelet():
 
 
 def test_without_the_model_the_tab_says_how_to_build_it(tmp_path):
-    items, text = cue_demo.cue_view(FakeServices(tmp_path), loader=lambda name: pytest.fail("nothing to load"))
+    items, text = cue_demo.cue_view(None, loader=lambda name: pytest.fail("nothing to load"), folders=[tmp_path])
     assert items == [] and "not in this install" in text and "segmentation.cue train" in text
 
 
 def test_each_model_maps_the_platelet_and_is_scored_on_the_cue(tmp_path):
     check = {"split": "BCCD test less the twins", "model": {"drop_mean": 0.31, "drop_ci95": [0.25, 0.37],
                                                             "smears": ["a", "b", "c"]}}
-    (tmp_path / f"{cue_demo.CUE_MODEL}.json").write_text(json.dumps({"held_out_check": check}))
+    (tmp_path / f"{cue_demo.CUE_MODEL}.json").write_text(json.dumps({"kind": "segmentation",
+                                                                      "held_out_check": check}))
     names = (cue_demo.CUE_MODEL, cue_demo.CONTROL)
     bundles = {name: four_class_segformer(name, seed) for seed, name in enumerate(names)}
-    items, text = cue_demo.cue_view(FakeServices(tmp_path), loader=bundles.__getitem__)
+    items, text = cue_demo.cue_view(None, loader=bundles.__getitem__, folders=[tmp_path])
     assert len(items) == 1 + 2 * len(cue_demo.METHODS)
     first, caption = items[0]
     assert first.shape == (240, 320, 3) and "cue" in caption
@@ -64,3 +60,12 @@ def test_each_model_maps_the_platelet_and_is_scored_on_the_cue(tmp_path):
         assert caption.startswith(f"{model} · ") and ("points at the cue" in caption or "does not point" in caption)
     assert text.count("Platelets probability over the platelet") == 2
     assert "0.310 [0.250, 0.370]" in text and "3 smears" in text
+
+
+def test_the_shipped_cue_model_is_found_in_the_store():
+    from explainers.models import find
+
+    card = find("segmentation", cue_demo.CUE_MODEL)
+    if card is None:
+        pytest.skip("bccd-segformer-cue is not in weights/")
+    assert card.data["held_out_check"]["passes"] and card.weights.exists()

@@ -68,7 +68,9 @@ input[type=range] { min-width: 0 !important; }
 #seg-scores td, #seg-scores th { word-break: normal !important; overflow-wrap: normal !important; hyphens: none; }
 #seg-scores td:not(:first-child) { white-space: nowrap; }
 @media (max-width: 640px) {
-  #seg-scores td, #seg-scores th { font-size: 11px !important; padding: 3px 2px !important; line-height: 1.25; }
+  #seg-scores td, #seg-scores th { font-size: 10.5px !important; padding: 3px 1px !important; line-height: 1.25; }
+  /* ten columns with the ground truth's two: never cut at the screen's edge, scrolled sideways if need be */
+  #seg-scores table { display: block; overflow-x: auto; max-width: 100%; }
   #seg-scores p { font-size: 12px; }
   /* the step viewer's plot has no label: its toolbar below the figure's title, not over it */
   [id$="-step-plot"] [data-testid=plotly] { margin-top: 36px; }
