@@ -54,6 +54,16 @@ def _ring(picture: np.ndarray, where: np.ndarray, colour=(255, 255, 255)) -> np.
     return out
 
 
+def zoomed(picture: np.ndarray, around: np.ndarray, size=(96, 128), scale: int = 3) -> np.ndarray:
+    """A `size` window of `picture` centred on the pixels `around` (kept inside the picture), enlarged `scale`
+    times: the cue is a 7 px disc in a 320 x 240 smear, too small to see whole."""
+    centre = np.argwhere(around).mean(axis=0).round().astype(int)
+    top = int(np.clip(centre[0] - size[0] // 2, 0, picture.shape[0] - size[0]))
+    left = int(np.clip(centre[1] - size[1] // 2, 0, picture.shape[1] - size[1]))
+    window = picture[top:top + size[0], left:left + size[1]]
+    return np.asarray(Image.fromarray(window).resize((size[1] * scale, size[0] * scale), Image.NEAREST))
+
+
 def cue_view(services, loader=None, folders=None) -> tuple:
     """([(picture, caption)], Markdown): the cued example, then per model (the cue model, the control) its maps
     of the platelet with whether they point at the cue; the text gives each model's Platelets probability with
@@ -69,7 +79,9 @@ def cue_view(services, loader=None, folders=None) -> tuple:
         return [], "The example smear has no platelet with room for the cue."
     region = torch.from_numpy(platelets)
     outside = ~dilate(region).numpy()
-    items = [(_ring(cued, cues), "The example smear with the cue (circled in white) beside its platelet")]
+    around = platelets | cues
+    items = [(zoomed(_ring(cued, cues), around), "The example smear, enlarged around its platelet, with the cue "
+                                                 "(circled in white)")]
     lines = []
     for name, role in ((CUE_MODEL, "taught to need the cue"), (CONTROL, "never shown the cue")):
         bundle = load(name)
@@ -85,7 +97,7 @@ def cue_view(services, loader=None, folders=None) -> tuple:
             scores = pointing_at_cue(heat.numpy(), outside, cues)
             picture = overlay_map(cued, heat.numpy(), mean_threshold(heat[None])[0].numpy(), platelets)
             verdict = "points at the cue" if scores["hit"] else "does not point at the cue"
-            items.append((_ring(picture, cues), f"{name} · {method.label_for(bundle)}: {verdict} ("
+            items.append((zoomed(_ring(picture, cues), around), f"{name} · {method.label_for(bundle)}: {verdict} ("
                                                 f"{scores['mass']:.0%} of its mass outside the platelet on the cue)"))
     check = card.data.get("held_out_check", {})
     model = check.get("model") or {}

@@ -53,10 +53,10 @@ def test_each_model_maps_the_platelet_and_is_scored_on_the_cue(tmp_path):
     items, text = cue_demo.cue_view(None, loader=bundles.__getitem__, folders=[tmp_path])
     assert len(items) == 1 + 2 * len(cue_demo.METHODS)
     first, caption = items[0]
-    assert first.shape == (240, 320, 3) and "cue" in caption
+    assert first.shape == (288, 384, 3) and "cue" in caption  # a 96 x 128 window around the platelet, 3 x
     assert ((first == 255).all(axis=-1)).sum() > 20  # the white ring around the cue
     for (picture, caption), (model, method) in zip(items[1:], [(m, k) for m in bundles for k in cue_demo.METHODS]):
-        assert picture.shape == (240, 320, 3)
+        assert picture.shape == (288, 384, 3)
         assert caption.startswith(f"{model} · ") and ("points at the cue" in caption or "does not point" in caption)
     assert text.count("Platelets probability over the platelet") == 2
     assert "0.310 [0.250, 0.370]" in text and "3 smears" in text

@@ -72,7 +72,7 @@ def _build(services, names, first_model, explain_image, heavy, light, explain_st
                 "map that explains the cue model points at the cue; bccd-segformer, never shown the cue, is the "
                 "control.", elem_classes="help")
     cue_gallery = gr.Gallery(label="Cued smear · the cue model's maps · the control's maps", show_label=False,
-                             columns=5, format="png", height="auto", object_fit="contain", elem_id="cue-gallery")
+                             columns=3, format="png", height="auto", object_fit="contain", elem_id="cue-gallery")
     cue_info = gr.Markdown(elem_classes="help", elem_id="cue-info")
     cue_button = gr.Button("Show the planted cue and both models' maps", elem_id="cue-button")
     cue_button.click(friendly(lambda: cue_demo.cue_view(services)), None, [cue_gallery, cue_info],

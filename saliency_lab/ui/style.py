@@ -57,9 +57,9 @@ input[type=range] { min-width: 0 !important; }
 #seg-maps .grid-wrap { max-height: none !important; min-height: 0 !important; height: auto !important;
                        overflow: visible !important; padding-top: 36px; }  /* clear of the block's label */
 @media (max-width: 640px) { #seg-maps .grid-wrap { padding-top: 58px; } }  /* a label on two lines */
-#seg-maps .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
-#seg-maps .thumbnail-lg > img { height: auto !important; object-fit: contain !important; }
-#seg-maps .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+#seg-maps .thumbnail-item, #cue-gallery .thumbnail-item { aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
+#seg-maps .thumbnail-lg > img, #cue-gallery .thumbnail-lg > img { height: auto !important; object-fit: contain !important; }
+#seg-maps .caption-label, #cue-gallery .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
                            overflow: visible !important; text-overflow: clip !important; font-size: 12px;
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
 /* the segmentation view's score table (up to eight columns): a word or a number is never broken over lines; on a
