@@ -33,12 +33,7 @@ def cued_example(example: str = EXAMPLE) -> tuple:
     beside every platelet with room for it, placements from seed 0."""
     photo = np.array(Image.open(EXAMPLES_DIR / f"{example}.jpg").convert("RGB"))
     mask = np.asarray(Image.open(EXAMPLES_DIR / f"{example}.mask.png"))
-    cued, _, pairs = CuePlanter(mask).plant_pairs(photo, np.random.default_rng(0), 1.0)
-    platelets = np.zeros(mask.shape, bool)
-    cues = np.zeros(mask.shape, bool)
-    for piece, disc in pairs:
-        platelets |= piece
-        cues |= disc
+    cued, _, cues, platelets = CuePlanter(mask).plant(photo, np.random.default_rng(0), 1.0)
     return cued, photo, platelets, cues
 
 
