@@ -80,9 +80,9 @@ def cue_view(services, loader=None, folders=None) -> tuple:
     lines = []
     for name, role in ((CUE_MODEL, "taught to need the cue"), (CONTROL, "never shown the cue")):
         bundle = load(name)
-        with torch.no_grad():
-            probability = [float(bundle(_tensor(rgb, bundle)).softmax(dim=1)[0, PLATELETS][region].mean())
-                           for rgb in (cued, plain)]
+        with torch.no_grad():  # with and without the cue in one batch
+            both = torch.cat([_tensor(cued, bundle), _tensor(plain, bundle)])
+            probability = bundle(both).softmax(dim=1)[:, PLATELETS][:, region].mean(dim=1).tolist()
         lines.append(f"**{name}** ({role}): Platelets probability over the platelet {probability[0]:.2f} with the "
                      f"cue, {probability[1]:.2f} without it.")
         image, target = _tensor(cued, bundle), RegionTarget(region[None], [PLATELETS])

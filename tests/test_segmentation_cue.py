@@ -69,13 +69,14 @@ def test_a_training_window_keeps_the_platelet_and_its_cue_in_view(corner):
 
 
 def test_the_card_keeps_the_command_without_machine_paths():
-    from explainers.segmentation.cue import _command_line
+    from explainers.segmentation.train import command_line
 
-    line = _command_line(["train", "--data", "/home/me/bccd", "--base", "weights/bccd-segformer.json", "--out",
-                          "/tmp/x", "--work", "/srv/run", "--window", "160"])
+    program = "python -m explainers.segmentation.cue"
+    line = command_line(["train", "--data", "/home/me/bccd", "--base", "weights/bccd-segformer.json", "--out",
+                          "/tmp/x", "--work", "/srv/run", "--window", "160"], program)
     assert line == ("python -m explainers.segmentation.cue train --data DIR --base weights/bccd-segformer.json "
                     "--out OUT --work RUN_FOLDER --window 160")
-    assert "--out weights" in _command_line(["train", "--out", "weights"])
+    assert "--out weights" in command_line(["train", "--out", "weights"], program)
 
 
 def test_pointing_at_the_cue_reads_only_outside_the_region():

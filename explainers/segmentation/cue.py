@@ -25,7 +25,8 @@ import torch
 from ..atomic import atomic_write_bytes, atomic_write_text
 from ..statistics import bootstrap_ci
 from .bccd import IGNORE_INDEX  # noqa: F401 (re-exported for the tests)
-from .train import CROP, augment, class_weights, confusion, fit, iou_per_class, load_prepared, normalise
+from .train import (CROP, augment, class_weights, command_line, confusion, fit, iou_per_class, load_prepared,
+                    normalise)
 
 CUE_COLOUR = (40, 200, 60)
 CUE_RADIUS = 3
@@ -313,19 +314,6 @@ def _card(base: dict, name: str, state: dict, result: dict, control, command=Non
     return card
 
 
-def _command_line(argv) -> str:
-    """The training command as typed, with the data and run folders as placeholders (cards hold no machine paths)."""
-    import shlex
-    import sys
-
-    words = list(sys.argv[1:] if argv is None else argv)
-    for flag, placeholder in (("--data", "DIR"), ("--work", "RUN_FOLDER"), ("--out", "OUT")):
-        at = words.index(flag) + 1 if flag in words else len(words)
-        if at < len(words) and (flag != "--out" or Path(words[at]).is_absolute()):
-            words[at] = placeholder
-    return "python -m explainers.segmentation.cue " + shlex.join(words)
-
-
 def main(argv=None) -> int:
     import argparse
 
@@ -355,7 +343,7 @@ def main(argv=None) -> int:
         finetune(args.data, args.base, args.out, work_dir=args.work, budget_s=args.budget_s,
                  batch_size=args.batch_size, lr=args.lr, crop=args.crop, window=args.window, focus=args.focus,
                  eval_every_s=args.eval_every_s, threads=args.threads, control_card=args.base,
-                 command=_command_line(argv))
+                 command=command_line(argv, "python -m explainers.segmentation.cue"))
         return 0
     torch.set_num_threads(1)
     print(json.dumps(check(_load_network(args.model)[0], args.data)))

@@ -299,5 +299,14 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
-def command_line() -> str:
-    return "python -m explainers " + " ".join(sys.argv[1:])
+def command_line(argv=None, program: str = "python -m explainers") -> str:
+    """The training command as typed (`argv`, default this process's), with the data and run folders as
+    placeholders and an absolute --out as OUT: cards hold no machine paths."""
+    import shlex
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    for flag, placeholder in (("--data", "DIR"), ("--val-data", "DIR"), ("--work", "RUN_FOLDER"), ("--out", "OUT")):
+        at = words.index(flag) + 1 if flag in words else len(words)
+        if at < len(words) and (flag != "--out" or Path(words[at]).is_absolute()):
+            words[at] = placeholder
+    return f"{program} {shlex.join(words)}"
