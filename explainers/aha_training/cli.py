@@ -8,6 +8,7 @@ import sys
 from ..aha.network import DEFAULT_ARCH
 from ..aha.objective import NUM_FRACTIONS, PEAK_WEIGHT, SCORES
 from ..aha.store import explainer_stem, stem_from_out
+from ..stopping import stop_on_signals
 from .data import AUGMENTS, TARGET_MODES
 from .figures import refresh_held_out
 from .loop import train_aha
@@ -101,7 +102,11 @@ def cmd_train_aha(args) -> int:
                      select_rule=args.select_rule, val_rho_max=args.val_rho_max, val_baseline=args.val_baseline,
                      mosaic_classes=args.mosaic_classes, time_schedule=args.time_schedule,
                      log_every=args.log_every, class_input_lr_scale=args.class_input_lr_scale,
-                     compare=tuple(m for m in args.compare.split(",") if m))
+                     compare=tuple(m for m in args.compare.split(",") if m), cancelled=stop_on_signals())
+    if card is not None and card.get("cancelled"):
+        print(f"[train-aha] stopped at step {card['step']} of {card['total_steps']} with a checkpoint; "
+              "run the same command to continue", file=sys.stderr, flush=True)
+        return 0
     if card is not None:
         summary = {k: card[k] for k in ("base_model", "weights_file", "train_seconds")}
         summary["held_out"] = card.get("held_out")
