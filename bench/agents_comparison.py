@@ -40,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 from explainers.agents.train import EVAL_SEED_BASE
+from explainers.statistics import rounded
 
 STEPS = 196_608  # 48 updates of 2 x 2048 steps: the most within the gate's 200k
 RECIPE = ["--scenario", "defend_the_center", "--frame-hw", "100", "156", "--num-envs", "2", "--rollout-steps", "2048",
@@ -121,18 +122,8 @@ def evaluate(work: Path, name: str, seed_base: int, episodes: int, greedy: bool 
     result = evaluate_agents([work / f"{name}.json"], episodes=episodes, seed_base=seed_base, greedy=greedy,
                              prior=prior, curve_every=10)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_rounded(result)))
+    out.write_text(json.dumps(rounded(result)))
     return result
-
-
-def _rounded(value):
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, (list, tuple)):
-        return [_rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return value
 
 
 def pilots(work: Path, args, logs: Path) -> str | None:
@@ -163,7 +154,7 @@ def judge(work: Path, key: str, record: dict) -> bool:
 
 def write_pilots(record: dict, chosen: str | None, args) -> str | None:
     record["chosen"] = chosen
-    Path(args.results, "agents-pilots.json").write_text(json.dumps(_rounded(record), indent=1))
+    Path(args.results, "agents-pilots.json").write_text(json.dumps(rounded(record), indent=1))
     return chosen
 
 

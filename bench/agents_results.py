@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from explainers.agents.stats import compare_arms, compare_arms_rliable  # noqa: E402
-from explainers.statistics import bootstrap_ci, paired_difference  # noqa: E402
+from explainers.statistics import bootstrap_ci, paired_difference, rounded  # noqa: E402
 
 SHIPPED_SEED = 1
 SCENARIO = "defend_the_center"
@@ -50,16 +50,6 @@ def extract(source: Path) -> Path:
     with tarfile.open(source) as archive:
         archive.extractall(folder, filter="data")
     return folder
-
-
-def rounded(value):
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    return value
 
 
 def run_scores(evaluations: list) -> dict:

@@ -136,3 +136,14 @@ def wilson_interval(successes: int, total: int, *, level: float = LEVEL) -> tupl
     centre = (p + z * z / (2 * total)) / (1 + z * z / total)
     half = z * np.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def rounded(value, digits: int = 4):
+    """Floats rounded to `digits` through nested lists, tuples and dicts (figures written to JSON)."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    return value

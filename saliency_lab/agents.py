@@ -76,6 +76,63 @@ def load(name: str):
         return _agents[name]
 
 
+REFERENCE_LABELS = {"random": "random map", "prior": "fixed prior map", "ceiling": "best any map can reach",
+                    "blind": "blind script", "aimed": "mask-aimed script (privileged)"}
+REFERENCE_STYLE = {"random": "dot", "prior": "dash", "ceiling": "longdash", "blind": "dash", "aimed": "longdash"}
+
+
+def references(name: str) -> dict:
+    """What needs no model beside an agent's figures, from its card (export-agent's `references`): the scripted
+    policies' mean returns on its held-out episodes and the IoU of a random map, the fixed prior map and the grid's
+    ceiling on its own frames; {} for an agent without them (one trained in the app)."""
+    try:
+        return load(name)[1].get("references") or {}
+    except AgentsError:
+        return {}
+
+
+def scenario_references(scenario: str) -> dict:
+    """The references of the first agent of `scenario` that has them (the shipped pair's): what a newly trained
+    agent's return is compared with."""
+    for name in list_agents(scenario):
+        found = references(name)
+        if found:
+            return found
+    return {}
+
+
+def reference_lines(values: dict, axis: str, labels: dict = REFERENCE_LABELS) -> tuple:
+    """(shapes, annotations): a thin grey horizontal line per reference value on `axis` ("y" or "y2"), named at
+    its right end."""
+    shapes, notes = [], []
+    for key, value in values.items():
+        if not isinstance(value, (int, float)):
+            continue
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": axis, "y0": value, "y1": value,
+                       "line": {"color": "#999", "width": 1, "dash": REFERENCE_STYLE.get(key, "dot")}})
+        notes.append({"xref": "paper", "x": 1, "xanchor": "right", "yref": axis, "y": value, "yanchor": "bottom",
+                      "text": f"{labels.get(key, key)} {value:.2f}", "showarrow": False,
+                      "font": {"size": 10, "color": "#666"}})
+    return shapes, notes
+
+
+def held_out_line(name: str) -> str:
+    """The agent's held-out return with its interval beside the scripts' on the same episodes, or ''."""
+    try:
+        card = load(name)[1]
+    except AgentsError:
+        return ""
+    held = card.get("held_out")
+    if not held:
+        return ""
+    line = (f"on {held['episodes']} held-out episodes it averages a return of {held['mean_return']:.1f} "
+            f"[{held['ci95'][0]:.1f}, {held['ci95'][1]:.1f}]")
+    scripts = (card.get("references") or {}).get("return") or {}
+    if scripts:
+        line += " (" + ", ".join(f"{REFERENCE_LABELS.get(k, k)} {v:.1f}" for k, v in scripts.items()) + " on the same)"
+    return line + "."
+
+
 @dataclass
 class Episode:
     agent: str
@@ -244,7 +301,8 @@ def episode_summary(episode: Episode) -> dict:
 
 def timeline_figure(episodes: list, index: int):
     """V(s) over time (solid) and the Grad-CAM IoU per frame (dotted, right axis) of one or two episodes, with
-    the current step marked."""
+    the current step marked and, in grey, the first agent's IoU reference points (random map, fixed prior map,
+    the grid's ceiling) where its card has them."""
     from .figures import FigureSpec, axis_style, plot_layout
 
     data, colours = [], ("#0072B2", "#D55E00")
@@ -254,12 +312,13 @@ def timeline_figure(episodes: list, index: int):
                      "name": f"V(s) {episode.agent}", "line": {"color": colours[number % 2]}})
         data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.ious, "yaxis": "y2",
                      "name": f"Grad-CAM IoU {episode.agent}", "line": {"color": colours[number % 2], "dash": "dot"}})
+    shapes, notes = reference_lines((references(episodes[0].agent) if episodes else {}).get("iou") or {}, "y2")
     layout = plot_layout("Value and IoU with the mask over the episode", 360,
                      xaxis=axis_style(title={"text": "step", "standoff": 4}), yaxis=axis_style(title={"text": "V(s)"}),
                      yaxis2=axis_style(title={"text": "IoU (Grad-CAM of V)"}, overlaying="y", side="right",
                                   range=[0, 1]),
                      shapes=[{"type": "line", "x0": index, "x1": index, "yref": "paper", "y0": 0, "y1": 1,
-                              "line": {"color": "#888", "width": 1}}],
+                              "line": {"color": "#888", "width": 1}}, *shapes], annotations=notes,
                      # under the axis title (at -0.25 it was drawn over it); four entries wrap on a phone
                      legend={"orientation": "h", "y": -0.22, "yanchor": "top", "font": {"size": 11}},
                      margin={"l": 50, "r": 50, "t": 50, "b": 100})
@@ -342,7 +401,8 @@ def describe_job(services, job, history, report) -> job_panel.JobReport:
     from dataclasses import replace
 
     params = job.get("params") or {}
-    figure = training_curves(history) if any("seconds" in p for p in history) else report.figure  # update rows
+    figure = (training_curves(history, params.get("scenario")) if any("seconds" in p for p in history)
+              else report.figure)  # update rows
     text = report.text
     run = job_panel.this_run(history)
     if job["status"] == "running" and not any("seconds" in p for p in run):
@@ -366,8 +426,9 @@ def training_percent(job, run) -> float:
     return round(100.0 * min(1.0, max(shares, default=0.0)), 1)
 
 
-def training_curves(history: list):
-    """Return and IoU of a training job's metric points (the job runner's history), as they come."""
+def training_curves(history: list, scenario: str | None = None):
+    """Return and IoU of a training job's metric points (the job runner's history), as they come, with the
+    scripted policies' returns on the scenario (grey lines) where a shipped agent's card has them."""
     from .figures import FigureSpec, axis_style, plot_layout
 
     def series(key):  # only the rows that carry it (progress rows inside a rollout carry neither)
@@ -378,7 +439,9 @@ def training_curves(history: list):
              **series("return")},
             {"type": "scatter", "mode": "lines+markers", "name": "IoU of V(s)-CAM with masks", "yaxis": "y2",
              **series("iou")}]
+    shapes, notes = reference_lines((scenario_references(scenario) if scenario else {}).get("return") or {}, "y")
     layout = plot_layout("Training: return and IoU", 280, xaxis=axis_style(title={"text": "environment steps"}),
+                     shapes=shapes, annotations=notes,
                      yaxis=axis_style(title={"text": "return"}),
                      yaxis2=axis_style(title={"text": "IoU"}, overlaying="y", side="right", range=[0, 1]),
                      legend={"orientation": "h", "y": -0.3})

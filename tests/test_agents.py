@@ -410,3 +410,59 @@ def test_export_agent_halves_the_file_and_carries_the_held_out_evaluation(tmp_pa
     assert held["mean_return"] == 7.0 and held["episodes"] == 4 and held["reset_seeds"] == [1000, 1003]
     assert held["ci95"] == [round(v, 3) for v in bootstrap_ci(returns)]
     assert held["value_cam_iou"]["mean"] == pytest.approx(0.15)
+
+
+def test_export_agent_puts_greedy_play_and_what_needs_no_model_in_the_card(tmp_path):
+    """With a sampled and a greedy evaluation and the scripted baselines of the same episodes, the card has both
+    summaries, the scripts' returns and the IoU reference points averaged over this agent's own episodes (another
+    agent's episodes left out), so the app can draw them beside the agent's figures."""
+    import json
+
+    from explainers.agents.checkpoint import load_agent, save_agent
+    from explainers.cli import main
+
+    net = build_network("nature", 4, frame_hw=(60, 80)).eval()
+    save_agent(net, {"scenario": "defend_the_center", "steps": 4096, "lambda": 1.0}, tmp_path, "trained")
+
+    def episode(agent, seed, ret, random_iou):
+        return {"agent": agent, "seed": seed, "return": ret, "iou": 0.3,
+                "iou_reference": {"random": random_iou, "prior": 0.1, "ceiling": None if seed == 2 else 0.5}}
+
+    sampled = {"greedy": False, "episodes": [episode("trained", 1, 10.0, 0.01), episode("trained", 2, 12.0, 0.03),
+                                            episode("other", 3, 99.0, 0.9)]}
+    greedy = {"greedy": True, "episodes": [episode("trained", 1, 4.0, 0.01), episode("trained", 2, 6.0, 0.03)]}
+    baselines = {"episode_seeds": [1, 2], "policies": {"random": {"return": {"mean": 0.5}},
+                                                       "blind": {"return": {"mean": 3.5}}}}
+    for name, record in (("s", sampled), ("g", greedy), ("b", baselines)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    assert main(["export-agent", "--agent", str(tmp_path / "trained.json"), "--name", "shipped", "--out-dir",
+                 str(tmp_path / "out"), "--evaluation", str(tmp_path / "s.json"), str(tmp_path / "g.json"),
+                 "--baselines", str(tmp_path / "b.json")]) == 0
+    _, card = load_agent(tmp_path / "out" / "shipped.json")
+    assert card["held_out"]["mean_return"] == 11.0 and not card["held_out"]["greedy"]
+    assert card["held_out_greedy"]["mean_return"] == 5.0 and card["held_out_greedy"]["greedy"]
+    references = card["references"]
+    assert references["return"] == {"random": 0.5, "blind": 3.5} and references["return_episodes"] == [1, 2]
+    assert references["iou"] == {"ceiling": 0.5, "prior": 0.1, "random": pytest.approx(0.02)}
+
+
+def test_the_rebuilt_training_command_parses_back_to_the_cards_settings():
+    """export-agent writes the train-agent command that makes the agent again from what its card records; parsed
+    by the real command line it gives back the same scenario, seed, lambda, frame size, network and PPO settings."""
+    import shlex
+
+    from explainers.agents.cli import training_command
+    from explainers.cli import build_parser
+
+    card = {"scenario": "defend_the_center", "seed": 101, "lambda": 1.0, "steps": 196608, "frame_hw": [100, 156],
+            "device": "cpu", "arch": {"arch": "nature", "hidden": 512},
+            "ppo": {"num_envs": 2, "rollout_steps": 2048, "epochs": 3, "lr": 0.0001, "minibatch": 32, "clip": 0.2,
+                    "entropy_coef": 0.0, "camal_max_grad_norm": 0.5, "cam_mode": "differentiable"}}
+    command = training_command(card, "camal-s101")
+    args = build_parser().parse_args(shlex.split(command.replace("python -m explainers ", "")))
+    assert (args.scenario, args.seed, args.lam, args.steps, list(args.frame_hw)) == (
+        "defend_the_center", 101, 1.0, 196608, [100, 156])
+    assert (args.arch, args.hidden, args.num_envs, args.rollout_steps, args.epochs) == ("nature", 512, 2, 2048, 3)
+    assert (args.lr, args.minibatch, args.clip, args.entropy_coef) == (0.0001, 32, 0.2, 0.0)
+    assert (args.camal_max_grad_norm, args.cam_mode, args.name, args.threads) == (0.5, "differentiable",
+                                                                                 "camal-s101", 1)

@@ -47,6 +47,38 @@ def test_list_play_and_pictures(service):
     assert replay is episode
 
 
+def test_what_needs_no_model_is_drawn_beside_the_agents_figures(service, agent_folder):
+    """An agent whose card has export-agent's `references`: grey lines at its IoU references on the episode plot's
+    IoU axis, the scripts' returns on a training job's return axis (from the scenario's first agent with them),
+    and its held-out return with the scripts' in the facts line; an agent without them gets none."""
+    card_path = agent_folder / "tiny-camal.json"
+    original = card_path.read_text()
+    card = json.loads(original)
+    card["held_out"] = {"mean_return": 8.2, "ci95": [7.9, 8.5], "episodes": 100}
+    card["references"] = {"return": {"random": 0.32, "blind": 3.69}, "iou": {"random": 0.017, "ceiling": 0.51}}
+    try:
+        card_path.write_text(json.dumps(card))
+        service._agents.clear()
+        camal = service.play("tiny-camal", 10_000_004, max_steps=6)
+        figure = service.timeline_figure([camal], 2)
+        lines = {(shape["yref"], shape["y0"]) for shape in figure.layout["shapes"] if shape.get("xref") == "paper"}
+        assert lines == {("y2", 0.017), ("y2", 0.51)}
+        assert {note["text"] for note in figure.layout["annotations"]} == {"random map 0.02",
+                                                                           "best any map can reach 0.51"}
+        history = [{"step": 4096, "seconds": 90, "return": 1.5, "iou": 0.2}]
+        training = service.training_curves(history, "defend_the_center")
+        assert {shape["y0"] for shape in training.layout["shapes"] if shape["yref"] == "y"} == {0.32, 3.69}
+        assert "blind script 3.7" in service.held_out_line("tiny-camal")
+        assert "8.2 [7.9, 8.5]" in service.held_out_line("tiny-camal")
+        vanilla = service.play("tiny-vanilla", 10_000_004, max_steps=6)
+        assert not [s for s in service.timeline_figure([vanilla], 2).layout["shapes"] if s.get("xref") == "paper"]
+        assert service.held_out_line("tiny-vanilla") == ""
+        assert service.training_curves(history).layout["shapes"] == []
+    finally:
+        card_path.write_text(original)
+        service._agents.clear()
+
+
 def test_caps_and_bad_input(service, monkeypatch):
     monkeypatch.setattr(service, "EPISODE_CAP", 12)
     episode = service.play("tiny-vanilla", 5, max_steps=10 ** 6)  # asked for more than the cap

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..atomic import atomic_write_text
+from ..stopping import stop_on_signals
 
 
 def _device(name: str | None) -> str:
@@ -28,23 +29,13 @@ def cmd_train_agent(args) -> int:
                        entropy_coef=args.entropy_coef, camal_max_grad_norm=args.camal_max_grad_norm)
     net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden),
                                                  ("frame_hw", args.frame_hw)) if value is not None}
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     summary = train_agent(scenario_name=args.scenario, out_dir=args.out, name=args.name, seed=args.seed,
                           lam=args.lam, arch=args.arch, steps=args.steps, budget_s=args.budget_s,
                           device=_device(args.device), config=config, net_options=net_options,
                           iou_every=args.iou_every, checkpoint_every=args.checkpoint_every, cancelled=stop)
     print(summary_json(summary))
     return 0
-
-
-def _stop_on_signals():
-    """SIGTERM / SIGINT end the run after the current update, with a checkpoint the same command resumes from."""
-    import signal
-
-    asked = []
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, lambda *_: asked.append(True))
-    return lambda: bool(asked)
 
 
 def cmd_evaluate_agent(args) -> int:
@@ -64,31 +55,67 @@ def cmd_evaluate_agent(args) -> int:
 
 
 def cmd_export_agent(args) -> int:
-    """A trained agent copied under a new name (the shipped pair), weights in float16 with --half, and the
-    summary of a held-out evaluation (evaluate-agent's JSON) in its card."""
+    """A trained agent copied under a new name (the shipped pair), weights in float16 with --half; its card gets
+    the held-out evaluations (evaluate-agent's JSON, sampled and greedy), the counterfactual test and, from
+    bench/agents_baselines.py's JSON on the same episodes, what needs no model (`references`)."""
     from .checkpoint import load_agent, save_agent
 
     net, card = load_agent(args.agent)
-    card = {k: v for k, v in card.items() if k not in ("name", "weights_file", "stored_dtype")}
+    card = {k: v for k, v in card.items() if k not in ("name", "weights_file", "stored_dtype", "held_out",
+                                                        "arm_comparison", "references")}
     card["exported_from"] = {"name": Path(args.agent).stem, "steps": card.get("steps")}
-    if args.evaluation:
-        card["held_out"] = evaluation_summary(json.loads(Path(args.evaluation).read_text()), args.agent)
+    card.setdefault("command", training_command(card, Path(args.agent).stem))
+    evaluations = [json.loads(Path(path).read_text()) for path in args.evaluation or []]
+    for result in evaluations:
+        summary = evaluation_summary(result, args.agent)
+        card["held_out_greedy" if summary["greedy"] else "held_out"] = summary
+    sampled = next((result for result in evaluations if not result.get("greedy")), None)
+    baselines = json.loads(Path(args.baselines).read_text()) if args.baselines else None
+    if sampled is not None or baselines is not None:
+        card["references"] = card_references(sampled, baselines, args.agent)
     path = save_agent(net, card, args.out_dir, args.name, half=args.half)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-def evaluation_summary(result: dict, agent_card) -> dict:
-    """Mean return with its bootstrap 95% interval, episodes and their seeds, from evaluate-agent's results for
-    this agent (by name)."""
-    import numpy as np
+def training_command(card: dict, name: str) -> str:
+    """The train-agent command that makes this agent again, rebuilt from what its card records (scenario, seed,
+    lambda, steps, frame size, network and PPO settings), for cards written before train-agent kept its own."""
+    ppo, arch = card.get("ppo") or {}, card.get("arch") or {}
+    parts = ["python -m explainers train-agent", f"--scenario {card['scenario']}", f"--seed {card.get('seed', 0)}",
+             f"--lambda {card.get('lambda', 0.0):g}"]
+    if card.get("steps"):
+        parts.append(f"--steps {card['steps']}")
+    if card.get("frame_hw"):
+        parts.append("--frame-hw {} {}".format(*card["frame_hw"]))
+    parts.append(f"--arch {arch.get('arch', 'cnn')}")
+    parts += [f"--{key} {arch[key]}" for key in ("width", "hidden") if key in arch]
+    flags = {"num_envs": "--num-envs", "rollout_steps": "--rollout-steps", "epochs": "--epochs", "lr": "--lr",
+             "minibatch": "--minibatch", "clip": "--clip", "entropy_coef": "--entropy-coef",
+             "camal_max_grad_norm": "--camal-max-grad-norm", "cam_mode": "--cam-mode"}
+    parts += [f"{flag} {ppo[key]:g}" if isinstance(ppo[key], float) else f"{flag} {ppo[key]}"
+              for key, flag in flags.items() if key in ppo]
+    parts += [f"--device {card.get('device', 'cpu')} --threads 1", f"--out DIR --name {name}"]
+    return " ".join(parts)
 
-    from ..statistics import bootstrap_ci
 
+def _episodes_of(result: dict, agent_card) -> list:
     name = json.loads(Path(agent_card).read_text())["name"]
     episodes = [e for e in result["episodes"] if e.get("agent", name) == name]
     if not episodes:
         raise ValueError(f"{name} has no episodes in that evaluation")
+    return episodes
+
+
+def evaluation_summary(result: dict, agent_card) -> dict:
+    """Mean return with its bootstrap 95% interval, episodes and their seeds, from evaluate-agent's results for
+    this agent (by name); the counterfactual test's medians where the evaluation ran it."""
+    import numpy as np
+
+    from ..statistics import bootstrap_ci, rounded
+    from .counterfactual import summarise_drops
+
+    episodes = _episodes_of(result, agent_card)
     returns = [e["return"] for e in episodes]
     seeds = [e["seed"] for e in episodes if "seed" in e]
     low, high = bootstrap_ci(returns)
@@ -99,7 +126,29 @@ def evaluation_summary(result: dict, agent_card) -> dict:
     if ious:
         low, high = bootstrap_ci(ious)
         summary["value_cam_iou"] = {"mean": round(float(np.mean(ious)), 4), "ci95": [round(low, 4), round(high, 4)]}
+    drops = next(iter((result.get("counterfactual") or {}).values()), None)
+    if drops:
+        summary["counterfactual"] = rounded(summarise_drops(drops, n_resamples=2000))
     return summary
+
+
+def card_references(evaluation: dict | None, baselines: dict | None, agent_card) -> dict:
+    """What needs no model, beside the agent's own figures: the scripted policies' returns on the same episodes
+    (bench/agents_baselines.py) and the IoU of a random map, the fixed prior map and the best any map on the grid
+    can reach, measured on this agent's own frames (the evaluation's per-episode `iou_reference`)."""
+    import numpy as np
+
+    references: dict = {}
+    if baselines is not None:
+        references["return"] = {name: policy["return"]["mean"] for name, policy in baselines["policies"].items()}
+        references["return_episodes"] = baselines.get("episode_seeds")
+    if evaluation is not None:
+        per_episode = [e.get("iou_reference") or {} for e in _episodes_of(evaluation, agent_card)]
+        keys = sorted({key for reference in per_episode for key in reference})
+        references["iou"] = {key: round(float(np.nanmean([r[key] for r in per_episode if r.get(key) is not None])), 4)
+                             for key in keys}
+        references["iou_on"] = "this agent's own held-out frames (mean over episodes)"
+    return references
 
 
 def _prior(path):
@@ -175,5 +224,8 @@ def add_agent_parsers(commands) -> None:
     export.add_argument("--name", required=True)
     export.add_argument("--out-dir", default="weights/agents")
     export.add_argument("--half", action="store_true", help="store the weights in float16")
-    export.add_argument("--evaluation", default=None, help="evaluate-agent's JSON for this agent (held-out seeds)")
+    export.add_argument("--evaluation", nargs="*", default=None,
+                        help="evaluate-agent's JSON(s) for this agent on held-out seeds (sampled, greedy)")
+    export.add_argument("--baselines", default=None,
+                        help="bench/agents_baselines.py's JSON on the same episodes: the scripted policies' returns")
     export.set_defaults(handler=cmd_export_agent)

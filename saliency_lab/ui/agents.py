@@ -74,6 +74,9 @@ def _view(records: list, index: int, method: str, target: str) -> tuple:
         lines.append(f"**{episode.agent}**: step {facts['step']}, V(s) {facts['value']:.3f}, {iou}; episode return "
                      f"{summary['return']:.0f} over {summary['steps']} steps, episode mean IoU of the Grad-CAM of "
                      f"V(s) {mean_iou}. {episode.note}")
+        held = service.held_out_line(episode.agent)
+        if held:
+            lines[-1] += f" This agent {held}"
     second = pictures[1] if len(pictures) > 1 else None
     return pictures[0], second, "\n\n".join(lines), service.timeline_figure(episodes, index)
 
