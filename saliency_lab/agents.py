@@ -76,8 +76,8 @@ def load(name: str):
         return _agents[name]
 
 
-REFERENCE_LABELS = {"random": "random map", "prior": "fixed prior map", "ceiling": "best any map can reach",
-                    "blind": "blind script", "aimed": "mask-aimed script (privileged)"}
+IOU_REFERENCES = {"random": "random map", "prior": "fixed prior map", "ceiling": "best any map can reach"}
+RETURN_REFERENCES = {"random": "random policy", "blind": "blind script", "aimed": "mask-aimed script (privileged)"}
 REFERENCE_STYLE = {"random": "dot", "prior": "dash", "ceiling": "longdash", "blind": "dash", "aimed": "longdash"}
 
 
@@ -101,7 +101,7 @@ def scenario_references(scenario: str) -> dict:
     return {}
 
 
-def reference_lines(values: dict, axis: str, labels: dict = REFERENCE_LABELS) -> tuple:
+def reference_lines(values: dict, axis: str, labels: dict) -> tuple:
     """(shapes, annotations): a thin grey horizontal line per reference value on `axis` ("y" or "y2"), named at
     its right end."""
     shapes, notes = [], []
@@ -125,11 +125,12 @@ def held_out_line(name: str) -> str:
     held = card.get("held_out")
     if not held:
         return ""
-    line = (f"on {held['episodes']} held-out episodes it averages a return of {held['mean_return']:.1f} "
+    line = (f"On {held['episodes']} held-out episodes this agent averages a return of {held['mean_return']:.1f} "
             f"[{held['ci95'][0]:.1f}, {held['ci95'][1]:.1f}]")
     scripts = (card.get("references") or {}).get("return") or {}
     if scripts:
-        line += " (" + ", ".join(f"{REFERENCE_LABELS.get(k, k)} {v:.1f}" for k, v in scripts.items()) + " on the same)"
+        line += "; on the same episodes " + ", ".join(f"{RETURN_REFERENCES.get(k, k)} {v:.1f}"
+                                                     for k, v in scripts.items())
     return line + "."
 
 
@@ -312,7 +313,8 @@ def timeline_figure(episodes: list, index: int):
                      "name": f"V(s) {episode.agent}", "line": {"color": colours[number % 2]}})
         data.append({"type": "scatter", "mode": "lines", "x": steps, "y": episode.ious, "yaxis": "y2",
                      "name": f"Grad-CAM IoU {episode.agent}", "line": {"color": colours[number % 2], "dash": "dot"}})
-    shapes, notes = reference_lines((references(episodes[0].agent) if episodes else {}).get("iou") or {}, "y2")
+    shapes, notes = reference_lines((references(episodes[0].agent) if episodes else {}).get("iou") or {}, "y2",
+                                    IOU_REFERENCES)
     layout = plot_layout("Value and IoU with the mask over the episode", 360,
                      xaxis=axis_style(title={"text": "step", "standoff": 4}), yaxis=axis_style(title={"text": "V(s)"}),
                      yaxis2=axis_style(title={"text": "IoU (Grad-CAM of V)"}, overlaying="y", side="right",
@@ -439,7 +441,8 @@ def training_curves(history: list, scenario: str | None = None):
              **series("return")},
             {"type": "scatter", "mode": "lines+markers", "name": "IoU of V(s)-CAM with masks", "yaxis": "y2",
              **series("iou")}]
-    shapes, notes = reference_lines((scenario_references(scenario) if scenario else {}).get("return") or {}, "y")
+    shapes, notes = reference_lines((scenario_references(scenario) if scenario else {}).get("return") or {}, "y",
+                                    RETURN_REFERENCES)
     layout = plot_layout("Training: return and IoU", 280, xaxis=axis_style(title={"text": "environment steps"}),
                      shapes=shapes, annotations=notes,
                      yaxis=axis_style(title={"text": "return"}),

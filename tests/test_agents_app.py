@@ -68,7 +68,9 @@ def test_what_needs_no_model_is_drawn_beside_the_agents_figures(service, agent_f
         history = [{"step": 4096, "seconds": 90, "return": 1.5, "iou": 0.2}]
         training = service.training_curves(history, "defend_the_center")
         assert {shape["y0"] for shape in training.layout["shapes"] if shape["yref"] == "y"} == {0.32, 3.69}
-        assert "blind script 3.7" in service.held_out_line("tiny-camal")
+        assert "random policy 0.3, blind script 3.7" in service.held_out_line("tiny-camal")
+        assert {note["text"] for note in training.layout["annotations"]} == {"random policy 0.32",
+                                                                             "blind script 3.69"}
         assert "8.2 [7.9, 8.5]" in service.held_out_line("tiny-camal")
         vanilla = service.play("tiny-vanilla", 10_000_004, max_steps=6)
         assert not [s for s in service.timeline_figure([vanilla], 2).layout["shapes"] if s.get("xref") == "paper"]

@@ -76,7 +76,7 @@ def _view(records: list, index: int, method: str, target: str) -> tuple:
                      f"V(s) {mean_iou}. {episode.note}")
         held = service.held_out_line(episode.agent)
         if held:
-            lines[-1] += f" This agent {held}"
+            lines[-1] += f" {held}"
     second = pictures[1] if len(pictures) > 1 else None
     return pictures[0], second, "\n\n".join(lines), service.timeline_figure(episodes, index)
 
