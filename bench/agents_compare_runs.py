@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.agents_results import arm_comparisons, rounded, run_scores  # noqa: E402
+from agents_results import arm_comparisons, run_scores  # beside this script
+from explainers.statistics import rounded
 
 
 def arm_runs(files: list, arm: str) -> dict:

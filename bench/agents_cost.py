@@ -12,15 +12,12 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def synthetic_rollout(config, device, seed=0, frame_hw=(60, 80)):

@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import shutil
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -26,11 +25,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from explainers.agents.stats import compare_arms, compare_arms_rliable  # noqa: E402
-from explainers.statistics import bootstrap_ci, paired_difference, rounded  # noqa: E402
+from explainers.agents.stats import compare_arms, compare_arms_rliable
+from explainers.statistics import bootstrap_ci, paired_difference, rounded
 
 SHIPPED_SEED = 1
 SCENARIO = "defend_the_center"
