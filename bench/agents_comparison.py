@@ -238,4 +238,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-        raise SystemExit(main())
+    raise SystemExit(main())

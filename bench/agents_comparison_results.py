@@ -38,7 +38,10 @@ def _seed_scores(work: Path, name: str) -> dict:
             "steps": card["steps"], "train_seconds": card["train_seconds"]}
 
 
-def write_results(work: Path, names: list, out: Path) -> dict:
+def write_results(work: Path, names: list, out: Path, planned_seeds: int = 5, reps: int | None = None) -> dict:
+    """The results file over the runs `names` (arm-sSEED, each evaluated sampled and greedy); `complete` says
+    whether every arm has its `planned_seeds` seeds (a file written part-way is marked so). `reps`: the bootstrap's
+    draws over seeds (rliable's 50,000 by default)."""
     arms: dict = {}
     for name in names:
         arm, seed = name.rsplit("-s", 1)
@@ -48,12 +51,16 @@ def write_results(work: Path, names: list, out: Path) -> dict:
         seeds = sorted(set(arms["camal"]) & set(arms["vanilla"]))
         for metric in ("return", "return_greedy", "iou", "counterfactual_gap", "deletion_drop"):
             comparisons[metric] = compare_arms([arms["camal"][s][metric] for s in seeds],
-                                               [arms["vanilla"][s][metric] for s in seeds])
-    baselines_path = Path(__file__).resolve().parent / "results" / "agents-baselines-100x156.json"
+                                               [arms["vanilla"][s][metric] for s in seeds],
+                                               **({"reps": reps} if reps else {}))
+    # the scripts on the comparison's own held-out episodes (reset seeds 10,001,000-10,001,099)
+    baselines_path = Path(__file__).resolve().parent / "results" / "agents-baselines-100x156-comparison-seeds.json"
     baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else None
     lambda_path = work / "lambda.json"
     camal_ev = {seed: scores["explained_variance_end"] for seed, scores in arms.get("camal", {}).items()}
-    result = {"arms": arms, "camal_minus_vanilla": comparisons,
+    seeds = {arm: sorted(runs) for arm, runs in arms.items()}
+    result = {"seeds_done": seeds, "complete": all(len(done) == planned_seeds for done in seeds.values()),
+              "arms": arms, "camal_minus_vanilla": comparisons,
               "lambda": json.loads(lambda_path.read_text()) if lambda_path.exists() else {
                   "chosen": "default 1.0 (no sweep)", "rule_after_the_fact": "explained variance >= 0.3 in every "
                   "CAMAL seed", "holds": bool(camal_ev) and min(camal_ev.values()) >= 0.3},
@@ -62,3 +69,27 @@ def write_results(work: Path, names: list, out: Path) -> dict:
               "ignoring_critic": "a critic that ignores the monsters has a counterfactual gap of 0"}
     out.write_text(json.dumps(result, indent=1))
     return result
+
+
+def evaluated_runs(work: Path) -> list:
+    """The runs in `work` whose sampled and greedy evaluations are both written."""
+    folder = work / "eval"
+    return sorted(path.stem for path in folder.glob("*-s[0-9]*.json") if not path.stem.endswith("-greedy")
+                  and (folder / f"{path.stem}-greedy.json").exists())
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the comparison's results file from the runs evaluated so far")
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    names = evaluated_runs(Path(args.work))
+    result = write_results(Path(args.work), names, Path(args.out))
+    print(json.dumps({"seeds_done": result["seeds_done"], "complete": result["complete"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -58,3 +58,50 @@ def test_the_comparison_deadline_crosses_midnight():
     assert module.next_occurrence("01:40", late) == datetime.datetime(2026, 12, 6, 1, 40, tzinfo=utc).timestamp()
     assert module.next_occurrence("23:50", late) == datetime.datetime(2026, 12, 5, 23, 50, tzinfo=utc).timestamp()
     assert module.next_occurrence(None, late) is None
+
+
+def test_the_comparison_results_over_the_runs_evaluated_so_far(tmp_path):
+    """bench/agents_comparison_results.py on a folder of two seeds per arm (one more run trained but evaluated only
+    sampled, so left out): per-seed scores are the means over each agent's episodes, the arms are compared over the
+    shared seeds, the CAMAL critics' explained-variance rule is read from their cards, and a file written before
+    the planned five seeds says it is not complete."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "agents_comparison_results", Path(__file__).parent.parent / "bench" / "agents_comparison_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "eval").mkdir()
+
+    def write_run(name, returns, iou, explained_variance, greedy_return):
+        episodes = [{"return": r, "iou": iou, "iou_reference": {"random": 0.02, "prior": 0.1}, "seed": 10 + k}
+                    for k, r in enumerate(returns)]
+        drops = {"spread": 2.0, "frames": 4, "skipped": 0, "monsters": [0.3, 0.2, 0.4, 0.1],
+                 "control": [0.0, 0.1, 0.0, 0.0], "episodes": [10, 10, 11, 11]}
+        sampled = {"episodes": episodes, "counterfactual": {name: drops},
+                   "fidelity": {name: {"deletion_drop": [0.5, 0.7]}}}
+        (tmp_path / "eval" / f"{name}.json").write_text(json.dumps(sampled))
+        if greedy_return is not None:
+            greedy = {"episodes": [{"return": greedy_return, "iou": iou}]}
+            (tmp_path / "eval" / f"{name}-greedy.json").write_text(json.dumps(greedy))
+        card = {"steps": 4096, "train_seconds": 60.0,
+                "history": [{"explained_variance": explained_variance}] * 5}
+        (tmp_path / f"{name}.json").write_text(json.dumps(card))
+
+    write_run("vanilla-s101", [10, 14], 0.02, 0.7, 9.0)
+    write_run("vanilla-s102", [8, 8], 0.01, 0.6, 8.0)
+    write_run("camal-s101", [6, 10], 0.40, 0.8, 7.0)
+    write_run("camal-s102", [9, 9], 0.30, 0.5, 6.0)
+    write_run("camal-s103", [1, 1], 0.30, 0.5, None)  # no greedy evaluation yet
+    names = module.evaluated_runs(tmp_path)
+    assert names == ["camal-s101", "camal-s102", "vanilla-s101", "vanilla-s102"]
+    result = module.write_results(tmp_path, names, tmp_path / "results.json", reps=500)
+    assert result["seeds_done"] == {"camal": [101, 102], "vanilla": [101, 102]} and not result["complete"]
+    assert result["arms"]["vanilla"][101]["return"] == 12.0 and result["arms"]["camal"][102]["iou"] == 0.30
+    assert result["arms"]["camal"][101]["return_greedy"] == 7.0
+    comparison = result["camal_minus_vanilla"]["return"]
+    assert comparison["x_mean"] == 8.5 and comparison["y_mean"] == 10.0 and comparison["runs"] == [2, 2]
+    assert result["lambda"]["holds"]  # every CAMAL critic's end-of-training explained variance >= 0.3
+    assert json.loads((tmp_path / "results.json").read_text())["complete"] is False
