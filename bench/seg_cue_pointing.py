@@ -31,7 +31,8 @@ import torch
 from explainers.models import load_bundle
 from explainers.segmentation import context
 from explainers.segmentation.checks import randomised_bundles
-from explainers.segmentation.cue import CHECK_SEED, PLATELETS, CuePlanter, held_out_names, pointing_at_cue
+from explainers.segmentation.cue import (CHECK_SEED, CUE_TOLERANCE_PX, PLATELETS, CuePlanter, budget_drops, grow,
+                                        held_out_names, pointing_at_cue)
 from explainers.segmentation.methods import explain_region
 from explainers.segmentation.targets import RegionTarget
 from explainers.segmentation.train import load_prepared
@@ -63,9 +64,17 @@ def score_platelet(models: dict, random_model, image, piece, cue, methods) -> di
             batch = explain_region(bundle, image, target, name)
             maps[f"{label}: {name}"], seconds[f"{label}: {name}"] = batch.maps[0], batch.seconds
     maps.update(answer_maps(models["cue model"], random_model, image, target, region))
-    return {"rows": {name: pointing_at_cue(heat.detach().float().cpu().numpy(), outside, cue)
-                     for name, heat in maps.items()},
-            "seconds": seconds, "platelet_pixels": int(piece.sum())}
+    maps = {name: heat.detach().float().cpu() for name, heat in maps.items()}
+    rows = {name: pointing_at_cue(heat.numpy(), outside, cue) for name, heat in maps.items()}
+    # the cue model's region score when each map's top pixels outside the region, as many as the grown cue has,
+    # are painted the mean colour; "the cue itself" paints exactly the grown cue (the most a map can show)
+    grown_cue = grow(cue, CUE_TOLERANCE_PX) & outside
+    maps["answer: the cue itself"] = torch.from_numpy(grown_cue.astype(np.float32))
+    rows["answer: the cue itself"] = pointing_at_cue(grown_cue.astype(np.float32), outside, cue)
+    drops = budget_drops(models["cue model"], image, target, maps, outside, int(grown_cue.sum()))
+    for name, drop in drops.items():
+        rows[name]["drop"] = drop
+    return {"rows": rows, "seconds": seconds, "platelet_pixels": int(piece.sum()), "cue_budget": int(grown_cue.sum())}
 
 
 def run(args) -> int:
@@ -101,25 +110,34 @@ def run(args) -> int:
 
 
 def table(path) -> str:
-    """Hit rate and mass per row, mean over smears [95% CI], and GradSkip's paired difference to each row."""
+    """Hit rate, mass and (where measured) the drop at the cue's budget per row, mean over smears [95% CI], and
+    GradSkip's paired difference to every row."""
     records = [json.loads(line) for line in Path(path).read_text().splitlines()]
     smears = sorted({r["image"] for r in records})
-    rows = list(records[0]["rows"])
-    per_smear = {score: {row: np.array([np.mean([float(r["rows"][row][score]) for r in records if r["image"] == s])
-                                        for s in smears]) for row in rows} for score in ("hit", "mass")}
+    rows = [row for row in records[0]["rows"] if all(row in r["rows"] for r in records)]
+    scores = [score for score in ("hit", "mass", "drop") if all(score in r["rows"][rows[0]] for r in records)]
+    per_smear = {score: {row: np.array([np.mean([float(r["rows"][row].get(score, np.nan)) for r in records
+                                                 if r["image"] == s]) for s in smears]) for row in rows}
+                 for score in scores}
     chance = np.mean([r["rows"][rows[0]]["chance"] for r in records])
+    headings = {"hit": "hit rate", "mass": "mass on the cue", "drop": "drop at the cue's budget"}
     lines = [f"{len(records)} cued platelets on {len(smears)} held-out smears; a uniform map's mass on the cue "
              f"(chance): {chance:.3f}", "",
-             "| row | hit rate | mass on the cue | GradSkip minus row: hit | GradSkip minus row: mass |",
-             "|---|---|---|---|---|"]
+             "| row | " + " | ".join(headings[s] for s in scores) + " | "
+             + " | ".join(f"GradSkip minus row: {s}" for s in scores) + " |",
+             "|---" * (1 + 2 * len(scores)) + "|"]
     ours = "cue model: gradskip"
     for row in rows:
         cells = [row]
-        for score in ("hit", "mass"):
-            low, high = bootstrap_ci(per_smear[score][row])
-            cells.append(f"{per_smear[score][row].mean():.3f} [{low:.3f}, {high:.3f}]")
-        for score in ("hit", "mass"):
-            if row == ours:
+        for score in scores:
+            values = per_smear[score][row]
+            if np.isnan(values).any():
+                cells.append("")
+                continue
+            low, high = bootstrap_ci(values)
+            cells.append(f"{values.mean():.3f} [{low:.3f}, {high:.3f}]")
+        for score in scores:
+            if row == ours or np.isnan(per_smear[score][row]).any():
                 cells.append("")
                 continue
             diff = paired_difference(per_smear[score][ours], per_smear[score][row])

@@ -111,3 +111,46 @@ def test_each_cued_platelet_keeps_its_own_cue():
         near = cv2.distanceTransform((~piece).astype(np.uint8), cv2.DIST_L2, 5)[disc].max()
         away = cv2.distanceTransform((~far).astype(np.uint8), cv2.DIST_L2, 5)[disc].min()
         assert near <= CUE_DISTANCE[1] + 3 < away
+
+
+def test_the_drop_at_the_cues_budget_rewards_the_map_that_deletes_the_cue():
+    """A stand-in segmenter that calls the region platelet only while a green cue sits at a known place: deleting
+    the map's top pixels outside the region (as many as the grown cue has) takes the whole effect for a map on the
+    cue, none for a map elsewhere, and the region's own pixels are never deleted."""
+    import torch
+
+    from explainers.segmentation.cue import budget_drops, grow
+    from explainers.targets import RegionTarget
+
+    cue = np.zeros((40, 40), bool)
+    cue[14:17, 24:27] = True
+
+    class CueReader:  # platelet logit = 8 x (the cue's mean green - 0.5), everywhere
+        reference_color = (0.5, 0.5, 0.5)
+
+        def __call__(self, images):
+            green = images[:, 1, 14:17, 24:27].mean(dim=(1, 2))
+            logits = torch.zeros(images.shape[0], 4, 40, 40)
+            logits[:, PLATELETS] = 8 * (green - 0.5)[:, None, None]
+            return logits
+
+    image = torch.full((1, 3, 40, 40), 0.5)
+    image[0, 1][torch.from_numpy(cue)] = 1.0
+    region = torch.zeros(40, 40, dtype=torch.bool)
+    region[12:18, 12:18] = True
+    outside = ~grow(region.numpy(), 3)
+    target = RegionTarget(region[None], [PLATELETS])
+    on_cue = np.zeros((40, 40), np.float32)
+    on_cue[14:17, 24:27] = 1.0
+    elsewhere = np.zeros((40, 40), np.float32)
+    elsewhere[30:35, 30:35] = 1.0
+    in_region = np.zeros((40, 40), np.float32)
+    in_region[12:18, 12:18] = 9.0  # inside the region: never ranked
+    budget = int((grow(cue, 2) & outside).sum())
+    drops = budget_drops(CueReader(), image, target, {"on cue": torch.from_numpy(on_cue),
+                                                      "elsewhere": torch.from_numpy(elsewhere),
+                                                      "in region": torch.from_numpy(in_region)}, outside, budget)
+    start = float(target.probability(CueReader()(image))[0])
+    assert start > 0.9 and drops["on cue"] == pytest.approx(start - 0.25, abs=1e-4)  # all 4 logits 0: p = 1/4
+    assert drops["elsewhere"] == pytest.approx(0.0, abs=1e-6)
+    assert drops["in region"] < drops["on cue"]

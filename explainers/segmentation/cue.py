@@ -113,22 +113,55 @@ class CuePlanter:
         return image, mask, pairs
 
 
-def pointing_at_cue(heat: np.ndarray, outside: np.ndarray, cue: np.ndarray, tolerance_px: int = 2) -> dict:
+CUE_TOLERANCE_PX = 2  # a map's peak within this many pixels of the cue counts as pointing at it
+
+
+def grow(mask: np.ndarray, pixels: int) -> np.ndarray:
+    """A boolean mask grown by `pixels` (a square neighbourhood)."""
+    import cv2
+
+    size = 2 * pixels + 1
+    return cv2.dilate(mask.astype(np.uint8), np.ones((size, size), np.uint8)).astype(bool)
+
+
+def pointing_at_cue(heat: np.ndarray, outside: np.ndarray, cue: np.ndarray,
+                    tolerance_px: int = CUE_TOLERANCE_PX) -> dict:
     """How a map of a platelet's region points at that platelet's cue, outside the region (the region itself is
     what the segmentation shows; the cue is the context the model was taught to need):
     - `hit`: the map's largest value outside the region lies on the cue grown by `tolerance_px`;
     - `mass`: the share of the map's mass outside the region that lies there;
     - `chance`: that share for a map equal everywhere (the grown cue's share of the outside pixels).
     `outside`: the pixels outside the region (grown), as the out-of-region scores use."""
-    import cv2
-
-    size = 2 * tolerance_px + 1
-    grown_cue = cv2.dilate(cue.astype(np.uint8), np.ones((size, size), np.uint8)).astype(bool) & outside
+    grown_cue = grow(cue, tolerance_px) & outside
     values = np.where(outside, np.clip(heat, 0, None), 0.0)
     total = float(values.sum())
     hit = bool(grown_cue.flat[int(np.argmax(np.where(outside, heat, -np.inf)))]) if outside.any() else False
     return {"hit": hit, "mass": float(values[grown_cue].sum() / total) if total > 0 else 0.0,
             "chance": float(grown_cue.sum() / max(1, outside.sum()))}
+
+
+@torch.no_grad()
+def budget_drops(bundle, image: torch.Tensor, target, maps: dict, outside: np.ndarray, budget: int,
+                 reference: str = "mean") -> dict:
+    """{name: drop}: how far the region's mean class probability falls when each map's `budget` highest pixels
+    outside the region are replaced by the reference (all rows in one batch). With `budget` the grown cue's area, a
+    map that points exactly at the cue deletes it and gets the cue's whole effect; the row "the cue itself" (the
+    grown cue deleted) is that effect under this reference, the most any map can show."""
+    from ..metrics import reference_images
+    from .context import order_by_values
+
+    image = image if image.dim() == 4 else image.unsqueeze(0)
+    height, width = image.shape[-2:]
+    allowed = torch.from_numpy(outside)
+    names = list(maps)
+    masks = torch.zeros(len(names), height * width)
+    for row, name in enumerate(names):
+        masks[row, order_by_values(torch.as_tensor(maps[name]), allowed)[:budget]] = 1
+    masks = masks.view(-1, 1, height, width).to(image.device)
+    fill = reference_images(image, reference, bundle.reference_color)
+    start = float(target.probability(bundle(image))[0])
+    after = target.repeated(len(names)).probability(bundle(image * (1 - masks) + fill * masks))
+    return {name: start - float(value) for name, value in zip(names, after.tolist())}
 
 
 def _uint8_stack(images, masks) -> tuple:
