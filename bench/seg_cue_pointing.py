@@ -4,7 +4,7 @@
         --control weights/bccd-segformer.json --out bench/results/seg-cue-pointing.jsonl
     python bench/seg_cue_pointing.py --table bench/results/seg-cue-pointing.jsonl
 
-Smears: BCCD's test split less the five twins, the cue planted beside every platelet that can carry it
+Smears: BCCD's test split less the five twins (`--split val`: the val smears, to choose options on), the cue planted beside every platelet that can carry it
 (placements drawn once, seed 0: the held-out check's own smears, `explainers/segmentation/cue.py`). Per cued
 platelet, the target is the Platelets class over that platelet's derived-mask piece; each map is scored outside
 the piece grown by 3 px (the piece itself is what the segmentation shows) by `pointing_at_cue`: a hit when the
@@ -40,6 +40,11 @@ from explainers.statistics import bootstrap_ci, paired_difference
 
 METHODS = ("gradskip", "gradrollout", "rollout", "gradcam")
 SLOW_METHODS = ("occlusion",)
+# GradSkip's other options, on the cue model only (`--gradskip-variants`): for choosing options on val smears
+GRADSKIP_VARIANTS = {"start=decoder": {"start": "decoder"}, "beta=layer": {"beta_reduction": "layer"},
+                     "weighting=gradient": {"attention_weighting": "gradient"},
+                     "weighting=attention": {"attention_weighting": "attention"},
+                     "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}}
 
 
 def answer_maps(bundle, random_model, image, target, region) -> dict:
@@ -54,15 +59,17 @@ def answer_maps(bundle, random_model, image, target, region) -> dict:
             "answer: GradSkip, random model": explain_region(random_model, image, target, "gradskip").maps[0]}
 
 
-def score_platelet(models: dict, random_model, image, piece, cue, methods) -> dict:
+def score_platelet(models: dict, random_model, image, piece, cue, methods, variants: dict | None = None) -> dict:
     region = torch.from_numpy(piece)
     target = RegionTarget(region[None], [PLATELETS])
     outside = (~context.dilate(region)).numpy()
     maps, seconds = {}, {}
-    for label, bundle in models.items():
-        for name in methods:
-            batch = explain_region(bundle, image, target, name)
-            maps[f"{label}: {name}"], seconds[f"{label}: {name}"] = batch.maps[0], batch.seconds
+    runs = [(f"{label}: {name}", bundle, name, {}) for label, bundle in models.items() for name in methods]
+    runs += [(f"cue model: gradskip ({label})", models["cue model"], "gradskip", options)
+             for label, options in (variants or {}).items()]
+    for row, bundle, name, options in runs:
+        batch = explain_region(bundle, image, target, name, **options)
+        maps[row], seconds[row] = batch.maps[0], batch.seconds
     maps.update(answer_maps(models["cue model"], random_model, image, target, region))
     maps = {name: heat.detach().float().cpu() for name, heat in maps.items()}
     rows = {name: pointing_at_cue(heat.numpy(), outside, cue) for name, heat in maps.items()}
@@ -82,12 +89,13 @@ def run(args) -> int:
     models = {"cue model": load_bundle(args.model), "control": load_bundle(args.control)}
     *_, (_, random_model) = randomised_bundles(models["cue model"])
     methods = METHODS + (SLOW_METHODS if args.slow else ())
-    images, masks, names = load_prepared(args.data, "test", "cpu")
+    images, masks, names = load_prepared(args.data, args.split, "cpu")
     keep = set(held_out_names(names))
     out = Path(args.out)
     done = {(r["image"], r["platelet"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() \
         else set()
-    rng = np.random.default_rng(CHECK_SEED)  # the held-out check's placements: the same draws in the same order
+    # test: the held-out check's placements (the same draws in the same order); val: draws of their own
+    rng = np.random.default_rng(CHECK_SEED if args.split == "test" else CHECK_SEED + 1)
     started = time.perf_counter()
     for index in range(len(names)):
         if names[index] not in keep:
@@ -98,13 +106,17 @@ def run(args) -> int:
         for number, (piece, cue) in enumerate(pairs):
             if (names[index], number) in done:
                 continue
+            if args.limit is not None and len(done) >= args.limit:
+                return 0
             if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
                 print("time budget spent", flush=True)
                 return 0
-            record = score_platelet(models, random_model, image, piece, cue, methods)
+            record = score_platelet(models, random_model, image, piece, cue, methods,
+                                    GRADSKIP_VARIANTS if args.gradskip_variants else None)
             record.update(image=names[index], platelet=number)
             with out.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
+            done.add((names[index], number))
             print(f"{names[index]} platelet {number} ({time.perf_counter() - started:.0f} s)", flush=True)
     return 0
 
@@ -154,6 +166,10 @@ def main() -> int:
     parser.add_argument("--out")
     parser.add_argument("--slow", action="store_true", help="occlusion too (tens of seconds a map on a CPU)")
     parser.add_argument("--time-budget-s", type=float, default=None)
+    parser.add_argument("--split", choices=["test", "val"], default="test",
+                        help="val: for choosing GradSkip's options (with --gradskip-variants) before the test runs")
+    parser.add_argument("--gradskip-variants", action="store_true", help="GradSkip's other options as extra rows")
+    parser.add_argument("--limit", type=int, default=None, help="stop after this many platelets")
     parser.add_argument("--table", help="print the table of a results file and stop")
     args = parser.parse_args()
     if args.table:
