@@ -775,3 +775,30 @@ def test_the_segmentation_view_explains_context(page):
     page.keyboard.press("Enter")
     page.wait_for_selector("#classifier-view", state="visible", timeout=60_000)
     assert not page.errors, page.errors
+
+
+@pytest.mark.skipif(not (ROOT / "weights" / "agents" / "defend_the_center-camal.json").exists(),
+                    reason="the shipped agents are not in this checkout")
+def test_the_agents_tab_shows_what_needs_no_model_beside_the_shipped_pair(page, shots):
+    """The shipped vanilla and CAMAL agents play one short episode side by side: both frames arrive, the facts
+    give each agent's held-out return with the scripts' on the same episodes, and the timeline draws the IoU
+    reference points (random map, fixed prior map, the grid's ceiling) as labelled grey lines."""
+    from explainers.agents import envs
+
+    if not envs.vizdoom_available():
+        pytest.skip("ViZDoom is not installed")
+    page.get_by_role("tab", name="Agents").click()
+    steps = page.locator("#agents-max-steps input").first
+    steps.fill("24")
+    steps.press("Tab")
+    page.locator("#agents-play").click()
+    wait_js(page, "(document.querySelector('#agents-facts')?.innerText || '').includes('held-out episodes')",
+            timeout=300_000)
+    facts = page.evaluate("document.querySelector('#agents-facts').innerText")
+    assert facts.count("held-out episodes") == 2 and "blind script" in facts and "random policy" in facts
+    assert page.locator("#agents-frame-a img").count() == 1 and page.locator("#agents-frame-b img").count() == 1
+    wait_js(page, "document.querySelectorAll('#agents-timeline .annotation-text').length >= 3")
+    notes = page.evaluate("[...document.querySelectorAll('#agents-timeline .annotation-text')].map(e => e.textContent)")
+    assert any(n.startswith("random map") for n in notes) and any(n.startswith("fixed prior map") for n in notes)
+    page.screenshot(path=str(shots / "agents.png"), full_page=True)
+    assert not page.errors, page.errors
