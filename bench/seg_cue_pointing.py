@@ -155,6 +155,19 @@ def table(path) -> str:
             diff = paired_difference(per_smear[score][ours], per_smear[score][row])
             cells.append(f"{diff['mean']:+.3f} [{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
         lines.append("| " + " | ".join(cells) + " |")
+    # the known answer's own contrast: the same method on the same cued smear, the model that uses the cue minus
+    # the model never shown it (a map that reads the model, not the picture, moves towards the cue)
+    pairs = [row.removeprefix("cue model: ") for row in rows if row.startswith("cue model: ")
+             and row.replace("cue model: ", "control: ", 1) in rows]
+    if pairs:
+        lines += ["", "Cue model minus control, the same method on the same smears (paired over smears):", "",
+                  "| method | " + " | ".join(headings[s] for s in scores) + " |", "|---" * (1 + len(scores)) + "|"]
+        for method in pairs:
+            cells = [method]
+            for score in scores:
+                diff = paired_difference(per_smear[score][f"cue model: {method}"], per_smear[score][f"control: {method}"])
+                cells.append(f"{diff['mean']:+.3f} [{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
