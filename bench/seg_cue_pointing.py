@@ -4,8 +4,9 @@
         --control weights/bccd-segformer.json --out bench/results/seg-cue-pointing.jsonl
     python bench/seg_cue_pointing.py --table bench/results/seg-cue-pointing.jsonl
 
-Smears: BCCD's test split less the five twins (`--split val`: the val smears, to choose options on), the cue planted beside every platelet that can carry it
-(placements drawn once, seed 0: the held-out check's own smears, `explainers/segmentation/cue.py`). Per cued
+Smears: BCCD's test split less the five twins (`--split val`: the val smears, to choose options on), the cue
+planted beside every platelet that can carry it (placements drawn once, seed 0: the held-out check's own smears,
+`explainers/segmentation/cue.py`). Per cued
 platelet, the target is the Platelets class over that platelet's derived-mask piece; each map is scored outside
 the piece grown by 3 px (the piece itself is what the segmentation shows) by `pointing_at_cue`: a hit when the
 map's largest value there lies on the platelet's own cue (grown 2 px), and the map's mass on it.
