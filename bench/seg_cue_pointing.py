@@ -166,7 +166,8 @@ def table(path) -> str:
         for method in pairs:
             cells = [method]
             for score in scores:
-                diff = paired_difference(per_smear[score][f"cue model: {method}"], per_smear[score][f"control: {method}"])
+                diff = paired_difference(per_smear[score][f"cue model: {method}"],
+                                         per_smear[score][f"control: {method}"])
                 cells.append(f"{diff['mean']:+.3f} [{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
