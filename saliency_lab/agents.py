@@ -129,7 +129,7 @@ def held_out_line(name: str) -> str:
             f"[{held['ci95'][0]:.1f}, {held['ci95'][1]:.1f}]")
     scripts = (card.get("references") or {}).get("return") or {}
     if scripts:
-        line += "; on the same episodes " + ", ".join(f"{RETURN_REFERENCES.get(k, k)} {v:.1f}"
+        line += "; on the same episodes: " + ", ".join(f"{RETURN_REFERENCES.get(k, k)} {v:.1f}"
                                                      for k, v in scripts.items())
     return line + "."
 
