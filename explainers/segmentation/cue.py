@@ -117,11 +117,10 @@ CUE_TOLERANCE_PX = 2  # a map's peak within this many pixels of the cue counts a
 
 
 def grow(mask: np.ndarray, pixels: int) -> np.ndarray:
-    """A boolean mask grown by `pixels` (a square neighbourhood)."""
-    import cv2
+    """A boolean mask grown by `pixels` (a square neighbourhood): `context.dilate` for numpy masks."""
+    from .context import dilate
 
-    size = 2 * pixels + 1
-    return cv2.dilate(mask.astype(np.uint8), np.ones((size, size), np.uint8)).astype(bool)
+    return dilate(torch.from_numpy(np.asarray(mask, bool)), pixels).numpy()
 
 
 def pointing_at_cue(heat: np.ndarray, outside: np.ndarray, cue: np.ndarray,
