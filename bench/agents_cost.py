@@ -40,8 +40,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-ARMS = (("vanilla", 0.0, "differentiable"), ("camal", 1.0, "differentiable"),
-        ("camal_detach_weights", 1.0, "detach-weights"))
+# (name, lambda, cam mode, norm_every): norm_every 8 measures the two clip factors on every 8th minibatch and takes
+# one backward pass on the others (`ppo.weighted_step`)
+ARMS = (("vanilla", 0.0, "differentiable", 1), ("camal", 1.0, "differentiable", 1),
+        ("camal_detach_weights", 1.0, "detach-weights", 1), ("camal_norm_every_8", 1.0, "differentiable", 8),
+        ("camal_detach_weights_norm_every_8", 1.0, "detach-weights", 8))
 
 
 def time_updates(make_config, device, repeats, arch="cnn", **net_options):
@@ -51,9 +54,9 @@ def time_updates(make_config, device, repeats, arch="cnn", **net_options):
     from explainers.agents.ppo import ppo_update
 
     prepared = {}
-    for name, lam, mode in ARMS:
+    for name, lam, mode, norm_every in ARMS:
         config = make_config()
-        config.camal_lambda, config.cam_mode = lam, mode
+        config.camal_lambda, config.cam_mode, config.norm_every = lam, mode, norm_every
         torch.manual_seed(0)
         net = build_network(arch, 4, **net_options).to(device).train()
         prepared[name] = (config, net, torch.optim.Adam(net.parameters(), lr=config.lr),
@@ -138,7 +141,7 @@ def main(argv=None) -> int:
         "network": {"arch": args.arch, **net_options},
         "update": {"frames": config.num_envs * config.rollout_steps, "epochs": config.epochs,
                    "minibatch": config.minibatch, "vanilla_s_median": statistics.median(vanilla),
-                   "camal": arm("camal"), "camal_detach_weights": arm("camal_detach_weights"),
+                   **{name: arm(name) for name, *_ in ARMS[1:]},
                    "target": "CAMAL update at most 1.3x vanilla"},
         "cam_extraction": [] if args.no_cam_extraction else [time_cams(args.device, batch, args.repeats)
                                                               for batch in (16, 256)],

@@ -9,7 +9,8 @@ import torch
 from explainers.agents import envs
 from explainers.agents.envs import FRAME_HW, ScenarioError, relevant_mask, scenario
 from explainers.agents.networks import build_network, value_cam, value_cam_per_sample
-from explainers.agents.ppo import PPOConfig, Rollout, camal_term, clipped_step, ppo_loss
+from explainers.agents import ppo
+from explainers.agents.ppo import PPOConfig, Rollout, camal_term, clipped_step, ppo_loss, ppo_update, weighted_step
 
 needs_vizdoom = pytest.mark.skipif(not envs.vizdoom_available(), reason="ViZDoom is not installed")
 Label = namedtuple("Label", "value object_name")
@@ -167,6 +168,62 @@ def test_ppo_and_camal_gradients_are_clipped_apart():
         assert torch.allclose(b - p.detach(), f_ppo * gp + f_camal * gc, atol=1e-6)
     ppo_part = torch.sqrt(sum(((b - p.detach() - f_camal * gc) ** 2).sum() for b, p, gc in zip(before, params, g_camal)))
     assert float(ppo_part) == pytest.approx(min(n_ppo, 0.5), rel=1e-3)  # one shared clip would give ~0.5 * n_ppo / n_camal
+
+
+def test_weighted_step_is_the_clipped_sum_in_one_backward():
+    """Between two measurements of the clip factors, one backward of f_ppo * loss + f_camal * camal gives the step
+    `clipped_step` would give with those factors."""
+    torch.manual_seed(2)
+    net = build_network("cnn", 4, **SMALL_NET)
+    frames = torch.randint(0, 256, (8, 3, *FRAME_HW), dtype=torch.uint8)
+    masks = torch.zeros(8, *FRAME_HW, dtype=torch.bool)
+    masks[:, 5:25, 10:40] = True
+    config = PPOConfig(camal_lambda=1000.0)
+    loss, camal, _ = ppo_loss(net, frames, masks, torch.arange(8) % 4, torch.zeros(8) - 1.386, torch.randn(8),
+                              torch.randn(8), config)
+    params = list(net.parameters())
+    g_ppo, g_camal = ([torch.zeros_like(p) if g is None else g
+                       for g, p in zip(torch.autograd.grad(part, params, retain_graph=True, allow_unused=True), params)]
+                      for part in (loss, camal))
+    factors = {"ppo_factor": 0.3, "camal_factor": 0.02}
+    before = [p.detach().clone() for p in params]
+    weighted_step(net, torch.optim.SGD(params, lr=1.0), loss, camal, factors)
+    for b, p, gp, gc in zip(before, params, g_ppo, g_camal):
+        assert torch.allclose(b - p.detach(), 0.3 * gp + 0.02 * gc, atol=2e-4)  # float32 sums in two orders
+
+
+@pytest.mark.parametrize("norm_every, measured", [(1, 16), (4, 4), (100, 1)])
+def test_norm_every_measures_the_clip_factors_on_every_kth_minibatch(monkeypatch, norm_every, measured):
+    calls = {"clipped": [], "weighted": []}
+    real_clipped, real_weighted = ppo.clipped_step, ppo.weighted_step
+
+    def clipped(*args, **kwargs):
+        norms = real_clipped(*args, **kwargs)
+        calls["clipped"].append(norms)
+        return norms
+
+    def weighted(net, optimizer, loss, camal, factors):
+        calls["weighted"].append(dict(factors))
+        real_weighted(net, optimizer, loss, camal, factors)
+
+    monkeypatch.setattr(ppo, "clipped_step", clipped)
+    monkeypatch.setattr(ppo, "weighted_step", weighted)
+    torch.manual_seed(3)
+    config = PPOConfig(num_envs=2, rollout_steps=16, minibatch=4, epochs=2, camal_lambda=1.0, norm_every=norm_every)
+    net = build_network("cnn", 4, **SMALL_NET)
+    rollout = Rollout(16, 2, (3, *FRAME_HW), "cpu")
+    rollout.frames = torch.randint(0, 256, rollout.frames.shape, dtype=torch.uint8)
+    rollout.masks[:, :, 10:30, 20:50] = True
+    rollout.rewards = torch.randn(rollout.rewards.shape)
+    result = ppo_update(net, torch.optim.Adam(net.parameters(), lr=1e-4), rollout, torch.zeros(2), config,
+                        torch.Generator().manual_seed(0))
+    assert len(calls["clipped"]) == measured and len(calls["weighted"]) == 16 - measured
+    # every weighted step reuses the factors of the measurement before it, and the logged norms are the measured ones
+    last = calls["clipped"][-1]
+    assert all(f == {"ppo_factor": last["ppo_factor"], "camal_factor": last["camal_factor"]}
+               for f in calls["weighted"][-(16 - measured) // measured:] if measured < 16)
+    assert result["camal_grad_norm"] == pytest.approx(np.mean([c["camal_grad_norm"] for c in calls["clipped"]]))
+    assert "camal_factor" not in result and result["camal_frames"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("arch,options,frame_hw,grid", [("cnn", SMALL_NET, (100, 156), (25, 39)),
@@ -457,7 +514,8 @@ def test_the_rebuilt_training_command_parses_back_to_the_cards_settings():
     card = {"scenario": "defend_the_center", "seed": 101, "lambda": 1.0, "steps": 196608, "frame_hw": [100, 156],
             "device": "cpu", "arch": {"arch": "nature", "hidden": 512},
             "ppo": {"num_envs": 2, "rollout_steps": 2048, "epochs": 3, "lr": 0.0001, "minibatch": 32, "clip": 0.2,
-                    "entropy_coef": 0.0, "camal_max_grad_norm": 0.5, "cam_mode": "differentiable"}}
+                    "entropy_coef": 0.0, "camal_max_grad_norm": 0.5, "cam_mode": "differentiable",
+                    "norm_every": 8}}
     command = training_command(card, "camal-s101")
     args = build_parser().parse_args(shlex.split(command.replace("python -m explainers ", "")))
     assert (args.scenario, args.seed, args.lam, args.steps, list(args.frame_hw)) == (
@@ -466,3 +524,4 @@ def test_the_rebuilt_training_command_parses_back_to_the_cards_settings():
     assert (args.lr, args.minibatch, args.clip, args.entropy_coef) == (0.0001, 32, 0.2, 0.0)
     assert (args.camal_max_grad_norm, args.cam_mode, args.name, args.threads) == (0.5, "differentiable",
                                                                                  "camal-s101", 1)
+    assert args.camal_norm_every == 8

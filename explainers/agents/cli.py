@@ -26,7 +26,8 @@ def cmd_train_agent(args) -> int:
     torch.set_num_threads(args.threads)
     config = PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, lr=args.lr,
                        minibatch=args.minibatch, epochs=args.epochs, cam_mode=args.cam_mode, clip=args.clip,
-                       entropy_coef=args.entropy_coef, camal_max_grad_norm=args.camal_max_grad_norm)
+                       entropy_coef=args.entropy_coef, camal_max_grad_norm=args.camal_max_grad_norm,
+                       norm_every=args.camal_norm_every)
     net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden),
                                                  ("frame_hw", args.frame_hw)) if value is not None}
     stop = stop_on_signals()
@@ -92,7 +93,8 @@ def training_command(card: dict, name: str) -> str:
     parts += [f"--{key} {arch[key]}" for key in ("width", "hidden") if key in arch]
     flags = {"num_envs": "--num-envs", "rollout_steps": "--rollout-steps", "epochs": "--epochs", "lr": "--lr",
              "minibatch": "--minibatch", "clip": "--clip", "entropy_coef": "--entropy-coef",
-             "camal_max_grad_norm": "--camal-max-grad-norm", "cam_mode": "--cam-mode"}
+             "camal_max_grad_norm": "--camal-max-grad-norm", "cam_mode": "--cam-mode",
+             "norm_every": "--camal-norm-every"}
     parts += [f"{flag} {ppo[key]:g}" if isinstance(ppo[key], float) else f"{flag} {ppo[key]}"
               for key, flag in flags.items() if key in ppo]
     parts += [f"--device {card.get('device', 'cpu')} --threads 1", f"--out DIR --name {name}"]
@@ -176,6 +178,10 @@ def add_agent_parsers(commands) -> None:
     train.add_argument("--cam-mode", choices=["differentiable", "detach-weights"], default="differentiable",
                        help="CAMAL's V(s)-CAM: second-order through the channel weights, or the cheaper update "
                             "with the weights detached (the map moves through the activations only)")
+    train.add_argument("--camal-norm-every", type=int, default=1, metavar="K",
+                       help="measure the PPO and CAMAL gradient norms (each clipped apart) on every K-th minibatch "
+                            "and take one backward pass with those clip factors on the others (1 = every "
+                            "minibatch, exact; 8 costs about half as much)")
     train.add_argument("--arch", choices=["cnn", "nature", "vit"], default="cnn",
                        help="cnn: the compact CNN (CAM grid a quarter of the frame); nature: stable-baselines3's "
                             "CnnPolicy network; vit: a small vision transformer")

@@ -2,7 +2,10 @@
 
     loss = PPO loss + lambda * (1/B) * sum over frames b with a non-empty mask of (beta_b - alpha_b)
 
-The two parts' gradients are clipped separately (`clipped_step`) and both norms are logged per update.
+The two parts' gradients are clipped separately (`clipped_step`) and both norms are logged per update. Measuring
+the two norms takes a backward pass each through the whole network; with `norm_every = k > 1` they are measured on
+every k-th minibatch only, and the minibatches between take ONE backward of the two parts weighted by the factors
+last measured (`weighted_step`): the same clipped sum where the norms change slowly, for about half the cost.
 
 alpha_b / beta_b = mean of the V(s) Grad-CAM H_b (batch-level, differentiable; `networks.value_cam`) inside /
 outside the frame's mask of what matters. Frames whose mask is empty (or covers the whole frame) add no term; the
@@ -39,6 +42,7 @@ class PPOConfig:
     camal_max_grad_norm: float = 0.5  # ... and the CAMAL term's, separately (it cannot shrink the PPO step)
     camal_lambda: float = 0.0  # 0 = vanilla PPO (no CAM is computed)
     cam_mode: str = "differentiable"  # or "detach-weights"
+    norm_every: int = 1  # measure the two clip factors on every k-th minibatch (1 = every one, exact)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +130,7 @@ def clipped_step(net, optimizer, loss: torch.Tensor, camal: torch.Tensor | None,
     """One optimiser step. The PPO loss's gradient and the CAMAL term's are clipped to their own norms
     (`max_grad_norm`, `camal_max_grad_norm`) and then added, so a large CAMAL gradient cannot shrink the PPO step
     (one shared clip did: a CAMAL norm 13x the PPO norm cut every PPO step 13-fold). Returns both norms before
-    clipping."""
+    clipping and the two factors applied (`ppo_factor`, `camal_factor`, what `weighted_step` reuses)."""
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer.zero_grad(set_to_none=True)
     if camal is None:
@@ -144,6 +148,7 @@ def clipped_step(net, optimizer, loss: torch.Tensor, camal: torch.Tensor | None,
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         norms[key] = float(norm)
         factor = min(1.0, limit / (float(norm) + 1e-6))
+        norms[key.replace("grad_norm", "factor")] = factor
         scaled.append([g * factor for g in grads])
     for p, g_ppo, g_camal in zip(params, *scaled):
         p.grad = g_ppo + g_camal
@@ -151,9 +156,18 @@ def clipped_step(net, optimizer, loss: torch.Tensor, camal: torch.Tensor | None,
     return norms
 
 
+def weighted_step(net, optimizer, loss: torch.Tensor, camal: torch.Tensor, factors: dict) -> None:
+    """One optimiser step on factors["ppo_factor"] * grad(loss) + factors["camal_factor"] * grad(camal) in a
+    single backward pass: `clipped_step`'s sum with the factors it measured on an earlier minibatch."""
+    optimizer.zero_grad(set_to_none=True)
+    (factors["ppo_factor"] * loss + factors["camal_factor"] * camal).backward()
+    optimizer.step()
+
+
 def ppo_update(net, optimizer, rollout: Rollout, last_values: torch.Tensor, config: PPOConfig,
                generator: torch.Generator) -> dict:
-    """`config.epochs` passes over the rollout in shuffled minibatches; returns the mean of each loss part."""
+    """`config.epochs` passes over the rollout in shuffled minibatches; returns the mean of each loss part (a
+    part logged on some minibatches only, such as the gradient norms with `norm_every > 1`, over those)."""
     advantages, returns = rollout.advantages(last_values, config.gamma, config.gae_lambda)
     flat = {"frames": rollout.frames.flatten(0, 1), "masks": rollout.masks.flatten(0, 1),
             "actions": rollout.actions.flatten(), "log_probs": rollout.log_probs.flatten(),
@@ -161,7 +175,7 @@ def ppo_update(net, optimizer, rollout: Rollout, last_values: torch.Tensor, conf
     device = rollout.device
     flat = {key: value.to(device) for key, value in flat.items()}
     total = flat["actions"].shape[0]
-    sums, count = {}, 0
+    sums, counts, factors, step = {}, {}, None, 0
     for _ in range(config.epochs):
         order = torch.randperm(total, generator=generator).to(device)
         for start in range(0, total, config.minibatch):
@@ -169,12 +183,20 @@ def ppo_update(net, optimizer, rollout: Rollout, last_values: torch.Tensor, conf
             loss, camal, parts = ppo_loss(net, flat["frames"][index], flat["masks"][index], flat["actions"][index],
                                    flat["log_probs"][index], flat["advantages"][index], flat["returns"][index],
                                    config)
-            parts.update(clipped_step(net, optimizer, loss, camal, config))
+            if camal is None or factors is None or step % max(config.norm_every, 1) == 0:
+                norms = clipped_step(net, optimizer, loss, camal, config)
+                if camal is not None and (factors is None or norms["camal_grad_norm"] > 0):
+                    # a minibatch with no usable mask has no CAMAL gradient: its factor (1) says nothing
+                    factors = {key: norms[key] for key in ("ppo_factor", "camal_factor")}
+                parts.update({key: value for key, value in norms.items() if not key.endswith("_factor")})
+            else:
+                weighted_step(net, optimizer, loss, camal, factors)
+            step += 1
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
-            count += 1
+                counts[key] = counts.get(key, 0) + 1
     explained = 1 - float((returns - rollout.values).var() / returns.var().clamp_min(1e-8))
-    return {**{key: value / count for key, value in sums.items()}, "explained_variance": explained}
+    return {**{key: value / counts[key] for key, value in sums.items()}, "explained_variance": explained}
 
 
 @torch.no_grad()
