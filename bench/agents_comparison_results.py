@@ -5,7 +5,8 @@ with stratified bootstrap intervals and the probability of improvement (rliable'
 `explainers.agents.stats`). Beside them: the scripted baselines and the IoU reference points
 (bench/results/agents-baselines-100x156.json, same frame size), the reference points on each agent's own frames,
 the counterfactual gap (median over frames of the monsters' scaled drop minus the control's) per seed, and the
-critics' explained variance at the end of training.
+critics' explained variance at the end of training. A table for people (`.md` beside the `.json`) lists the same
+figures per seed, the answers that need no model and the targets, met or missed.
 """
 from __future__ import annotations
 
@@ -68,7 +69,58 @@ def write_results(work: Path, names: list, out: Path, planned_seeds: int = 5, re
                                           "iou_references": baselines["iou_references"]},
               "ignoring_critic": "a critic that ignores the monsters has a counterfactual gap of 0"}
     out.write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(markdown(result))
     return result
+
+
+# (metric, what it says, the issue's target on the CAMAL - vanilla difference as (text, test) or None)
+COMPARED = (("return", "return, sampled actions",
+             ("lower bound >= -1.0", lambda c: c["difference_ci"][0] >= -1.0)),
+            ("return_greedy", "return, greedy actions", None),
+            ("iou", "V(s)-CAM IoU with the monster masks",
+             ("lower bound > 0 and POI > 0.9", lambda c: c["difference_ci"][0] > 0 and c["poi"] > 0.9)),
+            ("counterfactual_gap", "counterfactual gap (monsters minus control)", None))
+
+
+POLICY_LABELS = {"random": "uniform random policy", "blind": "blind script (turn left, attack)",
+                 "aimed": "script aiming with the labels mask (privileged)"}
+
+
+def markdown(result: dict) -> str:
+    """The results as a person reads them: one row per agent, the scripts beside, then each arm difference."""
+    def number(value, digits=2):
+        return "n/a" if value is None or value != value else f"{value:.{digits}f}"
+
+    lines = ["| agent | return (sampled) | greedy | V(s)-CAM IoU | IoU: random / prior / ceiling | counterfactual gap "
+             "| explained variance (end) | training (min) |", "|---|---|---|---|---|---|---|---|"]
+    for arm in sorted(result["arms"], reverse=True):
+        for seed, scores in sorted(result["arms"][arm].items()):
+            references = scores["iou_reference"]
+            lines.append(f"| {arm}-s{seed} | {number(scores['return'])} | {number(scores['return_greedy'])} | "
+                         f"{number(scores['iou'], 3)} | " + " / ".join(number(references.get(key), 3) for key in
+                                                                        ("random", "prior", "ceiling")) +
+                         f" | {number(scores['counterfactual_gap'], 3)} | "
+                         f"{number(scores['explained_variance_end'])} | {number(scores['train_seconds'] / 60, 0)} |")
+    for name, score in ((result.get("baselines") or {}).get("policies") or {}).items():
+        lines.append(f"| *{POLICY_LABELS.get(name, name)}* | {number(score['mean'])} [{number(score['ci95'][0])}, "
+                     f"{number(score['ci95'][1])}] | | | | | | |")
+    lines.append("| *a critic that ignores the monsters* | | | | | 0 | | |")
+    seeds = result["seeds_done"]
+    lines += ["", f"Seeds evaluated: " + "; ".join(f"{arm} {', '.join(map(str, done))}" for arm, done in
+                                                  sorted(seeds.items())) +
+              ("" if result["complete"] else " (**not complete**: the planned five seeds per arm are not all in)"),
+              "", "| CAMAL minus vanilla, over the shared seeds | difference [95% stratified bootstrap] | POI | "
+                  "target |", "|---|---|---|---|"]
+    for metric, label, target in COMPARED:
+        compared = result["camal_minus_vanilla"].get(metric)
+        if not compared:
+            continue
+        low, high = compared["difference_ci"]
+        verdict = "" if target is None else f"{target[0]}: " + ("met" if target[1](compared) else "**missed**")
+        lines.append(f"| {label} ({compared['runs'][0]} vs {compared['runs'][1]} seeds) | "
+                     f"{number(compared['difference'], 3)} [{number(low, 3)}, {number(high, 3)}] | "
+                     f"{number(compared['poi'])} | {verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 def evaluated_runs(work: Path) -> list:

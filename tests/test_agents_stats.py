@@ -105,3 +105,7 @@ def test_the_comparison_results_over_the_runs_evaluated_so_far(tmp_path):
     assert comparison["x_mean"] == 8.5 and comparison["y_mean"] == 10.0 and comparison["runs"] == [2, 2]
     assert result["lambda"]["holds"]  # every CAMAL critic's end-of-training explained variance >= 0.3
     assert json.loads((tmp_path / "results.json").read_text())["complete"] is False
+    table = (tmp_path / "results.md").read_text()
+    assert "| camal-s101 | 8.00 | 7.00 | 0.400 | 0.020 / 0.100 / n/a |" in table
+    assert "| vanilla-s102 | 8.00 | 8.00 | 0.010 |" in table and "camal-s103" not in table
+    assert "**not complete**" in table and "| return, sampled actions (2 vs 2 seeds) | -1.500" in table
