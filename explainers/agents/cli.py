@@ -181,7 +181,7 @@ def add_agent_parsers(commands) -> None:
     train.add_argument("--camal-norm-every", type=int, default=1, metavar="K",
                        help="measure the PPO and CAMAL gradient norms (each clipped apart) on every K-th minibatch "
                             "and take one backward pass with those clip factors on the others (1 = every "
-                            "minibatch, exact; 8 costs about half as much)")
+                            "minibatch, exact; with 8 a CAMAL update measured 1.26x a vanilla one, against 2.13x)")
     train.add_argument("--arch", choices=["cnn", "nature", "vit"], default="cnn",
                        help="cnn: the compact CNN (CAM grid a quarter of the frame); nature: stable-baselines3's "
                             "CnnPolicy network; vit: a small vision transformer")

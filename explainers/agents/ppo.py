@@ -5,7 +5,8 @@
 The two parts' gradients are clipped separately (`clipped_step`) and both norms are logged per update. Measuring
 the two norms takes a backward pass each through the whole network; with `norm_every = k > 1` they are measured on
 every k-th minibatch only, and the minibatches between take ONE backward of the two parts weighted by the factors
-last measured (`weighted_step`): the same clipped sum where the norms change slowly, for about half the cost.
+last measured (`weighted_step`): the same clipped sum where the norms change slowly, at 1.26x a vanilla
+update instead of 2.13x with k = 8 (bench/agents_cost.py on this CPU).
 
 alpha_b / beta_b = mean of the V(s) Grad-CAM H_b (batch-level, differentiable; `networks.value_cam`) inside /
 outside the frame's mask of what matters. Frames whose mask is empty (or covers the whole frame) add no term; the
