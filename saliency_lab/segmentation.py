@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from explainers.engine import explain_batch
+from explainers.engine import ReplicaPool, explain_batch
 from explainers.images import ImageError, colorize, load_image
 from explainers.segmentation.methods import SEGMENTATION_METHODS, get_segmentation_method, list_segmentation_methods
 from explainers.segmentation.model import BUNDLED_SEGMENTATION_MODELS, class_colours, is_segmentation
@@ -108,10 +109,15 @@ def hex_colour(colour) -> str:
 
 
 class SegmentationView:
-    def __init__(self, bundle):
+    """`replicas`: the app's pool of private model copies for plain forward passes (the curves). With copies, a
+    method's map and the previous method's curves are computed side by side; without (one copy, the default),
+    the curves take the model's lock, as a method does: another request's hooks never see their passes."""
+
+    def __init__(self, bundle, replicas: ReplicaPool | None = None):
         if not is_segmentation(bundle):
             raise ValueError(f"'{bundle.name}' is a classifier: the segmentation view needs a segmentation model.")
         self.bundle = bundle
+        self.replicas = replicas or ReplicaPool(1)
         self.colours = class_colours(bundle)
 
     # --- the prediction ------------------------------------------------------------------------
@@ -235,27 +241,52 @@ class SegmentationView:
             done[name]["region"] = REGION_WORDS.get(region, region)
 
         quick, slow = cost_groups(methods)
-        for name in quick:
-            add_map(name)
-            yield in_order()
-        for name in quick if steps else ():
-            self._add_curves(done[name], shown, target, steps, known)
-            yield in_order()
-        for name in slow:
-            add_map(name)
-            yield in_order()
-            if steps:
-                self._add_curves(done[name], shown, target, steps, known)
-                yield in_order()
+        # the curves (most of the time) go to one worker on a model copy while the next map is made; their
+        # records are merged here, in this thread, so a yielded record never changes while it is read
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-curves")
+        pending = {}
 
-    def _add_curves(self, record: dict, shown: Shown, target: RegionTarget, steps: int, known: dict) -> None:
+        def submit(name):
+            if steps:
+                pending[name] = worker.submit(self._curves, done[name]["map"], shown, target, steps, known)
+
+        def merge(wait_for=None) -> bool:
+            """The finished curves (and `wait_for`'s, waited for) into their records; whether any came."""
+            merged = False
+            for name in list(pending):  # in submission order: the worker's order
+                if name == wait_for or pending[name].done():
+                    done[name].update(pending.pop(name).result())
+                    merged = True
+            return merged
+
+        try:
+            for name in quick:
+                add_map(name)
+                submit(name)
+                merge()
+                yield in_order()
+            for name in quick:
+                if name in pending and merge(wait_for=name):
+                    yield in_order()
+            for name in slow:
+                add_map(name)
+                submit(name)
+                merge()
+                yield in_order()
+                if merge(wait_for=name):
+                    yield in_order()
+        finally:  # a closed stream (a new click, a closed page) drops the curves not yet started
+            worker.shutdown(wait=False, cancel_futures=True)
+
+    def _curves(self, heat: np.ndarray, shown: Shown, target: RegionTarget, steps: int, known: dict) -> dict:
+        """The region score's deletion and insertion curves of one map (on a model copy, or under the lock)."""
         started = time.perf_counter()
-        maps = torch.from_numpy(record["map"]).unsqueeze(0).to(self.bundle.device)
-        curves = region_curves(self.bundle, shown.image, maps, target, steps=steps, known=known)
-        record.update({"fractions": curves.fractions.tolist(), "deletion": curves.deletion[0].tolist(),
-                       "insertion": curves.insertion[0].tolist(), "deletion_auc": float(curves.deletion_auc[0]),
-                       "insertion_auc": float(curves.insertion_auc[0]),
-                       "curve_seconds": time.perf_counter() - started})
+        maps = torch.from_numpy(heat).unsqueeze(0).to(self.bundle.device)
+        with self.replicas.lease(self.bundle) as model:
+            curves = region_curves(model, shown.image, maps, target, steps=steps, known=known)
+        return {"fractions": curves.fractions.tolist(), "deletion": curves.deletion[0].tolist(),
+                "insertion": curves.insertion[0].tolist(), "deletion_auc": float(curves.deletion_auc[0]),
+                "insertion_auc": float(curves.insertion_auc[0]), "curve_seconds": time.perf_counter() - started}
 
     def _record(self, name, method, heat, seconds, shown, target, class_index) -> dict:
         """IoU and PA of the map's above-mean pixels (the rule fixed in advance, never as many pixels as the
@@ -292,13 +323,14 @@ class SegmentationView:
         orders = {r["method"]: order_by_values(torch.from_numpy(r["map"]), outside) for r in records}
         orders.update({COPY: order_by_values(copy, outside), RANDOM_ORDER: random_order(outside),
                        NEAREST_FIRST: nearest_first_order(region, outside)})
-        curves = deletion_curves(self.bundle, shown.image, target, orders, steps=steps)
+        with self.replicas.lease(self.bundle) as model:
+            curves = deletion_curves(model, shown.image, target, orders, steps=steps)
+            own = region_curves(model, shown.image, copy[None].to(self.bundle.device), target, steps=steps)
         fractions = np.linspace(0, 1, steps + 1).tolist()
         for record in records:
             curve = curves[record["method"]]
             record.update(outside_fractions=fractions, outside_deletion=curve.tolist(),
                           outside_auc=curve_auc(curve))
-        own = region_curves(self.bundle, shown.image, copy[None].to(self.bundle.device), target, steps=steps)
         _, copy_iou = pa_iou(mean_threshold(copy[None])[0], region)
         return {"fractions": fractions, "curves": {name: curves[name].tolist() for name in (COPY, RANDOM_ORDER,
                                                                                             NEAREST_FIRST)},

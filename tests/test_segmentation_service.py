@@ -85,6 +85,44 @@ def test_explain_gives_maps_scores_and_curves(view):
         view.explain(shown, target, [])
 
 
+def test_curves_on_model_copies_match_and_never_touch_the_shared_model(view):
+    """With the app's pool of model copies the curves run beside the next map, on a copy: the same records as
+    under the model's lock, and not one curve pass on the shared model (another request's hooks would see it)."""
+    from explainers.engine import ReplicaPool
+
+    shown = view.predict(photo(seed=3))
+    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
+    shown.prediction[8:24, 16:48] = 2
+    target = view.region(shown, class_name="square")
+    methods = ["gradskip", "gradcam", "rollout", "random"]
+    passes = []
+    encoder = view.bundle.network.segformer.segformer  # every pass goes through it (the curves skip the head)
+    # (a copy made while the hook is on carries it too: counted on the shared encoder only)
+    hook = encoder.register_forward_pre_hook(lambda module, args: passes.append(1) if module is encoder else None)
+    try:
+        locked = view.explain(shown, target, methods, curve_steps=4)
+        shared_with_curves = len(passes)
+        del passes[:]
+        view.explain(shown, target, methods, curve_steps=0)
+        maps_only = len(passes)
+        del passes[:]
+        copies = SegmentationView(view.bundle, replicas=ReplicaPool(2))
+        streamed = list(copies.explain_stream(shown, target, methods, curve_steps=4))
+        on_copies = len(passes)
+        reference = copies.context(shown, target, streamed[-1], steps=3)
+    finally:
+        hook.remove()
+    assert shared_with_curves > maps_only  # under the lock the curves ran on the shared model
+    assert on_copies == maps_only and len(passes) == maps_only  # with copies: the maps' passes only, context too
+    final = streamed[-1]
+    assert [r["method"] for r in final] == methods
+    for mine, theirs in zip(final, locked):
+        for key in ("deletion", "insertion"):
+            assert np.allclose(mine[key], theirs[key], atol=1e-5), (mine["method"], key)
+    assert all("deletion" in r for r in final)  # the stream ends with every curve in
+    assert 0 <= reference["auc"]["random order"] <= 1
+
+
 def test_a_classifier_only_method_is_refused(view):
     from explainers.methods import MethodNotApplicable
 
@@ -114,12 +152,15 @@ def test_the_view_builds_and_segments_through_the_api(tmp_path):
     gr = pytest.importorskip("gradio")
     gradio_client = pytest.importorskip("gradio_client")
     from saliency_lab.ui import TAB_MODULES, TabContext
+    from explainers.engine import ExplanationCache
     from saliency_lab.ui import segment as view_module
 
     assert "segment" not in TAB_MODULES  # the view lives in the Explain tab (test_segment_view.py)
     bundle = tiny_segformer("tiny-seg-tab", size=(32, 64))
 
     class Services:
+        cache = ExplanationCache(parallel=2)  # its model copies run the curves
+
         @staticmethod
         def loader(name):
             return bundle

@@ -65,14 +65,14 @@ def segment_picture(loader, model_name, picture, truth):
             *CLEARED)
 
 
-def explain_region_stream(loader, model_name, shown, chosen, context, region, **where):
+def explain_region_stream(loader, model_name, shown, chosen, context, region, replicas=None, **where):
     """Streamed: the maps as they come (cheapest first), then their curves, then the deletion outside the
     region with what a copy of the region would score; a region that cannot be explained (a background
     click, an empty drawing) is said on the target line, the rest left as it was."""
     if shown is None:
         yield "⚠ Segment an image first.", *(gr.skip(),) * 7
         return
-    view = service.SegmentationView(loader(model_name))
+    view = service.SegmentationView(loader(model_name), replicas=replicas)
     try:
         target = view.region(shown, **where)
         if not chosen:
@@ -105,6 +105,7 @@ def build(ctx, model=None) -> dict:
     """The view's components and events; `model`: the menu that names the segmentation model (the Explain tab's),
     else the view has its own."""
     loader = ctx.services.loader
+    replicas = ctx.services.cache.replicas  # model copies for the curves (the classifier view's pool)
     example_paths = [path for path, _ in service.examples()]
     shown_state = gr.State(None)  # the Shown of the current image (per session)
     truth_state = gr.State(None)
@@ -167,12 +168,13 @@ def build(ctx, model=None) -> dict:
 
     @friendly
     def explain_class(model_name, shown, chosen_class, chosen, context):
-        yield from explain_region_stream(loader, model_name, shown, chosen, context, "predicted",
+        yield from explain_region_stream(loader, model_name, shown, chosen, context, "predicted", replicas,
                                          class_name=chosen_class)
 
     @friendly
     def explain_click(model_name, shown, chosen, context, evt: gr.SelectData):
-        yield from explain_region_stream(loader, model_name, shown, chosen, context, "clicked", click=tuple(evt.index))
+        yield from explain_region_stream(loader, model_name, shown, chosen, context, "clicked", replicas,
+                                         click=tuple(evt.index))
 
     @friendly
     def explain_drawn(model_name, shown, chosen_class, chosen, context, painted):
@@ -181,7 +183,7 @@ def build(ctx, model=None) -> dict:
         if painted_layer is None or not painted_layer.any():
             yield "⚠ The drawn region is empty: paint over the part of the image to explain.", *(gr.skip(),) * 7
             return
-        yield from explain_region_stream(loader, model_name, shown, chosen, context, "drawn",
+        yield from explain_region_stream(loader, model_name, shown, chosen, context, "drawn", replicas,
                                          class_name=chosen_class, drawing=painted_layer)
 
     outputs = [target_text, gallery, table, curves, unfamiliar, context_curves, caption, records_state]
