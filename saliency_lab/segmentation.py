@@ -227,7 +227,9 @@ class SegmentationView:
             raise ValueError("Pick at least one explanation method.")
         steps = curve_steps if curve_steps is not None else (20 if self.bundle.device.type == "cuda" else 10)
         class_index = int(target.classes[0])
-        done, known = {}, {}  # the curves' shared end points (the whole image, the all-reference one)
+        # the curves' shared end points (the whole image, the all-reference one): only ever added to, so two
+        # workers at worst compute one twice
+        done, known = {}, {}
 
         def in_order():
             return [done[name] for name in methods if name in done]
@@ -241,9 +243,9 @@ class SegmentationView:
             done[name]["region"] = REGION_WORDS.get(region, region)
 
         quick, slow = cost_groups(methods)
-        # the curves (most of the time) go to one worker on a model copy while the next map is made; their
-        # records are merged here, in this thread, so a yielded record never changes while it is read
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-curves")
+        # the curves (most of the time) go to workers on model copies, one per copy, while the next map is made;
+        # their records are merged here, in this thread, so a yielded record never changes while it is read
+        worker = ThreadPoolExecutor(max_workers=self.replicas.size, thread_name_prefix="segment-curves")
         pending = {}
 
         def submit(name):
@@ -253,7 +255,7 @@ class SegmentationView:
         def merge(wait_for=None) -> bool:
             """The finished curves (and `wait_for`'s, waited for) into their records; whether any came."""
             merged = False
-            for name in list(pending):  # in submission order: the worker's order
+            for name in list(pending):  # in submission order
                 if name == wait_for or pending[name].done():
                     done[name].update(pending.pop(name).result())
                     merged = True
