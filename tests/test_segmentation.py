@@ -225,6 +225,17 @@ def test_gradskip_variants_conserve_relevance(seg, images, options):
     assert abs(float(state.relevance().sum()) - 1.0) < 1e-4
 
 
+def test_the_signed_start_conserves_its_net_share_and_is_the_positive_start_where_nothing_is_negative(seg, images):
+    target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
+    state = SegGradSkip().prepare(seg, images[:1], target)
+    signed = state.captured.decoder_signed
+    net = sum(float(flow.sum()) for flow in signed) / sum(float(flow.abs().sum()) for flow in signed)
+    assert any(bool((flow < 0).any()) for flow in signed)  # a real mix of signs, so the check means something
+    assert abs(float(state.relevance(start="decoder_signed").sum()) - net) < 1e-4
+    state.captured.decoder_signed = [flow.clamp_min(0) for flow in signed]
+    assert torch.allclose(state.relevance(start="decoder_signed"), state.relevance(start="decoder"), atol=1e-7)
+
+
 def test_a_map_option_the_capture_lacks_is_refused(seg, images):
     target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
     state = SegGradSkip().prepare(seg, images[:1], target)

@@ -42,7 +42,7 @@ from .targets import RegionTarget, require_region_target
 SEGMENTATION_METHODS: dict = {}
 KEY_SPREADS = ("conv", "even")
 ATTENTION_WEIGHTINGS = ("attention", "gradient", "gradient_residual")
-STARTS = ("decoder", "decoder_abs")
+STARTS = ("decoder", "decoder_abs", "decoder_signed")
 EPS = 1e-12
 
 
@@ -119,10 +119,17 @@ def _normalise_heads(values: torch.Tensor) -> torch.Tensor:
 def gradient_starts(captured, start: str = "decoder") -> list:
     """Per stage, B x N_s: the relevance entering at each stage's output tokens, from the region score's
     gradients only (never from the region's pixels): how much each token feeds the score directly through the
-    decode head, relu(sum dP * P) ("decoder") or |sum dP * P| ("decoder_abs"), P the head's projection of the
-    stage's tokens; all stages together sum to 1 per image."""
-    flows = captured.decoder_flow if start == "decoder" else [flow.abs() for flow in captured.decoder_signed]
-    total = sum(flow.sum(dim=1) for flow in flows).clamp_min(EPS).view(-1, 1)
+    decode head, relu(sum dP * P) ("decoder"), |sum dP * P| ("decoder_abs") or sum dP * P with its sign
+    ("decoder_signed": a token that lowers the score carries negative relevance back, cancelling positive
+    relevance where the two meet; the map keeps what is positive at the end), P the head's projection of the
+    stage's tokens; all stages together sum to 1 per image in absolute value."""
+    if start == "decoder":
+        flows = captured.decoder_flow
+    elif start == "decoder_signed":
+        flows = captured.decoder_signed
+    else:
+        flows = [flow.abs() for flow in captured.decoder_signed]
+    total = sum(flow.abs().sum(dim=1) for flow in flows).clamp_min(EPS).view(-1, 1)
     return [flow / total for flow in flows]
 
 
@@ -233,7 +240,8 @@ class SegGradSkip(SegmentationMethod):
       key_spread="even"    (choice, chosen on val smears) how a reduced key's relevance goes back to the tokens it
                            pools (module doc).
       start="decoder_abs"  (chosen on val smears) the relevance entering at each stage's output, from the region
-                           score's gradients only (`gradient_starts`): relu(dP * P) ("decoder") or |dP * P| ("decoder_abs") summed
+                           score's gradients only (`gradient_starts`): relu(dP * P) ("decoder"), |dP * P| ("decoder_abs") or dP * P
+                           with its sign ("decoder_signed"), summed
                            over channels, P the decode head's projection of that stage's tokens (how much each token
                            feeds the region score directly through the decoder), over all stages summing to 1. The
                            region's pixels are never read: a map cannot copy the answer.
