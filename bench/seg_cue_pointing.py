@@ -45,7 +45,7 @@ SLOW_METHODS = ("occlusion",)
 GRADSKIP_VARIANTS = {"start=decoder": {"start": "decoder"}, "beta=layer": {"beta_reduction": "layer"},
                      "weighting=gradient": {"attention_weighting": "gradient"},
                      "weighting=attention": {"attention_weighting": "attention"},
-                     "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}}
+                     "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}, "start=signed": {"start": "decoder_signed"}}
 
 
 def answer_maps(bundle, random_model, image, target, region) -> dict:

@@ -115,7 +115,11 @@ def test_gradskip_conserves_relevance_and_alpha_is_free(seg, images):
     state = SegGradSkip().prepare(seg, images[:1], target)
     relevance = state.relevance()
     assert relevance.shape == (1, 16, 32)
-    assert abs(float(relevance.sum()) - 1.0) < 1e-4  # every grid side divisible by R: no token left unpooled
+    # every grid side divisible by R, no token left unpooled: all of the start arrives (signed by default: its net)
+    signed = state.captured.decoder_signed
+    net = sum(float(flow.sum()) for flow in signed) / sum(float(flow.abs().sum()) for flow in signed)
+    assert abs(float(relevance.sum()) - net) < 1e-4
+    assert abs(float(state.relevance(start="decoder").sum()) - 1.0) < 1e-4
     assert not torch.equal(state.map(alpha=0.0), state.map(alpha=1.0))
     with pytest.raises(ValueError, match="alpha"):
         state.map(alpha=1.5)
@@ -217,7 +221,8 @@ def test_window_spread_between_stages_keeps_the_total():
     assert spread.shape == (2, 96) and torch.allclose(spread.sum(1), coarse.sum(1), atol=1e-5)
 
 
-@pytest.mark.parametrize("options", [dict(attention_weighting="gradient_residual"), dict(stage_spread="conv"),
+@pytest.mark.parametrize("options", [dict(attention_weighting="gradient_residual", start="decoder"),
+                                     dict(stage_spread="conv", start="decoder"),
                                      dict(attention_weighting="attention", key_spread="even", start="decoder_abs")])
 def test_gradskip_variants_conserve_relevance(seg, images, options):
     target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])

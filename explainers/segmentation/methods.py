@@ -239,12 +239,13 @@ class SegGradSkip(SegmentationMethod):
                            instead of sending all of it to whichever reduced key happens to lead.
       key_spread="even"    (choice, chosen on val smears) how a reduced key's relevance goes back to the tokens it
                            pools (module doc).
-      start="decoder_abs"  (chosen on val smears) the relevance entering at each stage's output, from the region
-                           score's gradients only (`gradient_starts`): relu(dP * P) ("decoder"), |dP * P| ("decoder_abs") or dP * P
-                           with its sign ("decoder_signed"), summed
-                           over channels, P the decode head's projection of that stage's tokens (how much each token
-                           feeds the region score directly through the decoder), over all stages summing to 1. The
-                           region's pixels are never read: a map cannot copy the answer.
+      start="decoder_signed" (chosen on val smears: the only start that passes the randomisation gate) the
+                           relevance entering at each stage's output, from the region score's gradients only
+                           (`gradient_starts`): relu(dP * P) ("decoder"), |dP * P| ("decoder_abs") or dP * P with
+                           its sign ("decoder_signed"), summed over channels, P the decode head's projection of
+                           that stage's tokens (how much each token feeds the region score directly through the
+                           decoder), over all stages summing to 1 in absolute value. The region's pixels are never
+                           read: a map cannot copy the answer.
       stage_spread="even"  (choice) how relevance at a stage's input tokens goes back to the previous stage's output
                            tokens: over the 3 x 3 window the stride-2 patch embedding reads, by each token's
                            |W_(dy,dx) h_t| ("conv"), or evenly over the nearest finer tokens ("even").
@@ -267,7 +268,7 @@ class SegGradSkip(SegmentationMethod):
 
     def __init__(self, alpha: float = GradSkip.user_options_by_name()["alpha"].default,
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
-                 attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = "decoder_abs",
+                 attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = "decoder_signed",
                  beta_reduction: str = "token",
                  stage_spread: str = "even"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
