@@ -43,6 +43,7 @@ SEGMENTATION_METHODS: dict = {}
 KEY_SPREADS = ("conv", "even")
 ATTENTION_WEIGHTINGS = ("attention", "gradient", "gradient_residual")
 STARTS = ("decoder", "decoder_abs", "decoder_signed")
+DEFAULT_START = "decoder_signed"  # GradSkip's, chosen on val smears (docs/segmentation.md section 7); the rollouts'
 EPS = 1e-12
 
 
@@ -268,7 +269,7 @@ class SegGradSkip(SegmentationMethod):
 
     def __init__(self, alpha: float = GradSkip.user_options_by_name()["alpha"].default,
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
-                 attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = "decoder_signed",
+                 attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = DEFAULT_START,
                  beta_reduction: str = "token",
                  stage_spread: str = "even"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
@@ -293,7 +294,12 @@ class _RegionRollout(SegmentationMethod):
     """Rollout through the efficient attention from the region score's gradients: the start is GradSkip's
     decoder start (`gradient_starts`: how much each token feeds the score through the decode head; never the
     region's pixels), each block mixes it by a head-fused matrix (below) with the identity for the skip
-    connection, and reduced keys spread evenly over the tokens they pool."""
+    connection, and reduced keys spread evenly over the tokens they pool. `start`: GradSkip's starts, its
+    default too (a baseline compared with GradSkip gets the same start)."""
+
+    def __init__(self, start: str = DEFAULT_START):
+        _validate(start=start)
+        super().__init__(start=start)
 
     def block_matrix(self, record) -> torch.Tensor:
         raise ValueError("a rollout names its block matrix")
@@ -302,7 +308,7 @@ class _RegionRollout(SegmentationMethod):
         self.check(bundle)
         target = self._target(images, targets)
         captured = capture(bundle, images, target, keep_shares=False)
-        starts = gradient_starts(captured)
+        starts = gradient_starts(captured, self.options["start"])
 
         def block_step(record, relevance):
             fused = self.block_matrix(record)  # B x N x M, non-negative
