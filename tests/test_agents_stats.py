@@ -109,3 +109,39 @@ def test_the_comparison_results_over_the_runs_evaluated_so_far(tmp_path):
     assert "| camal-s101 | 8.00 | 7.00 | 0.400 | 0.020 / 0.100 / n/a |" in table
     assert "| vanilla-s102 | 8.00 | 8.00 | 0.010 |" in table and "camal-s103" not in table
     assert "**not complete**" in table and "| return, sampled actions (2 vs 2 seeds) | -1.500" in table
+
+
+def test_a_variants_results_pair_its_episodes_with_the_comparisons_runs(tmp_path):
+    """bench/agents_variant_results.py: a variant's return minus the comparison's runs of the same seed, paired over
+    the same episodes (matched by reset seed, whatever their order), and the variant minus each arm over seeds."""
+    import json
+
+    from bench.agents_variant_results import markdown, variant_results
+
+    def write_run(work, name, returns, iou):
+        (work / "eval").mkdir(parents=True, exist_ok=True)
+        episodes = [{"return": r, "iou": iou, "iou_reference": {"random": 0.02}, "seed": 10 + k}
+                    for k, r in enumerate(returns)]
+        drops = {"spread": 2.0, "frames": 2, "skipped": 0, "monsters": [0.3, 0.2], "control": [0.0, 0.1],
+                 "episodes": [10, 11]}
+        sampled = {"episodes": episodes[::-1] if "ne8" in name else episodes,  # another order: paired by seed
+                   "counterfactual": {name: drops}, "fidelity": {name: {"deletion_drop": [0.5]}}}
+        (work / "eval" / f"{name}.json").write_text(json.dumps(sampled))
+        (work / "eval" / f"{name}-greedy.json").write_text(json.dumps({"episodes": [{"return": 1.0, "iou": iou}]}))
+        (work / f"{name}.json").write_text(json.dumps({"steps": 64, "train_seconds": 1.0,
+                                                       "history": [{"explained_variance": 0.5}] * 5}))
+
+    comparison, variant = tmp_path / "comparison", tmp_path / "variant"
+    for seed, offset in ((101, 0), (102, 2)):
+        write_run(comparison, f"vanilla-s{seed}", [10 + offset, 12 + offset, 14 + offset], 0.02)
+        write_run(comparison, f"camal-s{seed}", [4 + offset, 6 + offset, 8 + offset], 0.40)
+        write_run(variant, f"camal-ne8-s{seed}", [11 + offset, 12 + offset, 16 + offset], 0.30)
+    result = variant_results(variant, "camal-ne8", comparison)
+    assert result["seeds"] == [101, 102]
+    paired = result["per_seed"][101]["paired_over_episodes"]
+    assert paired["vanilla-s101"]["return"]["mean"] == 1.0  # (1 + 0 + 2) / 3, episode by episode
+    assert paired["camal-s101"]["return"]["mean"] == 7.0 and paired["camal-s101"]["episodes"] == 3
+    assert abs(paired["camal-s101"]["iou"]["mean"] + 0.10) < 1e-9
+    over = result["variant_minus_arm_over_seeds"]
+    assert over["vanilla"]["seeds"] == [101, 102] and abs(over["vanilla"]["return"]["difference"] - 1.0) < 1e-9
+    assert "| 101 | 13.00 |" in markdown(result) and "minus camal" in markdown(result)
