@@ -125,6 +125,23 @@ def test_gradskip_conserves_relevance_and_alpha_is_free(seg, images):
         state.map(alpha=1.5)
 
 
+def test_a_capture_keeps_no_graph_alive(seg, images):
+    """Each GradSkip or rollout map used to keep ~40 MB alive for good on the bundled model: a gradient hook
+    that reached its own tensor made a cycle through the autograd graph that Python's collector cannot free."""
+    import gc
+    import weakref
+
+    kept = []
+    projection = seg.network.segformer.decode_head.linear_projections[0].proj
+    handle = projection.register_forward_hook(lambda _m, _a, output: kept.append(weakref.ref(output)))
+    try:
+        capture(seg, images[:1], RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1]))
+    finally:
+        handle.remove()
+    gc.collect()
+    assert kept and all(ref() is None for ref in kept)
+
+
 def test_capture_keeps_full_queries_reduced_keys_and_gradients(seg, images):
     target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [2])
     captured = capture(seg, images[:1], target)

@@ -149,10 +149,12 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
     projections = network.segformer.decode_head.linear_projections
     for projection in projections:
         def projection_hook(_module, _args, output):
-            holder = {"P": output}
-            decoder_outputs.append(holder)
+            # the hook writes into a dict that does not hold `output`: a hook that reaches its own tensor makes a
+            # cycle through the autograd graph that Python's collector cannot see (~40 MB kept per capture)
+            grads = {}
+            decoder_outputs.append({"P": output, "grads": grads})
             if gradients and output.requires_grad:
-                output.register_hook(lambda grad, holder=holder: holder.__setitem__("dP", grad))
+                output.register_hook(lambda grad, grads=grads: grads.__setitem__("dP", grad))
         handles.append(projection.proj.register_forward_hook(projection_hook))
 
     with model_lock(bundle):
@@ -184,8 +186,8 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
             record.skip_flow = torch.linalg.vecdot(dx.float(), x.detach().float()) if dx is not None else None
             record.main_flow = torch.linalg.vecdot(do.float(), o.detach().float()) if do is not None else None
     if gradients:
-        result.decoder_signed = [torch.linalg.vecdot(h["dP"].float(), h["P"].detach().float())
-                                 if "dP" in h else torch.zeros(h["P"].shape[:2], device=images.device)
+        result.decoder_signed = [torch.linalg.vecdot(h["grads"]["dP"].float(), h["P"].detach().float())
+                                 if "dP" in h["grads"] else torch.zeros(h["P"].shape[:2], device=images.device)
                                  for h in decoder_outputs]
         result.decoder_flow = [flow.clamp_min(0) for flow in result.decoder_signed]
     return result
