@@ -35,7 +35,13 @@ def test_compare_maps_reads_identical_maps_as_identical():
 
 
 @pytest.mark.slow
-def test_gradcam_of_the_bundled_model_changes_when_its_decode_head_is_random():
+@pytest.mark.parametrize("method", ["gradcam", "gradskip", "gradrollout", pytest.param("rollout", marks=pytest.mark.xfail(
+    strict=True, reason="attention rollout reads 0.59 on this region, one of 3 of the 22 held-out regions over 0.5 (from "
+                        "-0.32 to 0.71; GradSkip's all within -0.14 to 0.21): its blocks read only the encoder's "
+                        "attention, which this step leaves trained"))])
+def test_a_map_of_the_bundled_model_changes_when_its_decode_head_is_random(method):
+    """The gate every segmentation method meets since the signed start (GradSkip's, the rollouts' too); with the
+    former |dP*P| start GradSkip read Spearman 0.78 on the held-out smears and attention rollout 0.95."""
     from PIL import Image
 
     from explainers.models import load_model
@@ -47,6 +53,6 @@ def test_gradcam_of_the_bundled_model_changes_when_its_decode_head_is_random():
     with torch.no_grad():
         prediction = bundle(image)[0].argmax(0)
     target = RegionTarget((prediction == 2)[None], [2])  # the white cell
-    rows = cascading_randomisation(bundle, image, target, lambda b, x, t: explain_region(b, x, t, "gradcam").maps,
+    rows = cascading_randomisation(bundle, image, target, lambda b, x, t: explain_region(b, x, t, method).maps,
                                    steps=1)
     assert rows[0]["spearman"] <= 0.5 and rows[0]["iou"] < 0.5
