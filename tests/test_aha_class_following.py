@@ -228,3 +228,40 @@ def test_class_boost_adds_the_class_input_to_the_standardised_map_and_is_saved(t
     assert torch.allclose(maps, standardise(base + 0.5 * extra), atol=1e-5)
     with pytest.raises(ValueError, match="needs a class input"):
         AHAExplainer(bundle, width=8, embed_dim=8, class_boost=1.0)
+
+
+def test_class_contrast_changes_every_class_but_the_predicted_one_and_is_saved(tmp_path):
+    from explainers.aha.network import standardise
+    from explainers.resize import resize_bilinear
+
+    bundle = tiny_vit("tiny-contrast")
+    torch.manual_seed(0)
+    plain = AHAExplainer(bundle, width=8, embed_dim=8)
+    with torch.no_grad():
+        plain.head.conv2.weight.normal_()
+    save_explainer(plain, tmp_path / "aha-c", {"base_model": "tiny-contrast"})
+    card = json.loads((tmp_path / "aha-c.json").read_text())
+    card["architecture"]["class_contrast"] = 1.0
+    (tmp_path / "aha-c.json").write_text(json.dumps(card))
+    contrasted = load_explainer(bundle, tmp_path / "aha-c")
+    assert contrasted.class_contrast == 1.0 and contrasted.class_input == "none"
+    images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    encoded = contrasted.encode(images)
+    predicted = encoded.logits.argmax(1)
+    other = (predicted + 1) % bundle.num_classes
+    # the predicted class: the trained map, untouched
+    _, base, _ = plain.predict_and_explain(images, predicted)
+    _, same, _ = contrasted.predict_and_explain(images, predicted)
+    assert torch.allclose(same, base, atol=1e-5)
+    # another class: the trained map plus where that class's token logits beat the prediction's
+    _, base_other, _ = plain.predict_and_explain(images, other)
+    _, maps, _ = contrasted.predict_and_explain(images, other)
+    tokens = contrasted.token_logits(encoded)
+    rows = torch.arange(3)
+    difference = tokens[rows, other] - tokens[rows, predicted]
+    extra = resize_bilinear(standardise(difference), (32, 32))
+    assert torch.allclose(maps, standardise(base_other + extra), atol=1e-5)
+    assert not torch.allclose(maps, base_other, atol=1e-3)
+    assert torch.count_nonzero(contrasted.class_contrast_map(encoded, predicted)) == 0
+    with pytest.raises(ValueError, match="class_contrast must lie"):
+        AHAExplainer(bundle, width=8, embed_dim=8, class_contrast=-1.0)

@@ -183,7 +183,7 @@ class AHAExplainer(nn.Module):
     def __init__(self, bundle, *, levels: int = 4, width: int = 32, embed_dim: int = 64, gain_init: float = 10.0,
                  class_embedding: str = "auto", use_cam: bool = True, indices=None, scales=None,
                  fusion_units: int = 2, prior: str = "auto", output_blur: float = 0.0, class_input: str = "none",
-                 class_boost: float = 0.0):
+                 class_boost: float = 0.0, class_contrast: float = 0.0):
         super().__init__()
         # a Gaussian blur (sigma in input pixels) of the output map, chosen after training on held-out images
         # (`python -m explainers aha-output-blur`); 0 = none. No parameter: the weights do not change.
@@ -270,6 +270,17 @@ class AHAExplainer(nn.Module):
         if not 0.0 <= self.class_boost <= 10.0:
             raise ValueError(f"class_boost must lie in [0, 10], got {class_boost}")
         self.arch["class_boost"] = self.class_boost
+        # the weight of the contrast map (each token's logit for the target minus its logit for the predicted class)
+        # added to the standardised one-pass map of every class but the predicted one: the predicted class's map,
+        # the one the curves of an explanation read by default, stays the trained one. No parameter, 0 = none;
+        # chosen on validation data (bench/studies/aha_class_mix_val.py --term contrast)
+        self.class_contrast = float(class_contrast)
+        if not 0.0 <= self.class_contrast <= 10.0:
+            raise ValueError(f"class_contrast must lie in [0, 10], got {class_contrast}")
+        if self.class_contrast and self._final_channels is None:
+            raise ValueError(f"a class contrast needs a linear classifier head over patch tokens; "
+                             f"'{bundle.name}' has none")
+        self.arch["class_contrast"] = self.class_contrast
         if class_input != "none":
             # zero-initialised: a warm start from an explainer without this input begins with its maps unchanged
             self.class_inputs = nn.ModuleList(nn.Conv2d(1, width, 1) for _ in channels)
@@ -321,7 +332,7 @@ class AHAExplainer(nn.Module):
             if self.prior == "cam":
                 grid = self._final_to_grid(final, tuple(inter[-1].shape[-2:]), self._final_channels)
             tokens = None
-            if self.class_input == "token_logits":
+            if self.class_input == "token_logits" or self.class_contrast:
                 tokens = self._final_to_grid(final, tuple(inter[-1].shape[-2:]), self._final_channels)
         return Encoded(logits=logits, levels=list(inter), final_grid=grid, image_hw=tuple(images.shape[-2:]),
                        class_tokens=tokens)
@@ -359,12 +370,29 @@ class AHAExplainer(nn.Module):
         the same pass (no gradient), so it costs a matrix product."""
         if self.class_input == "none" or encoded.class_tokens is None:
             return None
+        logits = self.token_logits(encoded)
+        chosen = logits.log_softmax(dim=1).gather(1, targets.view(-1, 1, 1, 1).expand(-1, 1, *logits.shape[-2:]))
+        return standardise(chosen[:, 0])
+
+    def token_logits(self, encoded: Encoded) -> torch.Tensor:
+        """B x classes x h x w: every final patch token read by the classifier's head (weight and bias)."""
         head = self.bundle.network.get_classifier()
         logits = torch.einsum("bchw,kc->bkhw", encoded.class_tokens.float(), head.weight.detach().float())
         if head.bias is not None:
             logits = logits + head.bias.detach().float().view(1, -1, 1, 1)
-        chosen = logits.log_softmax(dim=1).gather(1, targets.view(-1, 1, 1, 1).expand(-1, 1, *logits.shape[-2:]))
-        return standardise(chosen[:, 0])
+        return logits
+
+    def class_contrast_map(self, encoded: Encoded, targets: torch.Tensor) -> torch.Tensor:
+        """B x h x w, standardised: each token's logit for the target minus its logit for the image's predicted
+        class (where the target out-scores the prediction). All 0 where the target is the predicted class. From the
+        same pass (no gradient): a matrix product."""
+        if encoded.class_tokens is None:
+            raise ValueError("this pass kept no patch tokens: the explainer has no class contrast")
+        logits = self.token_logits(encoded)
+        predicted = encoded.logits.argmax(dim=1)
+        picked = torch.stack([targets, predicted], dim=1).view(-1, 2, 1, 1).expand(-1, 2, *logits.shape[-2:])
+        pair = logits.gather(1, picked)
+        return standardise(pair[:, 0] - pair[:, 1])
 
     def trunk(self, encoded: Encoded, targets: torch.Tensor, class_rows: torch.Tensor | None = None):
         """Everything before the output head: (fused finest features, CAM at input size or None)."""
@@ -436,6 +464,9 @@ class AHAExplainer(nn.Module):
         if self.class_boost:
             boost = resize_bilinear(self.class_token_map(encoded, targets), encoded.image_hw)
             maps = standardise(maps + self.class_boost * boost)
+        if self.class_contrast:
+            contrast = resize_bilinear(self.class_contrast_map(encoded, targets), encoded.image_hw)
+            maps = standardise(maps + self.class_contrast * contrast)
         return encoded.logits, maps, targets
 
     def num_parameters(self) -> int:

@@ -169,7 +169,7 @@ def load_explainer(bundle, stem=None) -> AHAExplainer:
         raise ExplainerUnavailable(f"{card_file} explains '{base}', not '{bundle.name}'. " + training_hint(bundle.name))
     arch = dict(card["architecture"])
     keys = ("width", "embed_dim", "gain_init", "class_embedding", "use_cam", "indices", "scales", "fusion_units",
-            "prior", "output_blur", "class_input", "class_boost")
+            "prior", "output_blur", "class_input", "class_boost", "class_contrast")
     explainer = AHAExplainer(bundle, **{k: arch[k] for k in keys if k in arch}
                              | ({} if "prior" in arch else {"prior": "cam" if arch.get("use_cam", True) else "none"}))
     try:
