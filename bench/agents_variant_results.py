@@ -62,8 +62,23 @@ def variant_results(variant_work: Path, variant: str, work: Path) -> dict:
             over_seeds[arm] = {"seeds": shared, **{metric: compare_arms([per_seed[s][metric] for s in shared],
                                                                         [theirs[s][metric] for s in shared])
                                                    for metric in METRICS}}
+    camal_runs = [(per_seed[s]["iou"], per_seed[s]["return"]) for s in seeds]
+    camal_runs += [(scores["iou"], scores["return"]) for scores in
+                   (_seed_scores(work, name) for name in sorted(compared) if name.rsplit("-s", 1)[0] == "camal")]
     return {"variant": variant, "seeds": seeds, "per_seed": per_seed, "variant_minus_arm_over_seeds": over_seeds,
+            "iou_and_return": association(camal_runs),
             "caution": "intervals per seed are over episodes; over seeds they need more seeds than these to mean much"}
+
+
+def association(runs: list) -> dict:
+    """Across the CAMAL runs of both updates (one (IoU, return) pair per run): Spearman's rho and its two-sided
+    p-value, whether a run whose V(s)-CAM sits more inside the masks plays better or worse. Runs, not a cause."""
+    from scipy.stats import spearmanr
+
+    if len(runs) < 3:
+        return {"runs": len(runs), "spearman": None, "p": None}
+    rho, p = spearmanr([iou for iou, _ in runs], [ret for _, ret in runs])
+    return {"runs": len(runs), "spearman": float(rho), "p": float(p)}
 
 
 def markdown(result: dict) -> str:
@@ -87,6 +102,10 @@ def markdown(result: dict) -> str:
             c = comparison[metric]
             lines.append(f"- {metric}: {c['difference']:+.3f} [{c['difference_ci'][0]:+.3f}, "
                          f"{c['difference_ci'][1]:+.3f}], probability of improvement {c['poi']:.2f}")
+    link = result.get("iou_and_return") or {}
+    if link.get("spearman") is not None:
+        lines += ["", f"Across the {link['runs']} CAMAL runs of both updates (the variant's and the comparison's "
+                      f"camal arm), held-out IoU against return: Spearman {link['spearman']:+.2f} (p {link['p']:.3f})."]
     return "\n".join(lines) + "\n"
 
 

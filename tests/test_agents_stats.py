@@ -145,3 +145,6 @@ def test_a_variants_results_pair_its_episodes_with_the_comparisons_runs(tmp_path
     over = result["variant_minus_arm_over_seeds"]
     assert over["vanilla"]["seeds"] == [101, 102] and abs(over["vanilla"]["return"]["difference"] - 1.0) < 1e-9
     assert "| 101 | 13.00 |" in markdown(result) and "minus camal" in markdown(result)
+    # 4 CAMAL runs: the variant's (IoU 0.30, returns 13 and 15) above the exact arm's (IoU 0.40, returns 6 and 8)
+    link = result["iou_and_return"]
+    assert link["runs"] == 4 and link["spearman"] < -0.8 and "Spearman" in markdown(result)

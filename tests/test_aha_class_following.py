@@ -205,20 +205,25 @@ def test_class_following_training_on_native_size_mosaics_exports_the_rule_s_choi
     assert math.isfinite(card["held_out"]["rollout_deletion_auc"])
 
 
+def saved_with_class_term(tmp_path, key: str, weight: float, **options):
+    """(bundle, an explainer of a tiny ViT, the same explainer saved and loaded with `key` = weight in its card)."""
+    bundle = tiny_vit("tiny-term")
+    torch.manual_seed(0)
+    plain = AHAExplainer(bundle, width=8, embed_dim=8, **options)
+    with torch.no_grad():
+        plain.head.conv2.weight.normal_()
+    save_explainer(plain, tmp_path / "aha-p", {"base_model": "tiny-term"})
+    card = json.loads((tmp_path / "aha-p.json").read_text())
+    card["architecture"][key] = weight
+    (tmp_path / "aha-p.json").write_text(json.dumps(card))
+    return bundle, plain, load_explainer(bundle, tmp_path / "aha-p")
+
+
 def test_class_boost_adds_the_class_input_to_the_standardised_map_and_is_saved(tmp_path):
     from explainers.aha.network import standardise
     from explainers.resize import resize_bilinear
 
-    bundle = tiny_vit("tiny-boost")
-    torch.manual_seed(0)
-    plain = AHAExplainer(bundle, width=8, embed_dim=8, class_input="token_logits")
-    with torch.no_grad():
-        plain.head.conv2.weight.normal_()
-    save_explainer(plain, tmp_path / "aha-p", {"base_model": "tiny-boost"})
-    card = json.loads((tmp_path / "aha-p.json").read_text())
-    card["architecture"]["class_boost"] = 0.5
-    (tmp_path / "aha-p.json").write_text(json.dumps(card))
-    boosted = load_explainer(bundle, tmp_path / "aha-p")
+    bundle, plain, boosted = saved_with_class_term(tmp_path, "class_boost", 0.5, class_input="token_logits")
     assert boosted.class_boost == 0.5
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     targets = torch.tensor([1, 2])
@@ -234,16 +239,7 @@ def test_class_contrast_changes_every_class_but_the_predicted_one_and_is_saved(t
     from explainers.aha.network import standardise
     from explainers.resize import resize_bilinear
 
-    bundle = tiny_vit("tiny-contrast")
-    torch.manual_seed(0)
-    plain = AHAExplainer(bundle, width=8, embed_dim=8)
-    with torch.no_grad():
-        plain.head.conv2.weight.normal_()
-    save_explainer(plain, tmp_path / "aha-c", {"base_model": "tiny-contrast"})
-    card = json.loads((tmp_path / "aha-c.json").read_text())
-    card["architecture"]["class_contrast"] = 1.0
-    (tmp_path / "aha-c.json").write_text(json.dumps(card))
-    contrasted = load_explainer(bundle, tmp_path / "aha-c")
+    bundle, plain, contrasted = saved_with_class_term(tmp_path, "class_contrast", 1.0)
     assert contrasted.class_contrast == 1.0 and contrasted.class_input == "none"
     images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     encoded = contrasted.encode(images)

@@ -59,11 +59,19 @@ def main(argv=None) -> int:
     parser.add_argument("--term", choices=("boost", "contrast"), default="boost")
     parser.add_argument("--refine-steps", type=int, default=0, help="also AHA with this many refinement steps (0: not)")
     parser.add_argument("--mosaics", type=int, default=0, help="also GridPG on this many val mosaics (seed 0)")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="the explainer was trained for another model with the same decoder shapes (bloodmnist-vit's "
+                             "for bloodmnist-vit-grid): its weights as they are, no step trained for this model")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     bundle = load_model(args.model)
-    explainer = load_explainer(bundle, args.explainer)
+    if args.warm_start:
+        from explainers.aha_training.loop import warm_start
+
+        explainer = warm_start(bundle, args.explainer)[0].eval()
+    else:
+        explainer = load_explainer(bundle, args.explainer)
     if explainer.class_boost or explainer.class_contrast:
         raise SystemExit("give an explainer without a class term of its own (the lambdas add it here)")
     probe = AHAExplainer(bundle, width=8, embed_dim=8, class_input="token_logits", class_contrast=1.0).eval()
