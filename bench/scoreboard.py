@@ -50,7 +50,8 @@ def class_dependence_section(reports: list) -> list:
              "class and for the runner-up; mean with a 95% bootstrap interval (1: the same map whatever the class).", ""]
     for report in reports:
         lines += [f"`{report['model']}`, {report['images']} images of `{data_name(report['data'])}` (`{report.get('file', '')}`)",
-                  "", "| method | rho [95% interval] | images with a rank order |", "| --- | --- | --- |"]
+                  ""] + ([report["note"], ""] if report.get("note") else []) + [
+                  "| method | rho [95% interval] | images with a rank order |", "| --- | --- | --- |"]
         for label, row in report["methods"].items():
             interval = f" [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]" if row.get("ci95") else ""
             counted = sum(1 for value in row["per_image"] if value == value)  # NaN: a constant map, left out

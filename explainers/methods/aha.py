@@ -41,7 +41,10 @@ class AHA(Method):
     description = ("A small network trained to minimise deletion and maximise insertion directly (through a "
                    "differentiable sort) draws the map in one pass on top of the classifier's own features: "
                    "about the cost of one forward pass. Refinement steps (0-10) optimise it further for this "
-                   "image. On a model without a trained explainer the same objective is optimised for this one "
+                   "image. Where the explainer's card sets a class contrast (bloodmnist-vit), the map of a class other "
+                   "than the prediction adds where that class out-scores the prediction (each patch read by the "
+                   "model's own head), so asking about the runner-up shows what speaks for it rather than for the "
+                   "prediction. On a model without a trained explainer the same objective is optimised for this one "
                    "image from a prior map (per-image mode: slower, a progress bar shows it). Higher = more "
                    "important; the map is standardised per image (0 = this image's mean importance; only its ranking "
                    "enters the curves).")
@@ -259,6 +262,8 @@ class AHA(Method):
         blur = explainer.output_blur if self.output_blur is None else self.output_blur
         if blur > 0 or self.output_blur is not None:  # said where it shapes the map (or was asked for)
             self.resolved_options["output_blur"] = blur
+        if explainer.class_contrast and bool((targets != logits.argmax(dim=1)).any()):  # said where it shaped a map
+            self.resolved_options["class_contrast"] = explainer.class_contrast
         logits, maps, targets = logits.clone(), maps.clone(), targets.clone()  # ordinary tensors for the caller
         if self.refine_steps > 0:
             settings = self.refinement_settings(bundle)
