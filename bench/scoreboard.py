@@ -69,8 +69,9 @@ def sanity_section(reports: list) -> list:
              "re-initialised (Adebayo et al.; `explainers.sanity`, seed 0); a faithful map changes (rho well below 1).",
              ""]
     for report in reports:
-        lines += [f"`{report['model']}`, {report['images']} images of `{data_name(report['data'])}` (`{report['file']}`)", "",
-                  "| method | layers re-initialised | rho [95% interval] |", "| --- | --- | --- |"]
+        lines += [f"`{report['model']}`, {report['images']} images of `{data_name(report['data'])}` (`{report['file']}`)", ""]
+        lines += ([report["note"], ""] if report.get("note") else [])
+        lines += ["| method | layers re-initialised | rho [95% interval] |", "| --- | --- | --- |"]
         for label, rows in report["methods"].items():
             for row in rows:
                 interval = f" [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]" if row.get("ci95") else ""

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-__all__ = ["ClassTarget", "FunctionTarget", "RegionError", "RegionTarget", "Target", "TargetScoreModel",
+__all__ = ["ClassTarget", "ContrastTarget", "FunctionTarget", "RegionError", "RegionTarget", "Target", "TargetScoreModel",
            "as_target", "target_key"]
 
 
@@ -123,6 +123,43 @@ class ClassTarget(Target):
 
     def describe(self, class_names) -> str:
         return "; ".join(_name(class_names, int(c)) for c in self.classes)
+
+
+class ContrastTarget(Target):
+    """One class against another per image ("why c rather than d"): the score is the logit difference z_c - z_d,
+    its probability form sigmoid(z_c - z_d), the chance c wins a two-way choice between the two. Unlike c's softmax
+    share, it is not flat near 0 when c is a runner-up far behind: its curves read c's ground on d."""
+
+    kind = "contrast"
+
+    def __init__(self, classes, against, device=None):
+        self.classes = torch.as_tensor(classes, dtype=torch.long, device=device).flatten()
+        self.against = torch.as_tensor(against, dtype=torch.long, device=device).flatten()
+        if self.classes.shape != self.against.shape:
+            raise ValueError(f"a contrast needs one class to compare against per class: {self.classes.numel()} "
+                             f"classes, {self.against.numel()} against")
+
+    def __len__(self) -> int:
+        return self.classes.numel()
+
+    def take(self, rows) -> "ContrastTarget":
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.classes.device)
+        return ContrastTarget(self.classes[rows], self.against[rows])
+
+    def score(self, outputs: torch.Tensor) -> torch.Tensor:
+        ClassTarget._check(self, outputs)
+        pick = lambda classes: outputs.gather(1, classes.view(-1, 1).to(outputs.device)).flatten()  # noqa: E731
+        return pick(self.classes) - pick(self.against)
+
+    def probability(self, outputs: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.score(outputs).float())
+
+    def key(self) -> str:
+        return "contrast:" + ",".join(f"{int(c)}-{int(d)}" for c, d in zip(self.classes, self.against))
+
+    def describe(self, class_names) -> str:
+        return "; ".join(f"{_name(class_names, int(c))} rather than {_name(class_names, int(d))}"
+                         for c, d in zip(self.classes, self.against))
 
 
 class RegionError(ValueError):

@@ -160,3 +160,36 @@ def test_an_in_memory_explainer_without_a_card_has_no_caveat():
         assert METHODS["aha"].caveat(bundle, {"refine_steps": 0, "mode": "trained"}) is None
     finally:
         forget_explainers("cardless-cnn")
+
+
+def test_a_class_following_one_pass_that_is_not_faithful_to_other_classes_says_so(explained_cnn):
+    """Past the class-blind check (the card's rho is low): where the card measured the runner-up's one-pass map
+    below a random map for "this class rather than the prediction", the caveat says so with the figures, and
+    recommends the refinement steps only where they were above random; no caveat where the map beat random."""
+    bundle = explained_cnn
+    card_file = store_rows(bundle, [0.3, 0.35, 0.4, 0.3], [0.2, 0.3, 0.25, 0.3], [-0.2, 0.1, 0.0, -0.1])
+    card = json.loads(card_file.read_text())
+    reading = {"images": 100, "one_pass": -0.16, "random": 0.0,
+               "one_pass_minus_random": {"mean": -0.16, "ci95": [-0.21, -0.12]},
+               "refined": {"steps": 3, "ins_minus_del": 0.05, "minus_random": {"mean": 0.05, "ci95": [0.02, 0.08]}}}
+    card["class_contrast"] = {"test": {"other_classes": reading}}
+    card_file.write_text(json.dumps(card))
+    forget_explainers("caveat-cnn")
+    text = METHODS["aha"].caveat(bundle, {"refine_steps": 0, "mode": "trained"})
+    assert "not shown faithful to that class" in text
+    assert "-0.160 ins-del on 100 held-out images" in text and "(+0.000)" in text
+    assert "T = 3 it scored +0.050: use them" in text
+    assert METHODS["aha"].caveat(bundle, {"refine_steps": 3, "mode": "trained"}) is None
+
+    reading["refined"]["minus_random"]["ci95"] = [-0.01, 0.03]  # the steps not above random either: no advice
+    card["class_contrast"] = {"test": {"other_classes": reading}}
+    card_file.write_text(json.dumps(card))
+    forget_explainers("caveat-cnn")
+    text = METHODS["aha"].caveat(bundle, {"refine_steps": 0, "mode": "trained"})
+    assert "not above a random map either" in text and "use them" not in text
+
+    reading["one_pass_minus_random"]["ci95"] = [0.01, 0.05]  # the one pass beat random: nothing to say
+    card["class_contrast"] = {"test": {"other_classes": reading}}
+    card_file.write_text(json.dumps(card))
+    forget_explainers("caveat-cnn")
+    assert METHODS["aha"].caveat(bundle, {"refine_steps": 0, "mode": "trained"}) is None

@@ -244,3 +244,33 @@ def test_no_attribute_call_outside_the_run_path():
             if re.search(r"\.attribute\(", line) and not re.search(r"def attribute\(", line):
                 found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_contrast_target_reads_one_class_against_another():
+    """Known answers: z_c - z_d and its sigmoid; rows taken together; the curves start at the clean image's
+    sigmoid; a gradient method explains the contrast as it explains the logit difference given as a function."""
+    from explainers.metrics import deletion_insertion
+    from explainers.methods import get_method
+    from explainers.targets import ContrastTarget
+
+    outputs = torch.tensor([[2.0, 0.0, 1.0, -1.0], [0.0, 3.0, 0.5, 0.0]])
+    target = ContrastTarget([0, 2], [2, 1])
+    assert torch.allclose(target.score(outputs), torch.tensor([1.0, -2.5]))
+    assert torch.allclose(target.probability(outputs), torch.sigmoid(torch.tensor([1.0, -2.5])))
+    assert target.take([1]).key() == "contrast:2-1" and len(target.take([1, 1])) == 2
+    assert target.describe(["a", "b", "c", "d"]) == "a rather than c; c rather than b"
+    with pytest.raises(ValueError, match="one class to compare against"):
+        ContrastTarget([0, 1], [2])
+
+    bundle, images, classes = golden_inputs()
+    against = torch.tensor([1, 0, 3])
+    contrast = ContrastTarget(classes, against)
+    maps = torch.rand(3, 32, 32, generator=torch.Generator().manual_seed(0))
+    curves = deletion_insertion(bundle, images, maps, contrast, steps=8)
+    clean = torch.sigmoid(bundle(images).gather(1, classes.view(-1, 1)) - bundle(images).gather(1, against.view(-1, 1)))
+    assert torch.allclose(torch.as_tensor(curves.deletion[:, 0]).float(), clean.flatten().float(), atol=1e-5)
+    gradcam = get_method("gradcam")
+    contrast_maps = gradcam.attribute(bundle, images, contrast).detach()
+    own = gradcam.attribute(bundle, images, lambda out: (out.gather(1, classes.view(-1, 1))
+                                                          - out.gather(1, against.view(-1, 1))).flatten()).detach()
+    assert torch.allclose(contrast_maps, own, atol=1e-6)

@@ -24,9 +24,14 @@ from scipy.stats import spearmanr
 RUNNER_UP_BASELINES = ("rollout", "gradcam", "gradskip")
 
 
-def ins_minus_del(bundle, images, maps, targets) -> list:
+def ins_minus_del(bundle, images, maps, targets, against=None) -> list:
+    """Per image ins-del of the maps for `targets`, read by the targets' softmax probability or, with `against`
+    (the predicted classes), by the two-way contrast sigmoid(z_target - z_against)."""
     from explainers.metrics import deletion_insertion
+    from explainers.targets import ContrastTarget
 
+    if against is not None:
+        targets = ContrastTarget(targets, against)
     curves = deletion_insertion(bundle, images, maps, targets, steps=20, reference="mean")
     return (np.asarray(curves.insertion_auc) - np.asarray(curves.deletion_auc)).tolist()
 
@@ -59,6 +64,9 @@ def main(argv=None) -> int:
     parser.add_argument("--term", choices=("boost", "contrast"), default="boost")
     parser.add_argument("--refine-steps", type=int, default=0, help="also AHA with this many refinement steps (0: not)")
     parser.add_argument("--mosaics", type=int, default=0, help="also GridPG on this many val mosaics (seed 0)")
+    parser.add_argument("--runner-up-score", choices=("probability", "contrast"), default="probability",
+                        help="what the runner-up's curves read: its softmax probability, or sigmoid(z_runner-up - "
+                             "z_predicted) (`targets.ContrastTarget`: not flat where the runner-up is far behind)")
     parser.add_argument("--warm-start", action="store_true",
                         help="the explainer was trained for another model with the same decoder shapes (bloodmnist-vit's "
                              "for bloodmnist-vit-grid): its weights as they are, no step trained for this model")
@@ -85,6 +93,10 @@ def main(argv=None) -> int:
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(images), 32):
         x = images[start:start + 32]
+
+        def against(k):  # the runner-up (k = 1) read against the prediction, if asked (top2: this batch's)
+            return top2[:, 0] if k == 1 and args.runner_up_score == "contrast" else None
+
         with torch.no_grad():
             encoded = explainer.encode(x)
             top2 = encoded.logits.topk(2, dim=1).indices
@@ -95,28 +107,38 @@ def main(argv=None) -> int:
             for a, b in zip(first.numpy(), second.numpy()):
                 rows[lam]["rho"].append(float(spearmanr(a.ravel(), b.ravel())[0]))
             rows[lam]["top1"].extend(ins_minus_del(bundle, x, first, top2[:, 0]))
-            rows[lam]["runner_up"].extend(ins_minus_del(bundle, x, second, top2[:, 1]))
+            rows[lam]["runner_up"].extend(ins_minus_del(bundle, x, second, top2[:, 1], against(1)))
         for name in RUNNER_UP_BASELINES:
             method = get_method(name)
             for key, k in (("top1", 0), ("runner_up", 1)):
                 baseline = method.attribute(bundle, x, top2[:, k]).detach()
-                baselines[name][key].extend(ins_minus_del(bundle, x, baseline, top2[:, k]))
+                baselines[name][key].extend(ins_minus_del(bundle, x, baseline, top2[:, k], against(k)))
+        if args.runner_up_score == "contrast":  # Grad-CAM of the contrast itself, the class-contrastive peer
+            from explainers.targets import ContrastTarget
+
+            gradcam = get_method("gradcam")
+            baselines.setdefault("gradcam_of_the_contrast", {"top1": [], "runner_up": []})
+            row = baselines["gradcam_of_the_contrast"]
+            row["top1"].extend(ins_minus_del(bundle, x, gradcam.attribute(bundle, x, top2[:, 0]).detach(), top2[:, 0]))
+            maps_c = gradcam.attribute(bundle, x, ContrastTarget(top2[:, 1], top2[:, 0])).detach()
+            row["runner_up"].extend(ins_minus_del(bundle, x, maps_c, top2[:, 1], against(1)))
         for key, k in (("top1", 0), ("runner_up", 1)):
             noise = torch.rand(x.shape[0], *x.shape[-2:], generator=generator)
-            baselines["random"][key].extend(ins_minus_del(bundle, x, noise, top2[:, k]))
+            baselines["random"][key].extend(ins_minus_del(bundle, x, noise, top2[:, k], against(k)))
         if args.refine_steps:
             method = get_method("aha", refine_steps=args.refine_steps)
             pair = [method.attribute(bundle, x, top2[:, k]).detach() for k in (0, 1)]
             for a, b in zip(pair[0].numpy(), pair[1].numpy()):
                 refined["rho"].append(float(spearmanr(a.ravel(), b.ravel())[0]))
             refined["top1"].extend(ins_minus_del(bundle, x, pair[0], top2[:, 0]))
-            refined["runner_up"].extend(ins_minus_del(bundle, x, pair[1], top2[:, 1]))
+            refined["runner_up"].extend(ins_minus_del(bundle, x, pair[1], top2[:, 1], against(1)))
         print(f"[class-mix] {start + len(x)}/{len(images)} images", flush=True)
 
     blind = rows[0.0]
     report = {"model": args.model, "explainer": args.explainer, "data": args.data, "images": len(images),
-              "term": args.term, "curves": "engine, K = 20, mean reference; runner-up maps read the runner-up's "
-              "softmax probability", "rollout_ins_minus_del": float(np.mean(baselines["rollout"]["top1"])),
+              "term": args.term, "curves": "engine, K = 20, mean reference; runner-up maps read " + (
+                  "sigmoid(z_runner-up - z_predicted)" if args.runner_up_score == "contrast"
+                  else "the runner-up's softmax probability"), "rollout_ins_minus_del": float(np.mean(baselines["rollout"]["top1"])),
               "by_lambda": {}, "runner_up_baselines": {}}
     for lam, r in rows.items():
         report["by_lambda"][str(lam)] = {

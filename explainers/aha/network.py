@@ -464,7 +464,7 @@ class AHAExplainer(nn.Module):
         if self.class_boost:
             boost = resize_bilinear(self.class_token_map(encoded, targets), encoded.image_hw)
             maps = standardise(maps + self.class_boost * boost)
-        if self.class_contrast:
+        if self.class_contrast and bool((targets != encoded.logits.argmax(dim=1)).any()):  # 0 for the prediction
             contrast = resize_bilinear(self.class_contrast_map(encoded, targets), encoded.image_hw)
             maps = standardise(maps + self.class_contrast * contrast)
         return encoded.logits, maps, targets

@@ -42,9 +42,9 @@ class AHA(Method):
                    "differentiable sort) draws the map in one pass on top of the classifier's own features: "
                    "about the cost of one forward pass. Refinement steps (0-10) optimise it further for this "
                    "image. Where the explainer's card sets a class contrast (bloodmnist-vit), the map of a class other "
-                   "than the prediction adds where that class out-scores the prediction (each patch read by the "
-                   "model's own head), so asking about the runner-up shows what speaks for it rather than for the "
-                   "prediction. On a model without a trained explainer the same objective is optimised for this one "
+                   "than the prediction adds where the model's patch tokens, read by its own head, favour that class "
+                   "over the prediction, so the map changes with the class asked about (the note beside it says how "
+                   "faithful that was measured). On a model without a trained explainer the same objective is optimised for this one "
                    "image from a prior map (per-image mode: slower, a progress bar shows it). Higher = more "
                    "important; the map is standardised per image (0 = this image's mean importance; only its ranking "
                    "enters the curves).")
@@ -115,7 +115,7 @@ class AHA(Method):
 
         one_pass = rows.get("0")
         if not one_pass or not blind(one_pass):
-            return None
+            return cls._other_class_caveat(bundle, card)
         reference = (measured.get("gradcam") or {}).get("spearman_top1_top2")
         text = (f"On {bundle.name} AHA's one pass draws nearly the same map whatever the class asked about "
                 f"(Spearman {one_pass['spearman_top1_top2']:.2f} between its maps for the two top classes on "
@@ -128,6 +128,29 @@ class AHA(Method):
             steps, rho = following[0]
             return text + f" With refinement steps T = {steps} the map follows the class (Spearman {rho:.2f})."
         return text + " Refinement steps T optimise the map for the chosen class."
+
+    @staticmethod
+    def _other_class_caveat(bundle, card: dict) -> str | None:
+        """Where the card's class contrast was measured on held-out images (`class_contrast.test.other_classes`: the
+        runner-up's maps, curves reading its probability) and the one pass's map is not above a random map's there
+        (paired interval): say so, and what the refinement steps scored on the same images."""
+        reading = (((card.get("class_contrast") or {}).get("test") or {}).get("other_classes")) or {}
+        against_random = reading.get("one_pass_minus_random") or {}
+        interval = against_random.get("ci95")
+        if not interval or interval[0] > 0:
+            return None
+        text = (f"On {bundle.name} AHA's one pass draws the predicted class's map as trained; for another class it "
+                f"adds where the model's patch tokens favour that class, so the map follows the class asked about, "
+                f"but it was not shown faithful to that class: with the curves reading that class's probability, its "
+                f"map of the runner-up scored {reading['one_pass']:+.3f} ins-del on {reading.get('images', '?')} "
+                f"held-out images, no better than a random map ({reading['random']:+.3f}).")
+        refined = reading.get("refined") or {}
+        if refined.get("ins_minus_del") is not None:
+            above = ((refined.get("minus_random") or {}).get("ci95") or [0.0])[0] > 0
+            text += (f" With refinement steps T = {refined['steps']} it scored {refined['ins_minus_del']:+.3f}"
+                     + (": use them for a class other than the prediction." if above else
+                        ", not above a random map either."))
+        return text
 
     @classmethod
     def model_passes(cls, bundle, options: dict | None = None) -> int:
