@@ -125,7 +125,7 @@ def main(argv=None) -> int:
         for key, k in (("top1", 0), ("runner_up", 1)):
             noise = torch.rand(x.shape[0], *x.shape[-2:], generator=generator)
             baselines["random"][key].extend(ins_minus_del(bundle, x, noise, top2[:, k], against(k)))
-        if args.refine_steps:
+        if args.refine_steps:  # the registry's explainer for the model (weights/), refined: not --explainer's
             method = get_method("aha", refine_steps=args.refine_steps)
             pair = [method.attribute(bundle, x, top2[:, k]).detach() for k in (0, 1)]
             for a, b in zip(pair[0].numpy(), pair[1].numpy()):
