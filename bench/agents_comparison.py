@@ -210,6 +210,9 @@ def main(argv=None) -> int:
     parser.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "agents-comparison-logs"))
     parser.add_argument("--results", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--sweep", action="store_true", help="choose lambda by the sweep of stage 2 (3 more runs)")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="stage 2 alone: the lambda sweep and its lambda.json, then stop (the comparison's runs "
+                             "are not touched)")
     parser.add_argument("--smoke", action="store_true", help="a quick check of the machinery (tiny runs, a few "
                                                              "episodes): its numbers are not results")
     args = parser.parse_args(argv)
@@ -226,7 +229,10 @@ def main(argv=None) -> int:
         if key is None:
             print("[comparison] no recipe passed the gate: see bench/results/agents-pilots.json", flush=True)
             return 0
-        lam = pick_lambda(work, key, args, logs) if args.sweep else DEFAULT_LAMBDA
+        lam = pick_lambda(work, key, args, logs) if args.sweep or args.sweep_only else DEFAULT_LAMBDA
+        if args.sweep_only:
+            print(f"[comparison] the sweep chose lambda {lam} (rule and figures: {work / 'lambda.json'})", flush=True)
+            return 0
         names = compare(work, key, lam, args, logs)
     except Stop:
         print("[comparison] stopped with checkpoints: run the same command to continue", flush=True)
