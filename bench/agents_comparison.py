@@ -10,9 +10,10 @@ each, `train-agent` resuming from its checkpoint in WORK):
    196,608 steps (48 updates, within 200k), then 100 episodes each on reset seeds EVAL_SEED_BASE + k; gate: mean return >= 15. The recipe
    the comparison uses: B if it passes, else A if it passes; none: the script stops and says so.
    A pilots record (`agents-pilots.json`) that names a chosen recipe settles this stage.
-2. lambda: with `--sweep`, CAMAL at lambda 0.3, 1 and 3 on training seed 2 with the chosen recipe; the rule,
-   fixed before the runs: the largest lambda whose critic's explained variance (mean over the last 5 updates)
-   is >= 0.3; none: the comparison does not run CAMAL, and says so. Without `--sweep` (the sweep does not fit
+2. lambda: with `--sweep`, CAMAL at lambda 3, 1 and 0.3 (largest first) on training seed 2 with the chosen
+   recipe; the rule, fixed before the runs: the largest lambda whose critic's explained variance (mean over the
+   last 5 updates) is >= 0.3, so the first that passes settles it and the smaller ones are not run; none: the
+   comparison does not run CAMAL, and says so. Without `--sweep` (the sweep does not fit
    this CPU's time beside the comparison): the documented default lambda 1.0 per frame, and the same rule is
    checked on the comparison's CAMAL runs after the fact (the results say whether it holds).
 3. compare: training seeds 101-105 x {vanilla, CAMAL at the chosen lambda}, 196,608 steps each.
@@ -165,18 +166,22 @@ def _mean_ci(values) -> dict:
 
 
 def pick_lambda(work: Path, key: str, args, logs: Path) -> float | None:
-    names = {lam: f"lambda-{lam:g}-s{LAMBDA_SEED}" for lam in LAMBDAS}
-    run_all(work, [(name, ["--seed", str(LAMBDA_SEED), "--lambda", str(lam), *NETWORKS[key]])
-                   for lam, name in names.items()], args, logs)
-    table = {}
-    for lam, name in names.items():
+    """The rule's lambda, largest first: once a lambda passes, no smaller one can be chosen, so those are not run
+    (the same answer as running all three, for a third to two thirds of the time on this CPU)."""
+    table, chosen = {}, None
+    for lam in sorted(LAMBDAS, reverse=True):
+        name = f"lambda-{lam:g}-s{LAMBDA_SEED}"
+        run_all(work, [(name, ["--seed", str(LAMBDA_SEED), "--lambda", str(lam), *NETWORKS[key]])], args, logs)
         history = finished(work, name)["history"]
         table[lam] = float(np.mean([row["explained_variance"] for row in history[-EV_UPDATES:]]))
-    allowed = [lam for lam, ev in table.items() if ev >= EV_FLOOR]
-    chosen = max(allowed) if allowed else None
-    (work / "lambda.json").write_text(json.dumps({"rule": f"largest lambda with explained variance >= {EV_FLOOR} "
-                                                           f"(mean of the last {EV_UPDATES} updates)",
-                                                  "explained_variance": table, "chosen": chosen}, indent=1))
+        if table[lam] >= EV_FLOOR:
+            chosen = lam
+            break
+    (work / "lambda.json").write_text(json.dumps({
+        "rule": f"largest lambda with explained variance >= {EV_FLOOR} (mean of the last {EV_UPDATES} updates)",
+        "explained_variance": table, "chosen": chosen,
+        "not_run": [lam for lam in LAMBDAS if lam not in table],
+        "why_not_run": "a larger lambda passed, so the rule cannot choose these"}, indent=1))
     return chosen
 
 

@@ -148,3 +148,40 @@ def test_a_variants_results_pair_its_episodes_with_the_comparisons_runs(tmp_path
     # 4 CAMAL runs: the variant's (IoU 0.30, returns 13 and 15) above the exact arm's (IoU 0.40, returns 6 and 8)
     link = result["iou_and_return"]
     assert link["runs"] == 4 and link["spearman"] < -0.8 and "Spearman" in markdown(result)
+
+
+def test_the_lambda_sweep_runs_largest_first_and_stops_at_the_first_that_passes(tmp_path):
+    """The rule takes the largest lambda whose critic explains >= 0.3 of the variance: once one passes, the smaller
+    ones cannot be chosen and are not trained; if none passes, every lambda is tried and none is chosen."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("agents_comparison",
+                                                  Path(__file__).parent.parent / "bench" / "agents_comparison.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def sweep(explained_variance: dict):
+        trained = []
+
+        def fake_run_all(work, runs, args, logs):
+            for name, extra in runs:
+                lam = float(extra[extra.index("--lambda") + 1])
+                trained.append(lam)
+                history = [{"explained_variance": 0.0}] * 10 + [{"explained_variance": explained_variance[lam]}] * 5
+                (work / f"{name}.json").write_text(json.dumps({"steps": module.STEPS, "history": history}))
+
+        module.run_all = fake_run_all
+        work = tmp_path / str(len(list(tmp_path.iterdir())))
+        work.mkdir()
+        chosen = module.pick_lambda(work, "A", None, tmp_path)
+        return chosen, trained, json.loads((work / "lambda.json").read_text())
+
+    chosen, trained, record = sweep({3.0: 0.1, 1.0: 0.45, 0.3: 0.8})
+    assert (chosen, trained) == (1.0, [3.0, 1.0])
+    assert record["not_run"] == [0.3] and record["chosen"] == 1.0
+    chosen, trained, record = sweep({3.0: 0.6, 1.0: 0.7, 0.3: 0.8})
+    assert (chosen, trained) == (3.0, [3.0])
+    chosen, trained, record = sweep({3.0: 0.1, 1.0: 0.2, 0.3: 0.29})
+    assert (chosen, trained, record["not_run"]) == (None, [3.0, 1.0, 0.3], [])
