@@ -12,6 +12,14 @@ and each map is drawn with the global RNG seeded by its batch, so the result doe
         --device cuda --shard 0/8 --out parts/vit-0.json
     python bench/scoreboard_run.py merge --out bench/results/scoreboard-bloodmnist-vit.json parts/vit-*.json
 
+`replace` puts one method's rows from a new run of the SAME images (e.g. a retrained explainer, with
+SALIENCY_WEIGHTS_DIR pointing at its weights) into a stored report, so that the new rows are paired with the stored
+rows of the other methods; `--as NAME` keeps the stored row and adds the new one beside it, and prints the new row's
+paired improvement over the stored one under every reference:
+
+    python bench/scoreboard_run.py replace --base bench/results/scoreboard-bloodmnist-vit-cpu100.json \
+        --rows new-aha.json --method aha --out bench/results/scoreboard-bloodmnist-vit-cpu100.json
+
 Targets: the model's predicted class. Weights: whatever `weights/` holds when it runs (the AHA explainers included).
 """
 from __future__ import annotations
@@ -156,6 +164,33 @@ def merge(parts: list) -> dict:
     return report
 
 
+def replace_rows(base: dict, new: dict, method: str, name: str | None = None) -> dict:
+    """`base` with `method`'s rows taken from `new` (the same images under every reference, checked), under `name`
+    beside the stored row when given; with `name`, `pairs` holds the new row's paired improvement over the stored."""
+    from explainers.scoreboard import improvement
+
+    out = json.loads(json.dumps(base))
+    out.setdefault("replaced", []).append({"method": method, "as": name or method, "protocol": new["protocol"]})
+    for ref, block in new["references"].items():
+        if ref not in out["references"]:
+            continue
+        if block["files"] != out["references"][ref]["files"]:
+            raise SystemExit(f"the new run scored other images than the stored report under {ref}")
+        rows = [label for label in block["methods"] if label.split(":")[0] == method]
+        if len(rows) != 1:
+            raise SystemExit(f"the new run has {len(rows)} rows of {method} under {ref} (expected one)")
+        stored = [label for label in out["references"][ref]["methods"] if label.split(":")[0] == method]
+        if name is None:
+            for label in stored:
+                del out["references"][ref]["methods"][label]
+        out["references"][ref]["methods"][name or rows[0]] = block["methods"][rows[0]]
+        if name is not None and stored:
+            old = out["references"][ref]["methods"][stored[0]]
+            out.setdefault("pairs", {})[ref] = {metric: improvement(block["methods"][rows[0]], old, metric)
+                                                for metric in block["methods"][rows[0]]["per_image"]}
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -179,9 +214,21 @@ def main(argv=None) -> int:
     joined = commands.add_parser("merge", help="merge one model's shards into one report")
     joined.add_argument("--out", required=True)
     joined.add_argument("parts", nargs="+")
+    swap = commands.add_parser("replace", help="one method's rows from a new run of the same images into a report")
+    swap.add_argument("--base", required=True)
+    swap.add_argument("--rows", required=True)
+    swap.add_argument("--method", required=True)
+    swap.add_argument("--as", dest="name", default=None, help="keep the stored row and add the new one as NAME")
+    swap.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
         result = run_shard(args)
+    elif args.command == "replace":
+        result = replace_rows(*(json.loads(Path(p).read_text()) for p in (args.base, args.rows)), args.method,
+                              args.name)
+        for ref, metrics in result.get("pairs", {}).items():
+            print(ref, {m: (round(c["mean"], 4), c["ci95"] and [round(v, 4) for v in c["ci95"]])
+                        for m, c in metrics.items()})
     else:
         result = merge([json.loads(Path(p).read_text()) for p in args.parts])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -151,3 +151,29 @@ def test_merge_of_a_run_cut_short_names_the_images_done():
     assert merged["references"]["mean"]["methods"]["gradcam"]["per_image"]["deletion"] == pytest.approx([0, .1, .2, .4])
     with pytest.raises(SystemExit, match="a shard is missing"):
         runner.merge([part([0, 1, 4], None)])
+
+
+def test_replace_puts_a_new_run_beside_the_stored_rows_and_pairs_it():
+    """A retrained method's rows from a new run of the same images replace the stored ones (the other methods'
+    stored rows kept, so the new row is paired with them), or sit beside them with the paired improvement; a run
+    on other images is refused."""
+    runner = bench_script("scoreboard_run")
+
+    def report(files, rows):
+        methods = {label: {"options": {}, "per_image": {"ins_minus_del": values}} for label, values in rows.items()}
+        return {"model": "m", "protocol": {"run": len(rows)}, "files": files,
+                "references": {"mean": {"files": files, "methods": methods}}}
+
+    files = [f"f{i}" for i in range(8)]
+    stored = report(files, {"aha": [0.3] * 8, "rise:n_masks=4000": [0.35] * 8})
+    new = report(files, {"aha": [0.4, 0.42, 0.38, 0.41, 0.4, 0.39, 0.41, 0.4]})
+    replaced = runner.replace_rows(stored, new, "aha")
+    rows = replaced["references"]["mean"]["methods"]
+    assert rows["aha"]["per_image"]["ins_minus_del"][1] == 0.42 and "rise:n_masks=4000" in rows
+    assert stored["references"]["mean"]["methods"]["aha"]["per_image"]["ins_minus_del"][1] == 0.3  # not modified
+    beside = runner.replace_rows(stored, new, "aha", "aha-student")
+    assert set(beside["references"]["mean"]["methods"]) == {"aha", "aha-student", "rise:n_masks=4000"}
+    gain = beside["pairs"]["mean"]["ins_minus_del"]
+    assert gain["mean"] == pytest.approx(0.10125) and gain["ci95"][0] > 0.09
+    with pytest.raises(SystemExit, match="other images"):
+        runner.replace_rows(stored, report(files[::-1], {"aha": [0.4] * 8}), "aha")
