@@ -12,7 +12,7 @@ and each map is drawn with the global RNG seeded by its batch, so the result doe
         --device cuda --shard 0/8 --out parts/vit-0.json
     python bench/scoreboard_run.py merge --out bench/results/scoreboard-bloodmnist-vit.json parts/vit-*.json
 
-`replace` puts one method's rows from a new run of the SAME images (e.g. a retrained explainer, with
+`replace` puts one method's rows from a new run (a report, or one `run` output) of the SAME images (e.g. a retrained explainer, with
 SALIENCY_WEIGHTS_DIR pointing at its weights) into a stored report, so that the new rows are paired with the stored
 rows of the other methods; `--as NAME` keeps the stored row and adds the new one beside it, and prints the new row's
 paired improvement over the stored one under every reference:
@@ -224,8 +224,8 @@ def main(argv=None) -> int:
     if args.command == "run":
         result = run_shard(args)
     elif args.command == "replace":
-        result = replace_rows(*(json.loads(Path(p).read_text()) for p in (args.base, args.rows)), args.method,
-                              args.name)
+        base, rows = (json.loads(Path(p).read_text()) for p in (args.base, args.rows))
+        result = replace_rows(*(merge([r]) if "scores" in r else r for r in (base, rows)), args.method, args.name)
         for ref, metrics in result.get("pairs", {}).items():
             print(ref, {m: (round(c["mean"], 4), c["ci95"] and [round(v, 4) for v in c["ci95"]])
                         for m, c in metrics.items()})

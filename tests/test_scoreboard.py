@@ -120,6 +120,12 @@ def test_runner_shards_merge_to_the_single_process_result(tiny_folder, tmp_path,
                  str(tmp_path / "part-1.json")])
     runner.main(["merge", "--out", str(tmp_path / "single.json"), str(tmp_path / "whole.json")])
     merged, single = (json.loads((tmp_path / f).read_text()) for f in ("merged.json", "single.json"))
+    # `replace` takes `run` outputs as they are: the same run against itself gains nothing under every reference
+    runner.main(["replace", "--base", str(tmp_path / "whole.json"), "--rows", str(tmp_path / "whole.json"),
+                 "--method", "gradcam", "--as", "gradcam-again", "--out", str(tmp_path / "again.json")])
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert set(again["pairs"]) == {"mean", "blur", "road"}
+    assert all(cell["mean"] == 0 for ref in again["pairs"].values() for cell in ref.values())
     assert merged["n_images"] == 6 and len(merged["references"]["road"]["files"]) == 3
     for ref in ("mean", "blur", "road"):
         assert merged["references"][ref]["files"] == single["references"][ref]["files"]
