@@ -180,10 +180,13 @@ def replace_rows(base: dict, new: dict, method: str, name: str | None = None) ->
         if len(rows) != 1:
             raise SystemExit(f"the new run has {len(rows)} rows of {method} under {ref} (expected one)")
         stored = [label for label in out["references"][ref]["methods"] if label.split(":")[0] == method]
-        if name is None:
-            for label in stored:
-                del out["references"][ref]["methods"][label]
-        out["references"][ref]["methods"][name or rows[0]] = block["methods"][rows[0]]
+        methods = out["references"][ref]["methods"]
+        if name is None and stored:  # in the stored row's place, so tables keep their order
+            out["references"][ref]["methods"] = {
+                (rows[0] if label == stored[0] else label): (block["methods"][rows[0]] if label == stored[0] else row)
+                for label, row in methods.items() if label == stored[0] or label not in stored}
+        else:
+            methods[name or rows[0]] = block["methods"][rows[0]]
         if name is not None and stored:
             old = out["references"][ref]["methods"][stored[0]]
             out.setdefault("pairs", {})[ref] = {metric: improvement(block["methods"][rows[0]], old, metric)
