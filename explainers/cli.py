@@ -228,7 +228,7 @@ def _add_curve_options(parser) -> None:
 def cmd_class_dependence(args) -> int:
     import torch
 
-    from .data import item_names, model_batches, open_dataset
+    from .data import item_names, model_batches, open_dataset, split_read
     from .methods import build_methods, parse_method_spec, split_method_specs
     from .metrics import CLASS_BLIND_RHO
     from .models import load_model
@@ -249,7 +249,8 @@ def cmd_class_dependence(args) -> int:
         print(f"  {label:<32} {row['spearman_top1_top2']:.3f}{interval}"
               + ("   the two maps agree" if row["maps_agree"] else ""), flush=True)
     command = " ".join(["python -m explainers"] + sys.argv[1:])
-    report = {"model": args.model, "data": str(args.data), "split": args.split, "images": len(dataset),
+    report = {"model": args.model, "data": str(args.data), "split": split_read(args.data, args.split),
+              "images": len(dataset),
               "files": item_names(dataset),
               "what": "per image, Spearman rho between the method's map for the predicted class and for the "
                       "runner-up class; mean with a 95% percentile bootstrap interval over the images",

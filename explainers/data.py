@@ -131,6 +131,15 @@ def open_dataset(path, split: str = "test", transform=None, limit: int | None = 
     raise FileNotFoundError(f"No data set at {path}: expected a folder with labels.csv or a .npz file")
 
 
+def split_read(path, split: str) -> str | None:
+    """The split `open_dataset(path, split)` reads, or None where the path is itself the images' folder (the split
+    is then whatever that folder holds, and a report should not name the default it was not given)."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        return split
+    return split if not (path / "labels.csv").exists() and (path / split / "labels.csv").exists() else None
+
+
 def model_batches(dataset, bundle, indices=None, batch_size: int = 64):
     """Yields (indices, B x 3 x H x W on the bundle's device): a data set's images in batches, each prepared as the
     app prepares an upload of the file (`images.prepare_image`)."""

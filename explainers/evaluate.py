@@ -11,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from . import familiarity
-from .data import UNLABELLED, item_names, open_dataset
+from .data import UNLABELLED, item_names, open_dataset, split_read
 from .distributed import gather_items, world
 from .engine import explain_batch
 from .methods import build_methods
@@ -92,7 +92,7 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         "files": item_names(dataset),
         "accuracy": correct / labelled if labelled else None,  # None: a folder without labels.csv
         "labelled_images": labelled,
-        "protocol": {"data": str(data), "split": split, "limit": limit, "steps": steps, "reference": reference,
+        "protocol": {"data": str(data), "split": split_read(data, split), "limit": limit, "steps": steps, "reference": reference,
                      "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
                      "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
                      "torch": torch.__version__, "python": platform.python_version(),

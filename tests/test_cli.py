@@ -88,6 +88,7 @@ def test_evaluate_takes_a_folder_without_labels_and_reads_files_as_uploads(tiny_
         reports.append(json.loads(out.read_text()))
     labelled, unlabelled = reports
     assert labelled["labelled_images"] == 6 and 0 <= labelled["accuracy"] <= 1
+    assert labelled["protocol"]["split"] is None  # a folder given itself: no split named that was not read
     assert unlabelled["accuracy"] is None and unlabelled["labelled_images"] == 0
     assert unlabelled["files"] == [f"cell_{c}.jpg" for c in range(6)]  # the images only, in name order
     assert unlabelled["methods"]["gradcam"]["per_image"] == labelled["methods"]["gradcam"]["per_image"]
@@ -255,3 +256,14 @@ def test_the_tables_take_their_headings_from_the_metric_declarations():
                           "methods": {"gradcam": {"gridpg": 0.5, "gridpg_ci95": None, "top_quarter": 0.5,
                                                   "top_quarter_ci95": None, "ms_per_map": 1.0}}})
     assert "GridPG (higher better)" in grid and METRICS["top_quarter"].heading() in grid
+
+
+def test_split_read_names_only_a_split_that_was_read(tmp_path):
+    """A report names the split only where `open_dataset` read one: a .npz's, or a `split` sub-folder's."""
+    from explainers.data import split_read
+
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "labels.csv").write_text("file,label\n")
+    assert split_read(tmp_path, "test") == "test"
+    assert split_read(tmp_path / "test", "val") is None
+    assert split_read(tmp_path / "cells.npz", "val") == "val"
