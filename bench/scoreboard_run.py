@@ -167,7 +167,10 @@ def merge(parts: list) -> dict:
 def replace_rows(base: dict, new: dict, method: str, name: str | None = None) -> dict:
     """`base` with `method`'s rows taken from `new` (the same images under every reference, checked), under `name`
     beside the stored row when given; with `name`, `pairs` holds the new row's paired improvement over the stored."""
-    from explainers.scoreboard import improvement
+    from explainers.scoreboard import improvement, method_name
+
+    def rows_of(methods: dict) -> list:  # 'aha:refine_steps=3' is another row than 'aha' (method_name's rule)
+        return [label for label in methods if method_name(label) == method_name(method)]
 
     out = json.loads(json.dumps(base))
     out.setdefault("replaced", []).append({"method": method, "as": name or method, "protocol": new["protocol"]})
@@ -176,21 +179,22 @@ def replace_rows(base: dict, new: dict, method: str, name: str | None = None) ->
             continue
         if block["files"] != out["references"][ref]["files"]:
             raise SystemExit(f"the new run scored other images than the stored report under {ref}")
-        rows = [label for label in block["methods"] if label.split(":")[0] == method]
+        rows = rows_of(block["methods"])
         if len(rows) != 1:
             raise SystemExit(f"the new run has {len(rows)} rows of {method} under {ref} (expected one)")
-        stored = [label for label in out["references"][ref]["methods"] if label.split(":")[0] == method]
+        label, row = rows[0], block["methods"][rows[0]]
         methods = out["references"][ref]["methods"]
-        if name is None and stored:  # in the stored row's place, so tables keep their order
-            out["references"][ref]["methods"] = {
-                (rows[0] if label == stored[0] else label): (block["methods"][rows[0]] if label == stored[0] else row)
-                for label, row in methods.items() if label == stored[0] or label not in stored}
+        stored = rows_of(methods)
+        if name is not None:
+            methods[name] = row
+            if stored:
+                out.setdefault("pairs", {})[ref] = {metric: improvement(row, methods[stored[0]], metric)
+                                                    for metric in row["per_image"]}
+        elif stored:  # in the stored row's place, so tables keep their order
+            out["references"][ref]["methods"] = {(label if old == stored[0] else old): (row if old == stored[0] else kept)
+                                                 for old, kept in methods.items()}
         else:
-            methods[name or rows[0]] = block["methods"][rows[0]]
-        if name is not None and stored:
-            old = out["references"][ref]["methods"][stored[0]]
-            out.setdefault("pairs", {})[ref] = {metric: improvement(block["methods"][rows[0]], old, metric)
-                                                for metric in block["methods"][rows[0]]["per_image"]}
+            methods[label] = row
     return out
 
 

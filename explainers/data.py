@@ -125,7 +125,7 @@ def open_dataset(path, split: str = "test", transform=None, limit: int | None = 
     if path.suffix == ".npz":
         return NpzSplit(path, split=split, transform=transform, limit=limit)
     if path.is_dir():
-        if not (path / "labels.csv").exists() and (path / split / "labels.csv").exists():
+        if split_read(path, split):
             path = path / split
         return LabelledFolder(path, transform=transform, limit=limit, require_labels=require_labels)
     raise FileNotFoundError(f"No data set at {path}: expected a folder with labels.csv or a .npz file")

@@ -92,7 +92,8 @@ def evaluate_methods(bundle, data: str, methods: list, *, split: str = "test", l
         "files": item_names(dataset),
         "accuracy": correct / labelled if labelled else None,  # None: a folder without labels.csv
         "labelled_images": labelled,
-        "protocol": {"data": str(data), "split": split_read(data, split), "limit": limit, "steps": steps, "reference": reference,
+        "protocol": {"data": str(data), "split": split_read(data, split), "limit": limit, "steps": steps,
+                     "reference": reference,
                      "reference_color": list(bundle.reference_color), "score": "softmax probability of the target",
                      "target": "predicted class", "auc": "trapezoid over p in [0, 1]", "seed": seed,
                      "torch": torch.__version__, "python": platform.python_version(),

@@ -183,3 +183,8 @@ def test_replace_puts_a_new_run_beside_the_stored_rows_and_pairs_it():
     assert gain["mean"] == pytest.approx(0.10125) and gain["ci95"][0] > 0.09
     with pytest.raises(SystemExit, match="other images"):
         runner.replace_rows(stored, report(files[::-1], {"aha": [0.4] * 8}), "aha")
+    # AHA's refined row is another row than its one pass: replacing the one pass leaves T=3 as stored
+    with_t3 = report(files, {"aha": [0.3] * 8, "aha:refine_steps=3": [0.5] * 8})
+    rows = runner.replace_rows(with_t3, new, "aha")["references"]["mean"]["methods"]
+    assert list(rows) == ["aha", "aha:refine_steps=3"] and rows["aha:refine_steps=3"]["per_image"]["ins_minus_del"][0] == 0.5
+    assert rows["aha"]["per_image"]["ins_minus_del"][1] == 0.42
