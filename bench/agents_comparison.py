@@ -21,6 +21,8 @@ each, `train-agent` resuming from its checkpoint in WORK):
    used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test.
 5. results: bench/results/agents-comparison.json (rliable intervals and POI over seeds for return and IoU, the
    counterfactual gap per arm and CAMAL - vanilla, the baselines and IoU reference points beside them).
+`--arms camal --seeds 101 102`: only those runs of stages 3-4 (a new lambda needs only the CAMAL arm, since a vanilla
+run does not depend on it; a session's share of the seeds), and no results file until every seed is in.
 `--stop-at HH:MM` (UTC) or SIGTERM: the runs stop with a checkpoint; run the same command to continue.
 """
 from __future__ import annotations
@@ -187,8 +189,9 @@ def pick_lambda(work: Path, key: str, args, logs: Path) -> float | None:
 
 def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
     arms = [("vanilla", 0.0)] + ([("camal", lam)] if lam is not None else [])
+    arms = [(arm, value) for arm, value in arms if arm in args.arms]
     runs = [(f"{arm}-s{seed}", ["--seed", str(seed), "--lambda", str(value), *NETWORKS[key]])
-            for seed in SEEDS for arm, value in arms]
+            for seed in args.seeds for arm, value in arms]
     run_all(work, runs, args, logs)
     prior_path = Path(args.results, "agents-mask-prior-100x156.npy")
     prior = np.load(prior_path).astype(np.float32) if prior_path.exists() else None
@@ -218,12 +221,20 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-only", action="store_true",
                         help="stage 2 alone: the lambda sweep and its lambda.json, then stop (the comparison's runs "
                              "are not touched)")
+    parser.add_argument("--arms", nargs="+", choices=("vanilla", "camal"), default=["vanilla", "camal"],
+                        help="train and evaluate only these arms (a vanilla run does not depend on lambda, so a new "
+                             "lambda needs only the CAMAL arm)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help=f"only these training seeds of the comparison's {SEEDS} (a session's share of it)")
     parser.add_argument("--smoke", action="store_true", help="a quick check of the machinery (tiny runs, a few "
                                                              "episodes): its numbers are not results")
     args = parser.parse_args(argv)
     args.deadline = next_occurrence(args.stop_at)
     if args.smoke:
         _smoke()
+    args.seeds = args.seeds or list(SEEDS)
+    if not set(args.seeds) <= set(SEEDS):
+        parser.error(f"--seeds must be among the comparison's training seeds {SEEDS}")
     work, logs = Path(args.work), Path(args.logs)
     work.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
@@ -242,6 +253,10 @@ def main(argv=None) -> int:
     except Stop:
         print("[comparison] stopped with checkpoints: run the same command to continue", flush=True)
         return STOPPED
+    if set(args.seeds) != set(SEEDS) or len(args.arms) < 2:
+        print(f"[comparison] trained and evaluated {names} (a part of the comparison: the results are written by "
+              f"agents_comparison_results.py once every seed is in)", flush=True)
+        return 0
     from agents_comparison_results import write_results  # beside this script
 
     write_results(work, names, Path(args.results, "agents-comparison.json"))

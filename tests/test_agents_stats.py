@@ -185,3 +185,34 @@ def test_the_lambda_sweep_runs_largest_first_and_stops_at_the_first_that_passes(
     assert (chosen, trained) == (3.0, [3.0])
     chosen, trained, record = sweep({3.0: 0.1, 1.0: 0.2, 0.3: 0.29})
     assert (chosen, trained, record["not_run"]) == (None, [3.0, 1.0, 0.3], [])
+
+
+def test_the_comparison_can_run_one_arm_on_some_seeds(tmp_path):
+    """A new lambda needs only the CAMAL arm (vanilla does not depend on it), a session's share of the seeds: those
+    runs are trained and evaluated at the chosen lambda and no others, and the results file is not written from a
+    part of the comparison."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("agents_comparison",
+                                                  Path(__file__).parent.parent / "bench" / "agents_comparison.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    trained, evaluated = [], []
+    module.run_all = lambda work, runs, args, logs: trained.extend(
+        (name, extra[extra.index("--lambda") + 1], extra[extra.index("--seed") + 1]) for name, extra in runs)
+    module.evaluate = lambda work, name, seed_base, episodes, greedy=False, prior=None: evaluated.append((name, greedy))
+    args = argparse.Namespace(arms=["camal"], seeds=[101, 102], results=str(tmp_path), deadline=None)
+    names = module.compare(tmp_path, "A", 3.0, args, tmp_path)
+    assert names == ["camal-s101", "camal-s102"]
+    assert trained == [("camal-s101", "3.0", "101"), ("camal-s102", "3.0", "102")]
+    assert evaluated == [("camal-s101", False), ("camal-s101", True), ("camal-s102", False), ("camal-s102", True)]
+    module.pilots = lambda work, args, logs: "A"
+    module.pick_lambda = lambda work, key, args, logs: 3.0
+    module.compare = lambda work, key, lam, args, logs: ["camal-s101"]
+    assert module.main(["--work", str(tmp_path), "--logs", str(tmp_path), "--results", str(tmp_path), "--sweep",
+                        "--arms", "camal", "--seeds", "101"]) == 0
+    assert not (tmp_path / "agents-comparison.json").exists()
+    with __import__("pytest").raises(SystemExit):
+        module.main(["--work", str(tmp_path), "--seeds", "7"])
