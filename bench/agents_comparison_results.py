@@ -39,14 +39,19 @@ def _seed_scores(work: Path, name: str) -> dict:
             "steps": card["steps"], "train_seconds": card["train_seconds"]}
 
 
-def write_results(work: Path, names: list, out: Path, planned_seeds: int = 5, reps: int | None = None) -> dict:
+def write_results(work: Path, names: list, out: Path, planned_seeds: int = 5, reps: int | None = None,
+                  stored: dict | None = None) -> dict:
     """The results file over the runs `names` (arm-sSEED, each evaluated sampled and greedy); `complete` says
     whether every arm has its `planned_seeds` seeds (a file written part-way is marked so). `reps`: the bootstrap's
-    draws over seeds (rliable's 50,000 by default)."""
-    arms: dict = {}
+    draws over seeds (rliable's 50,000 by default). `stored`: {arm: results file} takes that arm's per-seed scores
+    from an earlier results file (a vanilla run does not depend on lambda, so a new lambda's CAMAL arm is compared
+    with the vanilla seeds already evaluated on the same episodes), said in the file's `stored_arms`."""
+    arms: dict = {arm: {int(seed): scores for seed, scores in json.loads(Path(path).read_text())["arms"][arm].items()}
+                  for arm, path in (stored or {}).items()}
     for name in names:
         arm, seed = name.rsplit("-s", 1)
-        arms.setdefault(arm, {})[int(seed)] = _seed_scores(work, name)
+        if arm not in (stored or {}):
+            arms.setdefault(arm, {})[int(seed)] = _seed_scores(work, name)
     comparisons = {}
     if "camal" in arms:
         seeds = sorted(set(arms["camal"]) & set(arms["vanilla"]))
@@ -61,6 +66,7 @@ def write_results(work: Path, names: list, out: Path, planned_seeds: int = 5, re
     camal_ev = {seed: scores["explained_variance_end"] for seed, scores in arms.get("camal", {}).items()}
     seeds = {arm: sorted(runs) for arm, runs in arms.items()}
     result = {"seeds_done": seeds, "complete": all(len(done) == planned_seeds for done in seeds.values()),
+              "stored_arms": {arm: str(path) for arm, path in (stored or {}).items()},
               "arms": arms, "camal_minus_vanilla": comparisons,
               "lambda": json.loads(lambda_path.read_text()) if lambda_path.exists() else {
                   "chosen": "default 1.0 (no sweep)", "rule_after_the_fact": "explained variance >= 0.3 in every "
@@ -108,7 +114,9 @@ def markdown(result: dict) -> str:
     seeds = result["seeds_done"]
     lines += ["", f"Seeds evaluated: " + "; ".join(f"{arm} {', '.join(map(str, done))}" for arm, done in
                                                   sorted(seeds.items())) +
-              ("" if result["complete"] else " (**not complete**: the planned five seeds per arm are not all in)"),
+              ("" if result["complete"] else " (**not complete**: the planned five seeds per arm are not all in)") +
+              "".join(f"; {arm}'s scores are the stored ones of `{Path(path).name}` (the same held-out episodes)"
+                      for arm, path in sorted(result.get("stored_arms", {}).items())),
               "", "| CAMAL minus vanilla, over the shared seeds | difference [95% stratified bootstrap] | POI | "
                   "target |", "|---|---|---|---|"]
     for metric, label, target in COMPARED:
@@ -136,9 +144,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="the comparison's results file from the runs evaluated so far")
     parser.add_argument("--work", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--stored", nargs="*", default=[], metavar="ARM=FILE",
+                        help="take ARM's per-seed scores from an earlier results FILE (e.g. vanilla=bench/results/"
+                             "agents-comparison.json when only the CAMAL arm was rerun at a new lambda)")
     args = parser.parse_args(argv)
+    stored = dict(item.split("=", 1) for item in args.stored)
     names = evaluated_runs(Path(args.work))
-    result = write_results(Path(args.work), names, Path(args.out))
+    result = write_results(Path(args.work), names, Path(args.out), stored=stored)
     print(json.dumps({"seeds_done": result["seeds_done"], "complete": result["complete"]}))
     return 0
 

@@ -109,6 +109,16 @@ def test_the_comparison_results_over_the_runs_evaluated_so_far(tmp_path):
     assert "| camal-s101 | 8.00 | 7.00 | 0.400 | 0.020 / 0.100 / n/a |" in table
     assert "| vanilla-s102 | 8.00 | 8.00 | 0.010 |" in table and "camal-s103" not in table
     assert "**not complete**" in table and "| return, sampled actions (2 vs 2 seeds) | -1.500" in table
+    # a new lambda's CAMAL arm beside the vanilla seeds of that file (their eval files gone): the stored scores
+    # are taken as they were, the new runs' from their evaluations
+    for name in ("vanilla-s101", "vanilla-s102"):
+        (tmp_path / "eval" / f"{name}.json").unlink()
+    names = module.evaluated_runs(tmp_path)
+    again = module.write_results(tmp_path, names, tmp_path / "again.json", reps=500,
+                                 stored={"vanilla": tmp_path / "results.json"})
+    assert again["seeds_done"] == {"vanilla": [101, 102], "camal": [101, 102]}
+    assert again["arms"]["vanilla"][101]["return"] == 12.0 and again["stored_arms"]["vanilla"].endswith("results.json")
+    assert again["camal_minus_vanilla"]["return"]["y_mean"] == 10.0
 
 
 def test_a_variants_results_pair_its_episodes_with_the_comparisons_runs(tmp_path):
