@@ -377,3 +377,32 @@ def test_encoded_cache_is_the_per_batch_encoding_concatenated():
     chosen, direct = cached.select(pick), Fake().encode(images[pick])
     assert torch.equal(chosen.logits, direct.logits) and chosen.final_grid is None and chosen.image_hw == (4, 4)
     assert all(torch.equal(a, b) for a, b in zip(chosen.levels, direct.levels))
+
+
+def test_the_grid_teacher_points_each_class_to_its_own_evidence(quadrant):
+    """bench/aha_grid_distill.py: one set of occlusion passes gives each asked class its own map, in the order asked.
+    The quadrant model's class 0 is the top-left quadrant's brightness above grey (class 1 its negative): on mosaics
+    with a bright top-left quadrant class 0's map puts its positive mass there, class 1's is its mirror image, and a class asked twice gets the same map."""
+    import torch
+
+    from explainers.gridpg import quadrant_share
+
+    tool = bench_script("aha_grid_distill")
+    generator = torch.Generator().manual_seed(0)
+    mosaics = 0.2 + 0.3 * torch.rand(2, 3, 32, 32, generator=generator)
+    mosaics[:, :, :16, :16] += 0.4  # a bright top-left quadrant: class 0's evidence, which painting it grey removes
+    classes = torch.tensor([[0, 1, 0, 1], [1, 0, 1, 0]])
+    maps = tool.occlusion_teacher(quadrant, mosaics, classes)
+    assert maps.shape == (2, 4, tool.TEACHER_SIZE, tool.TEACHER_SIZE)
+    class_0 = torch.stack([maps[0, 0], maps[1, 1]])
+    assert (quadrant_share(class_0, [0, 0]) > 0.9).all()
+    assert torch.allclose(maps[0, 1], -maps[0, 0], atol=1e-3) and torch.equal(maps[0, 0], maps[0, 2])
+    assert torch.allclose(maps.flatten(2).mean(-1), torch.zeros(2, 4), atol=1e-4)  # standardised
+
+
+def test_the_grid_students_checkpoint_rule_puts_the_floor_first():
+    tool = bench_script("aha_grid_distill")
+    faithful, sharper_unfaithful = {"faithful": True, "gridpg": 0.40}, {"faithful": False, "gridpg": 0.60}
+    assert tool.better(faithful, None) and tool.better(faithful, sharper_unfaithful)
+    assert not tool.better(sharper_unfaithful, faithful)
+    assert tool.better({"faithful": True, "gridpg": 0.41}, faithful)
