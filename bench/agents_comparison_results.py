@@ -19,6 +19,9 @@ from explainers.agents.counterfactual import summarise_drops
 from explainers.agents.stats import compare_arms
 
 
+ARMS = ("vanilla", "camal")  # the comparison's runs are ARM-sSEED; a lambda sweep's runs in the same folder are not
+
+
 def _seed_scores(work: Path, name: str) -> dict:
     sampled = json.loads((work / "eval" / f"{name}.json").read_text())
     greedy = json.loads((work / "eval" / f"{name}-greedy.json").read_text())
@@ -149,7 +152,7 @@ def main(argv=None) -> int:
                              "agents-comparison.json when only the CAMAL arm was rerun at a new lambda)")
     args = parser.parse_args(argv)
     stored = dict(item.split("=", 1) for item in args.stored)
-    names = evaluated_runs(Path(args.work))
+    names = [name for name in evaluated_runs(Path(args.work)) if name.rsplit("-s", 1)[0] in ARMS]  # not the sweep's
     result = write_results(Path(args.work), names, Path(args.out), stored=stored)
     print(json.dumps({"seeds_done": result["seeds_done"], "complete": result["complete"]}))
     return 0

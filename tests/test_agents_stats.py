@@ -119,6 +119,11 @@ def test_the_comparison_results_over_the_runs_evaluated_so_far(tmp_path):
     assert again["seeds_done"] == {"vanilla": [101, 102], "camal": [101, 102]}
     assert again["arms"]["vanilla"][101]["return"] == 12.0 and again["stored_arms"]["vanilla"].endswith("results.json")
     assert again["camal_minus_vanilla"]["return"]["y_mean"] == 10.0
+    # the command line leaves out a lambda sweep's run evaluated in the same folder
+    write_run("lambda-3-s2", [5, 5], 0.35, 0.75, 4.0)
+    assert module.main(["--work", str(tmp_path), "--out", str(tmp_path / "cli.json"),
+                        "--stored", f"vanilla={tmp_path / 'results.json'}"]) == 0
+    assert set(json.loads((tmp_path / "cli.json").read_text())["arms"]) == {"camal", "vanilla"}
 
 
 def test_a_variants_results_pair_its_episodes_with_the_comparisons_runs(tmp_path):
