@@ -186,6 +186,10 @@ def _train(args, bundle) -> None:
     state["segments"].append({"from": segment_start, "to": step, "seconds": round(time.time() - started, 1)})
     saved = torch.load(resume, weights_only=True)
     torch.save({**saved, "state": json.dumps(state)}, resume)
+    card_file = Path(str(args.out) + ".json")  # the exported checkpoint's card names every segment of the run
+    exported = json.loads(card_file.read_text())
+    exported["distillation"]["segments"] = state["segments"]
+    card_file.write_text(json.dumps(exported, indent=2))
     print(f"best: {json.dumps(state['best'])}", flush=True)
 
 
