@@ -177,7 +177,7 @@ def _train(args, bundle) -> None:
         torch.nn.utils.clip_grad_norm_(explainer.parameters(), 1.0)
         optimizer.step()
         if step % 20 == 0:
-            print(f"step {step} loss {float(loss):.4f} {(time.time() - started) / (step - segment_start):.2f} s/step",
+            print(f"step {step} loss {float(loss.detach()):.4f} {(time.time() - started) / (step - segment_start):.2f} s/step",
                   flush=True)
         if step % args.val_every == 0:
             validate(step)
