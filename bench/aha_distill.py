@@ -103,7 +103,8 @@ def encode_all(explainer, images: torch.Tensor, batch: int = 16):
     return Encoded(torch.cat([p.logits for p in parts]),
                    [torch.cat([p.levels[k] for p in parts]) for k in range(len(parts[0].levels))],
                    None if parts[0].final_grid is None else torch.cat([p.final_grid for p in parts]),
-                   parts[0].image_hw)
+                   parts[0].image_hw,
+                   None if parts[0].class_tokens is None else torch.cat([p.class_tokens for p in parts]))
 
 
 def teacher_arguments(parser, *, limit: int, chunk: int) -> None:

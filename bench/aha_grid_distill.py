@@ -18,6 +18,9 @@ their teachers flipped together), one thread. Every `--val-every` steps: GridPG 
 the top-1 ins-del on `--val-limit` val cells at the model's input, against attention rollout's ins-del on the same
 cells (the floor). The exported checkpoint: the highest val GridPG among those at or above the floor. Resumable from
 `OUT.resume.pt` (the explainer, the optimiser, the step, the trace), written at every validation.
+`--cells-per-step N` (the addendum of 2026-12-07) adds N single training cells to every step whose goal is the warm
+start's own map of the predicted class (a frozen copy): trained on mosaics alone the one pass lost its single-cell
+maps. `--cache-encoded` runs the frozen classifier once per training mosaic and mirror image (and per cell).
 
   python bench/aha_grid_distill.py teach --data DATA/bloodmnist/64/train --mosaics 600 --out RUN/grid-teacher.safetensors
   python bench/aha_grid_distill.py train --data DATA/bloodmnist/64/train --val-data DATA/bloodmnist/64/val \
@@ -33,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.aha_distill import write_in_chunks
+from bench.aha_distill import encode_all, write_in_chunks
 from explainers.aha.network import standardise
 from explainers.aha.store import save_explainer
 from explainers.aha_training.data import load_eval_images, mosaic_cell_size, to_input_size
@@ -112,12 +115,37 @@ def better(a: dict, b: dict | None) -> bool:
     return b is None or (a["faithful"], a["gridpg"]) > (b["faithful"], b["gridpg"])
 
 
+FLIPS = ((False, False), (True, False), (False, True), (True, True))  # (left-right, up-down)
+
+
+def flipped(x: torch.Tensor, flip) -> torch.Tensor:
+    if flip[0]:
+        x = x.flip(-1)
+    return x.flip(-2) if flip[1] else x
+
+
+def kept_cell_maps(bundle, args, explainer) -> tuple:
+    """(encoded cells, their predicted classes, goals): `--cells` training cells at the model's input, encoded once,
+    and the warm start's own standardised maps of the predicted class, which the single-cell steps keep."""
+    keeper = warm_start(bundle, args.init)[0].eval()
+    images, _ = load_eval_images(bundle, args.data, args.cells, split="train")
+    encoded = encode_all(explainer, images)
+    predicted = encoded.logits.argmax(1)
+    with torch.no_grad():
+        goals = torch.cat([standardise(keeper(encoded.select(part), predicted[part]))
+                           for part in torch.arange(len(images)).split(32)])
+    return encoded, predicted, goals
+
+
 def _train(args, bundle) -> None:
     torch.manual_seed(args.seed)
     cells, classes, maps = load_teachers(args.teacher)
     mosaics = training_mosaics(bundle, args.data, cells, classes)
     maps = maps.float()
     explainer, init_facts = warm_start(bundle, args.init)
+    # the classifier is frozen: its features of each mosaic in each mirror image can be computed once
+    cached = {flip: encode_all(explainer, flipped(mosaics, flip)) for flip in FLIPS} if args.cache_encoded else None
+    kept = kept_cell_maps(bundle, args, explainer) if args.cells_per_step else None
     val_mosaics, val_classes = validation_mosaics(bundle, args.val_data, args.val_mosaics)
     val_cells, _ = load_eval_images(bundle, args.val_data, args.val_limit, split="val")
     floor = baseline_validation(bundle, val_cells, "rollout")
@@ -138,6 +166,10 @@ def _train(args, bundle) -> None:
                    "four training-split classes, all four classes' maps", "teacher_files": [Path(p).name for p in args.teacher],
         "teacher_mosaics": len(mosaics), "init": init_facts, "floor": floor, "rule": "docs/aha-explainers.md",
         "command": command_line(args)}}
+    if kept is not None:
+        card["distillation"]["single_cells"] = {
+            "cells": len(kept[1]), "per_step": args.cells_per_step, "weight": args.cell_weight,
+            "goal": "the warm start's own map of the predicted class (frozen), training-split cells at the input size"}
 
     def validate(step):
         explainer.eval()
@@ -162,16 +194,22 @@ def _train(args, bundle) -> None:
         step += 1
         explainer.train()
         pick = torch.randint(len(mosaics), (args.batch_size,), generator=generator)
-        x, goal, asked = mosaics[pick], maps[pick], classes[pick]
-        if int(torch.randint(2, (1,), generator=generator)):  # a mirrored mosaic: its cells and maps move together
-            x, goal = x.flip(-1), goal.flip(-1)
-        if int(torch.randint(2, (1,), generator=generator)):
-            x, goal = x.flip(-2), goal.flip(-2)
-        encoded = explainer.encode(x).select(torch.arange(len(pick)).repeat_interleave(4))
-        out = explainer(encoded, asked.reshape(-1).to(x.device))
+        # a mirrored mosaic: its cells and maps move together
+        flip = tuple(bool(int(torch.randint(2, (1,), generator=generator))) for _ in range(2))
+        goal, asked = flipped(maps[pick], flip), classes[pick]
+        if cached is not None:
+            encoded = cached[flip].select(pick.repeat_interleave(4))
+        else:
+            encoded = explainer.encode(flipped(mosaics[pick], flip)).select(torch.arange(len(pick)).repeat_interleave(4))
+        out = explainer(encoded, asked.reshape(-1).to(mosaics.device))
         goal = F.interpolate(goal.reshape(-1, 1, TEACHER_SIZE, TEACHER_SIZE), size=out.shape[-2:], mode="bilinear",
                              align_corners=False)[:, 0]
         loss = ((standardise(out) - standardise(goal).to(out.device)) ** 2).mean()
+        if kept is not None:  # single cells keep the warm start's maps
+            cell_encoded, predicted, cell_goals = kept
+            some = torch.randint(len(predicted), (args.cells_per_step,), generator=generator)
+            cell_out = explainer(cell_encoded.select(some), predicted[some])
+            loss = loss + args.cell_weight * ((standardise(cell_out) - cell_goals[some]) ** 2).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(explainer.parameters(), 1.0)
@@ -219,6 +257,12 @@ def main(argv=None) -> int:
     r.add_argument("--lr", type=float, default=1e-4)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--cells-per-step", type=int, default=0,
+                   help="single training cells per step keeping the warm start's map of their predicted class")
+    r.add_argument("--cells", type=int, default=1024, help="how many training cells those steps draw from")
+    r.add_argument("--cell-weight", type=float, default=1.0)
+    r.add_argument("--cache-encoded", action="store_true", help="run the frozen classifier once per training mosaic "
+                   "and mirror image")
     r.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     (teach if args.command == "teach" else train)(args)

@@ -406,3 +406,39 @@ def test_the_grid_students_checkpoint_rule_puts_the_floor_first():
     assert tool.better(faithful, None) and tool.better(faithful, sharper_unfaithful)
     assert not tool.better(sharper_unfaithful, faithful)
     assert tool.better({"faithful": True, "gridpg": 0.41}, faithful)
+
+
+def test_the_grid_students_single_cells_keep_the_warm_starts_maps(tmp_path):
+    """bench/aha_grid_distill.py --cells-per-step: the goal of a single training cell is the warm start's own
+    standardised map of the class the model predicts for it, from a frozen copy: the student starts at zero loss on
+    them, and training the student does not move the goals."""
+    import argparse
+
+    import torch
+
+    from conftest import tiny_vit
+    from explainers.aha.network import AHAExplainer, standardise
+    from explainers.aha.store import save_explainer
+    from explainers.aha_training.loop import warm_start
+
+    tool = bench_script("aha_grid_distill")
+    bundle = tiny_vit("tiny-grid", seed=0)
+    torch.manual_seed(0)
+    start = AHAExplainer(bundle, width=8, embed_dim=8)
+    with torch.no_grad():
+        start.head.conv2.weight.normal_()  # a map that is not flat
+    save_explainer(start, tmp_path / "aha-cell", {"base_model": "tiny-cell"})
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "cells.npz", train_images=rng.integers(0, 255, (6, 28, 28, 3), dtype=np.uint8),
+             train_labels=rng.integers(0, 3, (6, 1)))
+    args = argparse.Namespace(init=str(tmp_path / "aha-cell"), data=str(tmp_path / "cells.npz"), cells=6)
+    student, _ = warm_start(bundle, args.init)
+    encoded, predicted, goals = tool.kept_cell_maps(bundle, args, student)
+    assert len(predicted) == 6 and goals.shape[0] == 6 and goals.std() > 0
+    assert torch.equal(predicted, encoded.logits.argmax(1))
+    with torch.no_grad():
+        assert torch.allclose(standardise(student(encoded, predicted)), goals, atol=1e-5)
+        student.head.conv2.weight.mul_(-1.0)  # the student moves; the goals, from the frozen copy, do not
+        assert not torch.allclose(standardise(student(encoded, predicted)), goals, atol=1e-3)
+    _, _, again = tool.kept_cell_maps(bundle, args, student)
+    assert torch.allclose(again, goals, atol=1e-5)
