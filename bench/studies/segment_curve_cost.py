@@ -1,0 +1,80 @@
+"""Where the segmentation view's time goes on a CPU (issue 47: every fast method's map and curves in <= 3 s).
+
+In the library, without a browser: the bundled example smear, its WBC region, the view's default methods, the
+view's own model copies (one per core, as the app makes them) and one torch thread per request (as the app sets it).
+Reports the cost of one SegFormer curve pass (`fast_logits`) at the batch sizes the curves could use, one method's
+deletion and insertion curves alone, and the stream's timeline (seconds from the call to each update: maps in,
+curves in) over `--repeats` calls. The floor it implies: (curve passes x pass cost + the maps' time) / cores.
+
+    PYTHONPATH=. python bench/studies/segment_curve_cost.py --out bench/results/segment-curve-cost.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+
+def per_image_ms(fn, images: torch.Tensor, batch: int, repeats: int = 3) -> float:
+    block = images.expand(batch, -1, -1, -1).contiguous()
+    fn(block)  # warm-up
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn(block)
+    return (time.perf_counter() - started) / repeats / batch * 1000
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bccd-segformer")
+    parser.add_argument("--class-name", default="WBC")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+
+    from explainers.engine import ReplicaPool
+    from explainers.models import load_model
+    from explainers.segmentation.model import fast_logits
+    from explainers.segmentation.scoring import region_curves
+    from saliency_lab import segmentation as service
+
+    torch.set_num_threads(1)
+    cores = os.cpu_count() or 1
+    bundle = load_model(args.model)
+    view = service.SegmentationView(bundle, replicas=ReplicaPool(cores))
+    shown = view.predict(service.examples()[0][0])
+    target = view.region(shown, class_name=args.class_name)
+    methods = list(service.DEFAULT_METHODS)
+    with torch.no_grad():
+        pass_ms = {batch: round(per_image_ms(lambda x: fast_logits(bundle, x), shown.image, batch), 1)
+                   for batch in (1, 2, 4, 8)}
+    records = view.explain(shown, target, methods, curve_steps=0)
+    started = time.perf_counter()
+    region_curves(bundle, shown.image, torch.from_numpy(records[0]["map"])[None], target, steps=10)
+    one_method = time.perf_counter() - started
+    timelines = []
+    for _ in range(args.repeats):
+        started, marks = time.perf_counter(), []
+        for records in view.explain_stream(shown, target, methods):
+            marks.append({"seconds": round(time.perf_counter() - started, 2), "maps": len(records),
+                          "curves": sum("deletion" in r for r in records)})
+        timelines.append(marks)
+    maps_in = [next(m["seconds"] for m in marks if m["maps"] == len(methods)) for marks in timelines]
+    result = {"model": args.model, "image": "the first bundled example", "class": args.class_name,
+              "methods": methods, "cores": cores, "torch_threads": 1, "curve_steps": 10,
+              "curve_passes_per_method": 18, "pass_ms_by_batch": pass_ms,
+              "one_methods_curves_s": round(one_method, 2), "timelines": timelines,
+              "maps_in_s": maps_in, "all_curves_in_s": [marks[-1]["seconds"] for marks in timelines],
+              "load_average": os.getloadavg()[0]}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
