@@ -110,6 +110,15 @@ def command_line(args) -> str:
     return "python bench/aha_grid_distill.py train " + " ".join(words)
 
 
+def record_stopped_segment(state: dict) -> None:
+    """A segment stopped before its budget ran out (a signal, the session's end) wrote no record of itself: on resume
+    it is recorded up to its last validation (where the run goes on from), with that validation's time."""
+    recorded = state["segments"][-1]["to"] if state["segments"] else 0
+    if state["step"] > recorded:
+        state["segments"].append({"from": recorded, "to": state["step"], "seconds": state["history"][-1]["seconds"],
+                                  "stopped": "before its budget; recorded on resume from its last validation"})
+
+
 def better(a: dict, b: dict | None) -> bool:
     """The rule's order: at or above the floor first, then the higher val GridPG."""
     return b is None or (a["faithful"], a["gridpg"]) > (b["faithful"], b["gridpg"])
@@ -158,6 +167,7 @@ def _train(args, bundle) -> None:
         explainer.load_state_dict(saved["explainer"])
         optimizer.load_state_dict(saved["optimizer"])
         state = json.loads(saved["state"])
+        record_stopped_segment(state)
         print(f"resumed at step {state['step']}", flush=True)
     generator = torch.Generator().manual_seed(args.seed + state["step"])
     started, segment_start = time.time(), state["step"]
@@ -221,7 +231,8 @@ def _train(args, bundle) -> None:
             validate(step)
     if state["history"][-1]["step"] != step:
         validate(step)
-    state["segments"].append({"from": segment_start, "to": step, "seconds": round(time.time() - started, 1)})
+    if step > segment_start:  # a rerun that only writes the card (no time left) adds no segment
+        state["segments"].append({"from": segment_start, "to": step, "seconds": round(time.time() - started, 1)})
     saved = torch.load(resume, weights_only=True)
     torch.save({**saved, "state": json.dumps(state)}, resume)
     card_file = Path(str(args.out) + ".json")  # the exported checkpoint's card names every segment of the run

@@ -408,6 +408,20 @@ def test_the_grid_students_checkpoint_rule_puts_the_floor_first():
     assert tool.better({"faithful": True, "gridpg": 0.41}, faithful)
 
 
+def test_a_stopped_grid_segment_is_recorded_when_the_run_resumes():
+    tool = bench_script("aha_grid_distill")
+    state = {"step": 300, "segments": [{"from": 0, "to": 100, "seconds": 60.0}],
+             "history": [{"step": 100, "seconds": 60.0}, {"step": 200, "seconds": 50.0}, {"step": 300, "seconds": 95.5}]}
+    tool.record_stopped_segment(state)
+    assert state["segments"][-1]["from"] == 100 and state["segments"][-1]["to"] == 300
+    assert state["segments"][-1]["seconds"] == 95.5 and "stopped" in state["segments"][-1]
+    tool.record_stopped_segment(state)  # already recorded: nothing added
+    assert len(state["segments"]) == 2
+    fresh = {"step": 0, "segments": [], "history": [{"step": 0, "seconds": 1.0}]}
+    tool.record_stopped_segment(fresh)
+    assert fresh["segments"] == []
+
+
 def test_the_grid_students_single_cells_keep_the_warm_starts_maps(tmp_path):
     """bench/aha_grid_distill.py --cells-per-step: the goal of a single training cell is the warm start's own
     standardised map of the class the model predicts for it, from a frozen copy: the student starts at zero loss on

@@ -5,6 +5,8 @@ view's own model copies (one per core, as the app makes them) and one torch thre
 Reports the cost of one SegFormer curve pass (`fast_logits`) at the batch sizes the curves could use, one method's
 deletion and insertion curves alone, and the stream's timeline (seconds from the call to each update: maps in,
 curves in) over `--repeats` calls. The floor it implies: (curve passes x pass cost + the maps' time) / cores.
+`--steps-check`: what fewer passes would cost in accuracy: the default maps' deletion and insertion AUCs at 8 and 10
+steps against 20, on the WBC and platelet regions of the first two bundled examples.
 
     PYTHONPATH=. python bench/studies/segment_curve_cost.py --out bench/results/segment-curve-cost.json
 """
@@ -27,11 +29,39 @@ def per_image_ms(fn, images: torch.Tensor, batch: int, repeats: int = 3) -> floa
     return (time.perf_counter() - started) / repeats / batch * 1000
 
 
+def steps_check(view, methods) -> dict:
+    """Mean and largest |AUC at k steps - AUC at 20 steps| over the default maps, for k = 8 and 10."""
+    import numpy as np
+
+    from explainers.segmentation.scoring import region_curves
+    from saliency_lab import segmentation as service
+
+    gaps = {k: {"deletion": [], "insertion": []} for k in (8, 10)}
+    regions = 0
+    for example in service.examples()[:2]:
+        shown = view.predict(example[0])
+        for class_name in [c for c in view.classes_present(shown) if c in ("WBC", "Platelets")]:
+            target = view.region(shown, class_name=class_name)
+            records = view.explain(shown, target, methods, curve_steps=0)
+            maps = torch.stack([torch.from_numpy(r["map"]) for r in records])
+            curves = {k: region_curves(view.bundle, shown.image, maps, target, steps=k) for k in (8, 10, 20)}
+            for k in (8, 10):
+                for name in ("deletion", "insertion"):
+                    gap = np.abs(np.asarray(getattr(curves[k], f"{name}_auc")) -
+                                 np.asarray(getattr(curves[20], f"{name}_auc")))
+                    gaps[k][name] += gap.tolist()
+            regions += 1
+    return {"regions": regions, "maps": regions * len(methods),
+            **{f"steps_{k}_vs_20": {name: {"mean_abs": round(float(np.mean(v)), 4), "max_abs": round(float(np.max(v)), 4)}
+                                    for name, v in gaps[k].items()} for k in gaps}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bccd-segformer")
     parser.add_argument("--class-name", default="WBC")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps-check", action="store_true", help="also: AUCs at 8 and 10 steps against 20")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
@@ -69,6 +99,8 @@ def main(argv=None) -> int:
               "one_methods_curves_s": round(one_method, 2), "timelines": timelines,
               "maps_in_s": maps_in, "all_curves_in_s": [marks[-1]["seconds"] for marks in timelines],
               "load_average": os.getloadavg()[0]}
+    if args.steps_check:
+        result["steps_check"] = steps_check(view, methods)
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as handle:
