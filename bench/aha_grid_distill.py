@@ -105,8 +105,10 @@ def command_line(args) -> str:
     """The train command as it was given (lists spelled out), for the card."""
     words = []
     for key, value in vars(args).items():
-        if key != "command":
-            words += [f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+        if key == "command" or value is False:
+            continue
+        flag = f"--{key.replace('_', '-')}"
+        words += [flag] if value is True else [flag, *map(str, value if isinstance(value, list) else [value])]
     return "python bench/aha_grid_distill.py train " + " ".join(words)
 
 
@@ -242,6 +244,41 @@ def _train(args, bundle) -> None:
     print(f"best: {json.dumps(state['best'])}", flush=True)
 
 
+GRIDPG_BAR = 0.526  # occlusion's GridPG on the 200 test mosaics: the target's bar, applied on val
+
+
+def ship(args) -> None:
+    """Copy a student that meets the rule (docs/aha-explainers.md) into the weights folder as `aha-MODEL`, its card
+    naming the run: teacher, command (paths as DATA/ and RUN/ placeholders), segments, time, device, and the
+    validation trace with the exported step. Refused, in words, when the exported checkpoint misses the rule."""
+    import shutil
+
+    from explainers.aha.store import explainer_stem
+
+    card = json.loads(Path(args.student + ".json").read_text())
+    facts = card["distillation"]
+    chosen = next(row for row in facts["trace"] if row["step"] == facts["exported_step"])
+    if not (chosen["faithful"] and chosen["gridpg"] >= args.bar):
+        raise SystemExit(f"not shipped: the exported step {chosen['step']} has val GridPG {chosen['gridpg']:.4f} (bar "
+                         f"{args.bar}) and ins-del {chosen['ins_minus_del']:.4f} (floor "
+                         f"{facts['floor']['ins_minus_del']:.4f})")
+    command = facts["command"]
+    for real, placeholder in ((args.run_dir, "RUN"), (args.data_root, "DATA")):
+        command = command.replace(str(Path(real)), placeholder)
+    segments = facts.get("segments", [])
+    facts.update(command=command, shipped={
+        "rule": "docs/aha-explainers.md, 'A one pass for bloodmnist-vit-grid taught by occlusion' and its addendum: "
+                f"at or above rollout's val ins-del and val GridPG >= {args.bar}",
+        "validation_at_export": chosen, "steps": segments[-1]["to"] if segments else chosen["step"],
+        "train_seconds": round(sum(s["seconds"] for s in segments), 1), "device": args.device})
+    stem = explainer_stem(card["base_model"], args.weights_dir)
+    shutil.copyfile(args.student + ".safetensors", str(stem) + ".safetensors")
+    card["weights_file"] = stem.name + ".safetensors"
+    Path(str(stem) + ".json").write_text(json.dumps(card, indent=2))
+    print(f"shipped {stem}: step {chosen['step']}, val GridPG {chosen['gridpg']:.4f}, ins-del "
+          f"{chosen['ins_minus_del']:.4f}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -275,8 +312,15 @@ def main(argv=None) -> int:
     r.add_argument("--cache-encoded", action="store_true", help="run the frozen classifier once per training mosaic "
                    "and mirror image")
     r.add_argument("--out", required=True)
+    h = sub.add_parser("ship", help="copy a student that meets the rule into the weights folder")
+    h.add_argument("--student", required=True, help="the train run's --out")
+    h.add_argument("--weights-dir", default="weights")
+    h.add_argument("--bar", type=float, default=GRIDPG_BAR)
+    h.add_argument("--data-root", default="../shared/data", help="written DATA in the card's command")
+    h.add_argument("--run-dir", required=True, help="the run's folder, written RUN in the card's command")
+    h.add_argument("--device", default="CPU, one thread")
     args = parser.parse_args(argv)
-    (teach if args.command == "teach" else train)(args)
+    {"teach": teach, "train": train, "ship": ship}[args.command](args)
     return 0
 
 

@@ -408,6 +408,15 @@ def test_the_grid_students_checkpoint_rule_puts_the_floor_first():
     assert tool.better({"faithful": True, "gridpg": 0.41}, faithful)
 
 
+def test_the_grid_students_command_line_spells_flags_as_given():
+    import argparse
+
+    tool = bench_script("aha_grid_distill")
+    line = tool.command_line(argparse.Namespace(command="train", teacher=["a", "b"], cache_encoded=True,
+                                                cells_per_step=8, hflip=False))
+    assert line.endswith("train --teacher a b --cache-encoded --cells-per-step 8")
+
+
 def test_a_stopped_grid_segment_is_recorded_when_the_run_resumes():
     tool = bench_script("aha_grid_distill")
     state = {"step": 300, "segments": [{"from": 0, "to": 100, "seconds": 60.0}],
@@ -456,3 +465,43 @@ def test_the_grid_students_single_cells_keep_the_warm_starts_maps(tmp_path):
         assert not torch.allclose(standardise(student(encoded, predicted)), goals, atol=1e-3)
     _, _, again = tool.kept_cell_maps(bundle, args, student)
     assert torch.allclose(again, goals, atol=1e-5)
+
+
+def test_the_grid_student_ships_only_when_the_rule_is_met(tmp_path):
+    import json
+
+    tool = bench_script("aha_grid_distill")
+    run, weights = tmp_path / "run", tmp_path / "weights"
+    run.mkdir()
+    weights.mkdir()
+    student = run / "aha-grid-model"
+
+    def write(gridpg, faithful):
+        trace = [{"step": 0, "gridpg": 0.25, "faithful": True, "ins_minus_del": 0.43},
+                 {"step": 800, "gridpg": gridpg, "faithful": faithful, "ins_minus_del": 0.42 if faithful else 0.2}]
+        card = {"base_model": "grid-model", "architecture": {}, "distillation": {
+            "floor": {"ins_minus_del": 0.35}, "exported_step": 800, "trace": trace,
+            "command": f"python bench/aha_grid_distill.py train --data /data/root/bloodmnist/64 --out {run}/aha-grid-model",
+            "segments": [{"from": 0, "to": 900, "seconds": 600.0}]}}
+        (run / "aha-grid-model.json").write_text(json.dumps(card))
+        (run / "aha-grid-model.safetensors").write_bytes(b"weights")
+
+    def ship():
+        return tool.main(["ship", "--student", str(student), "--weights-dir", str(weights), "--data-root", "/data/root",
+                          "--run-dir", str(run)])
+
+    write(0.50, True)
+    with pytest.raises(SystemExit, match="not shipped"):  # below the bar
+        ship()
+    write(0.60, False)
+    with pytest.raises(SystemExit, match="not shipped"):  # under the floor
+        ship()
+    assert not list(weights.iterdir())
+    write(0.54, True)
+    assert ship() == 0
+    card = json.loads((weights / "aha-grid-model.json").read_text())
+    assert (weights / "aha-grid-model.safetensors").read_bytes() == b"weights"
+    assert card["distillation"]["command"].endswith("--data DATA/bloodmnist/64 --out RUN/aha-grid-model")
+    assert str(tmp_path) not in json.dumps(card)
+    assert card["distillation"]["shipped"]["steps"] == 900 and card["distillation"]["shipped"]["train_seconds"] == 600.0
+    assert card["distillation"]["shipped"]["validation_at_export"]["gridpg"] == 0.54
