@@ -324,7 +324,7 @@ def decoy_model_cards(folders) -> tuple:
 # first mosaic `python -m explainers gridpg --data assets/bloodmnist --seed S` scores.
 GRID_MODELS = ("bloodmnist-cnn", "bloodmnist-vit-grid")
 GRID_DEFAULT_METHODS = {"bloodmnist-cnn": ("gradcam", "random"),
-                        "bloodmnist-vit-grid": ("gradcam", "chefer", "occlusion", "random")}
+                        "bloodmnist-vit-grid": ("aha", "gradcam", "chefer", "occlusion", "random")}
 GRID_SHOWN = 256  # px: the mosaic and its maps are shown enlarged
 
 
