@@ -64,13 +64,16 @@ input[type=range] { min-width: 0 !important; }
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
 /* the segmentation view's score table (up to eight columns): a word or a number is never broken over lines; on a
    phone small type and padding, so that the eight columns fit the width */
-#seg-scores table { table-layout: auto; width: 100%; }
-#seg-scores td, #seg-scores th { word-break: normal !important; overflow-wrap: normal !important; hyphens: none; }
-#seg-scores td:not(:first-child) { white-space: nowrap; }
+#seg-scores table, #grid-info table { table-layout: auto; width: 100%; }
+#seg-scores td, #seg-scores th, #grid-info td, #grid-info th { word-break: normal !important;
+                                   overflow-wrap: normal !important; hyphens: none; }
+#seg-scores td:not(:first-child), #grid-info td:not(:first-child) { white-space: nowrap; }
 @media (max-width: 640px) {
-  #seg-scores td, #seg-scores th { font-size: 10.5px !important; padding: 3px 1px !important; line-height: 1.25; }
-  /* ten columns with the ground truth's two: never cut at the screen's edge, scrolled sideways if need be */
-  #seg-scores table { display: block; overflow-x: auto; max-width: 100%; }
+  #seg-scores td, #seg-scores th, #grid-info td, #grid-info th { font-size: 10.5px !important;
+                                   padding: 3px 1px !important; line-height: 1.25; }
+  /* ten columns with the ground truth's two (the grid game's six): never cut at the screen's edge, scrolled
+     sideways if need be */
+  #seg-scores table, #grid-info table { display: block; overflow-x: auto; max-width: 100%; }
   #seg-scores p { font-size: 12px; }
   /* the step viewer's plot has no label: its toolbar below the figure's title, not over it */
   [id$="-step-plot"] [data-testid=plotly] { margin-top: 36px; }
