@@ -22,7 +22,9 @@ from PIL import Image
 
 from explainers.engine import ReplicaPool, explain_batch
 from explainers.images import ImageError, colorize, load_image
-from explainers.segmentation.methods import SEGMENTATION_METHODS, get_segmentation_method, list_segmentation_methods
+from explainers.segmentation.capture import CaptureCache
+from explainers.segmentation.methods import (SEGMENTATION_METHODS, SegmentationMethod, get_segmentation_method,
+                                          list_segmentation_methods)
 from explainers.segmentation.model import BUNDLED_SEGMENTATION_MODELS, class_colours, is_segmentation
 from explainers.segmentation.checks import mean_threshold
 from explainers.segmentation.context import (curve_auc, deletion_curves, dilate, mass_outside, nearest_first_order,
@@ -37,8 +39,10 @@ from .figures import FigureSpec, color_for
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "explainers" / "segmentation" / "examples"
 LARGE_PHOTO_FACTOR = 4  # a photo over 4x the model's side is reduced with a note (detail is lost)
 DEFAULT_METHODS = ("gradskip", "gradcam", "gradrollout", "rollout")
-# the methods from cheapest to dearest on a CPU (bccd-segformer, one 320 x 240 smear, one thread: Seg-Grad-CAM and
-# attention rollout ~0.13 s, gradient rollout ~0.28 s, GradSkip ~0.32 s; occlusion, RISE and AHA many seconds)
+# the methods from cheapest to dearest on a CPU (bccd-segformer, one 320 x 240 smear, one thread: Seg-Grad-CAM
+# ~0.19 s; attention rollout, gradient rollout and GradSkip ~0.34 s each alone, 95% of it their one shared forward
+# and backward pass (`CaptureCache`), so the first of them pays ~0.34 s and the others ~0.02 s; occlusion, RISE and
+# AHA many seconds)
 COST_ORDER = ("random", "gradcam", "rollout", "gradrollout", "gradskip", "occlusion", "rise", "aha")
 REGION_WORDS = {"predicted": "predicted region", "clicked": "clicked region", "drawn": "drawn region"}
 
@@ -230,6 +234,8 @@ class SegmentationView:
         # the curves' shared end points (the whole image, the all-reference one): only ever added to, so two
         # workers at worst compute one twice
         done, known = {}, {}
+        # GradSkip and both rollouts read one forward and backward pass of this region: made once, for all three
+        captures = CaptureCache()
 
         def in_order():
             return [done[name] for name in methods if name in done]
@@ -237,6 +243,8 @@ class SegmentationView:
         def add_map(name):
             method_options = {**interactive_options(name, self.bundle), **(options or {}).get(name, {})}
             method = get_segmentation_method(name, self.bundle, **method_options)
+            if isinstance(method, SegmentationMethod):
+                method.share_captures(captures)
             batch = explain_batch(self.bundle, method, shown.image, target)  # the one run path: lock, seed, checks
             heat = batch.maps.float()[0].cpu()
             done[name] = self._record(name, method, heat, batch.seconds, shown, target, class_index)
@@ -279,6 +287,7 @@ class SegmentationView:
                     yield in_order()
         finally:  # a closed stream (a new click, a closed page) drops the curves not yet started
             worker.shutdown(wait=False, cancel_futures=True)
+            captures.clear()
 
     def _curves(self, heat: np.ndarray, shown: Shown, target: RegionTarget, steps: int, known: dict) -> dict:
         """The region score's deletion and insertion curves of one map (on a model copy, or under the lock)."""
@@ -457,7 +466,8 @@ def scores_markdown(records: list) -> str:
            f"of the map outside the region. IoU, PA: the map's above-mean pixels against the {region}"
            + ("; truth: against the example's derived mask" if truth else "")
            + ". Del. / Ins. AUC: area under the region's class probability as the map's top pixels are deleted "
-           "(lower is better) / inserted (higher is better). Map s: seconds to draw the map.")
+           "(lower is better) / inserted (higher is better). Map s: seconds to draw the map (GradSkip and the rollouts "
+           "share one forward and backward pass: the first of them drawn counts it).")
     return "\n".join(rows) + "\n\n" + key
 
 

@@ -123,6 +123,37 @@ def test_curves_on_model_copies_match_and_never_touch_the_shared_model(view):
     assert 0 <= reference["auc"]["random order"] <= 1
 
 
+def test_gradskip_and_the_rollouts_share_one_pass_and_draw_the_same_maps(view):
+    """Prepare once, query many: GradSkip and both rollouts read one forward and backward pass of the region (Grad-
+    CAM its own), and each map is the one the method draws alone."""
+    from explainers.segmentation.capture import CaptureCache
+    from explainers.segmentation.methods import explain_region
+
+    shown = view.predict(photo(seed=5))
+    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
+    shown.prediction[6:20, 10:40] = 1
+    target = view.region(shown, class_name="round")
+    methods = ["gradskip", "gradrollout", "rollout", "gradcam"]
+    passes = []
+    encoder = view.bundle.network.segformer.segformer
+    hook = encoder.register_forward_pre_hook(lambda module, args: passes.append(1))
+    try:
+        records = view.explain(shown, target, methods, curve_steps=0)
+        shared = len(passes)
+        del passes[:]
+        alone = {name: explain_region(view.bundle, shown.image, target, name).maps[0].float() for name in methods}
+        separate = len(passes)
+    finally:
+        hook.remove()
+    assert (shared, separate) == (2, 4)
+    for record in records:
+        assert torch.equal(torch.from_numpy(record["map"]), alone[record["method"]]), record["method"]
+    cache = CaptureCache()
+    cache.get(view.bundle, shown.image, target, keep_shares=False)
+    with pytest.raises(ValueError, match="one image and one region"):
+        cache.get(view.bundle, shown.image.clone(), target, keep_shares=False)
+
+
 def test_a_classifier_only_method_is_refused(view):
     from explainers.methods import MethodNotApplicable
 

@@ -193,6 +193,37 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
     return result
 
 
+class CaptureCache:
+    """Prepare once, query many (segment-anything's shape): the captures of ONE image and region, kept for every
+    method that reads the same passes. GradSkip and both region rollouts read the same capture at their defaults,
+    and a capture is ~95% of each one's cost on a CPU, so a view that shows all three pays for one. A capture is
+    read, never changed, by the methods. The cache is made for one explanation and dropped with it: asking it
+    about another image or region is a programming error (it raises), not a cache miss."""
+
+    def __init__(self):
+        self._images = None
+        self._target = None
+        self._captures: dict = {}
+
+    def get(self, bundle, images: torch.Tensor, target, *, keep_shares: bool = True,
+            keep_window_shares: bool = False) -> Capture:
+        if self._images is None:
+            self._images, self._target = images, target
+        elif images is not self._images or target is not self._target:
+            raise ValueError("a CaptureCache serves one image and one region; make a new one for another")
+        key = (id(bundle.network), bool(keep_shares), bool(keep_window_shares))
+        if key not in self._captures:
+            self._captures[key] = capture(bundle, images, target, keep_shares=keep_shares,
+                                          keep_window_shares=keep_window_shares)
+        return self._captures[key]
+
+    def __len__(self) -> int:
+        return len(self._captures)
+
+    def clear(self) -> None:
+        self._captures.clear()
+
+
 def spread_keys(key_relevance: torch.Tensor, record: BlockRecord, shares: str = "conv") -> torch.Tensor:
     """B x M relevance on the reduced keys -> B x N on the tokens they pool: each key's relevance split over the
     tokens of its R x R cell, evenly (`shares="even"`) or by `key_shares` ("conv"). Tokens past the last whole

@@ -35,7 +35,7 @@ from ..methods.occlusion import Occlusion
 from ..methods.random_map import RandomMap
 from ..methods.rise import RISE
 from ..methods.rollout import AttentionRollout
-from .capture import capture, spread_keys, to_finer_by_window, to_finer_grid
+from .capture import CaptureCache, capture, spread_keys, to_finer_by_window, to_finer_grid
 from .model import SEGMENTATION_FAMILY, is_segmentation
 from .targets import RegionTarget, require_region_target
 
@@ -74,6 +74,20 @@ class SegmentationMethod(Method):
 
     def _target(self, images, targets) -> RegionTarget:
         return require_region_target(self.label, targets, images.shape[0])
+
+    # the capture-based methods' passes, shared through a `CaptureCache` when the caller gives one (a view that
+    # explains one region with several methods); otherwise each call makes its own
+    captures: CaptureCache | None = None
+
+    def share_captures(self, cache: CaptureCache | None):
+        """Read the model's passes from `cache` (one image and region); returns the method."""
+        self.captures = cache
+        return self
+
+    def _capture(self, bundle, images, target, **flags):
+        if self.captures is not None:
+            return self.captures.get(bundle, images, target, **flags)
+        return capture(bundle, images, target, **flags)
 
 
 def _stage_blocks(blocks, stage: int) -> list:
@@ -281,8 +295,8 @@ class SegGradSkip(SegmentationMethod):
     def prepare(self, bundle, images, targets) -> SegGradSkipState:
         self.check(bundle)
         target = self._target(images, targets)
-        captured = capture(bundle, images, target, keep_shares=self.options["key_spread"] == "conv",
-                           keep_window_shares=self.options["stage_spread"] == "conv")
+        captured = self._capture(bundle, images, target, keep_shares=self.options["key_spread"] == "conv",
+                                 keep_window_shares=self.options["stage_spread"] == "conv")
         return SegGradSkipState(captured, tuple(images.shape[-2:]), self.options,
                                 network=bundle.network)
 
@@ -307,7 +321,7 @@ class _RegionRollout(SegmentationMethod):
     def attribute(self, bundle, images, targets):
         self.check(bundle)
         target = self._target(images, targets)
-        captured = capture(bundle, images, target, keep_shares=False)
+        captured = self._capture(bundle, images, target, keep_shares=False)
         starts = gradient_starts(captured, self.options["start"])
 
         def block_step(record, relevance):
