@@ -34,6 +34,7 @@ from explainers.segmentation.scoring import pa_iou, region_curves
 from explainers.segmentation.targets import (RegionError, RegionTarget, background_classes, clicked_region,
                                              drawn_region, predicted_region)
 
+from .explain import UPDATE_SECONDS
 from .figures import FigureSpec, color_for
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "explainers" / "segmentation" / "examples"
@@ -223,8 +224,8 @@ class SegmentationView:
 
     def explain_stream(self, shown: Shown, target: RegionTarget, methods, *, options: dict | None = None,
                        curve_steps: int | None = None, region: str = "predicted"):
-        """The explanation as it is made: yields the records so far (in `methods` order) after each map and as
-        curves come in. The quick methods' maps come first, cheapest first, each method's curves made beside the
+        """The explanation as it is made: yields the records so far (in `methods` order) as maps and curves come
+        in (gathered: what comes within a second of the last update waits for the next). The quick methods' maps come first, cheapest first, each method's curves made beside the
         next map; then each slow method's map and its curves (a slow method never holds back the others' curves).
         `region`: what the region is ("predicted", "clicked", "drawn"), said in the captions and the table."""
         if not methods:
@@ -269,15 +270,32 @@ class SegmentationView:
                     merged = True
             return merged
 
+        # every update costs the page a round trip and a redraw of the gallery and the plot (as the classifier
+        # view's, `explain.UPDATE_SECONDS`): after the first map, what comes within a second of the last update
+        # waits for the next, and the last quick map's and the last quick curves' updates always go
+        last_update, last_shown = None, None
+
+        def progress():  # what an update would show: maps in, curves in
+            return len(done), sum("deletion" in record for record in done.values())
+
+        def due(final: bool) -> bool:
+            return bool(done) and progress() != last_shown and (
+                final or last_update is None or time.perf_counter() - last_update >= UPDATE_SECONDS)
+
         try:
-            for name in quick:
+            for index, name in enumerate(quick):
                 add_map(name)
                 submit(name)
                 merge()
-                yield in_order()
-            for name in quick:
-                if name in pending and merge(wait_for=name):
+                if due(index == len(quick) - 1):
                     yield in_order()
+                    last_update, last_shown = time.perf_counter(), progress()
+            for name in quick:
+                if name in pending and merge(wait_for=name) and due(not pending):
+                    yield in_order()
+                    last_update, last_shown = time.perf_counter(), progress()
+            if due(True):  # nothing finished is held back while a slow method runs, or at the end
+                yield in_order()
             for name in slow:
                 add_map(name)
                 submit(name)

@@ -154,6 +154,31 @@ def test_gradskip_and_the_rollouts_share_one_pass_and_draw_the_same_maps(view):
         cache.get(view.bundle, shown.image.clone(), target, keep_shares=False)
 
 
+def test_the_stream_gathers_its_updates_and_shows_quick_curves_before_a_slow_map(view):
+    """The first map comes alone; what comes within a second of the last update is gathered (every update costs
+    the page a redraw), no update repeats the last one, and the quick methods' curves are shown before a slow
+    method's map starts."""
+    from explainers.engine import ReplicaPool
+
+    shown = view.predict(photo(seed=7))
+    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
+    shown.prediction[8:24, 16:48] = 2
+    target = view.region(shown, class_name="square")
+    copies = SegmentationView(view.bundle, replicas=ReplicaPool(2))
+    quick = ["gradskip", "gradcam", "gradrollout", "rollout"]
+    updates = [[(r["method"], "deletion" in r) for r in records]
+               for records in copies.explain_stream(shown, target, quick, curve_steps=3)]
+    assert len(updates[0]) == 1 and not updates[0][0][1]  # the first map, alone, at once
+    progress = [(len(u), sum(curved for _, curved in u)) for u in updates]
+    assert progress == sorted(set(progress))  # every update shows something new
+    assert progress[-1] == (4, 4) and len(updates) < 8  # not one update per map and per curve
+    with_slow = [[(r["method"], "deletion" in r) for r in records]
+                 for records in copies.explain_stream(shown, target, ["gradcam", "occlusion"], curve_steps=3)]
+    before_slow = [u for u in with_slow if len(u) == 1]
+    assert before_slow[-1] == [("gradcam", True)]  # Grad-CAM's curves shown before occlusion's map is made
+    assert with_slow[-1] == [("gradcam", True), ("occlusion", True)]
+
+
 def test_a_classifier_only_method_is_refused(view):
     from explainers.methods import MethodNotApplicable
 
