@@ -352,9 +352,23 @@ class SegmentationView:
         orders = {r["method"]: order_by_values(torch.from_numpy(r["map"]), outside) for r in records}
         orders.update({COPY: order_by_values(copy, outside), RANDOM_ORDER: random_order(outside),
                        NEAREST_FIRST: nearest_first_order(region, outside)})
-        with self.replicas.lease(self.bundle) as model:
-            curves = deletion_curves(model, shown.image, target, orders, steps=steps)
-            own = region_curves(model, shown.image, copy[None].to(self.bundle.device), target, steps=steps)
+
+        # ~45 model passes: the orders split over the model copies (one per core), the copy's own curves beside
+        def outside_curves(part):
+            with self.replicas.lease(self.bundle) as model:
+                return deletion_curves(model, shown.image, target, part, steps=steps)
+
+        def copy_curves():
+            with self.replicas.lease(self.bundle) as model:
+                return region_curves(model, shown.image, copy[None].to(self.bundle.device), target, steps=steps)
+
+        names = list(orders)
+        parts = [{name: orders[name] for name in names[i::self.replicas.size]} for i in range(self.replicas.size)]
+        with ThreadPoolExecutor(max_workers=self.replicas.size, thread_name_prefix="segment-context") as pool:
+            futures = [pool.submit(outside_curves, part) for part in parts if part]
+            own_future = pool.submit(copy_curves)
+            curves = {name: curve for future in futures for name, curve in future.result().items()}
+            own = own_future.result()
         fractions = np.linspace(0, 1, steps + 1).tolist()
         for record in records:
             curve = curves[record["method"]]

@@ -121,6 +121,13 @@ def test_curves_on_model_copies_match_and_never_touch_the_shared_model(view):
             assert np.allclose(mine[key], theirs[key], atol=1e-5), (mine["method"], key)
     assert all("deletion" in r for r in final)  # the stream ends with every curve in
     assert 0 <= reference["auc"]["random order"] <= 1
+    # the out-of-region curves split over the copies: the numbers made under the lock in one piece
+    alone = view.context(shown, target, locked, steps=3)
+    for name, auc in alone["auc"].items():
+        assert reference["auc"][name] == pytest.approx(auc, abs=1e-5), name
+    assert reference["copy_deletion_auc"] == pytest.approx(alone["copy_deletion_auc"], abs=1e-5)
+    for mine, theirs in zip(final, locked):
+        assert mine["outside_auc"] == pytest.approx(theirs["outside_auc"], abs=1e-5), mine["method"]
 
 
 def test_gradskip_and_the_rollouts_share_one_pass_and_draw_the_same_maps(view):
