@@ -256,6 +256,25 @@ def test_sanity_captions_are_whole(browser, app_url, shots):
         context.close()
 
 
+def test_grid_game_captions_are_whole_at_phone_width(browser, app_url, shots):
+    """The grid pointing game's captions (method · class · score) on a phone: two maps a row, each caption whole,
+    nothing wider than the screen."""
+    context, page = open_page(browser, app_url, PHONE)
+    try:
+        page.get_by_role("tab", name="Learn").click()
+        page.locator("#grid-button").click()
+        wait_js(page, "document.querySelectorAll('#grid-gallery .caption-label').length >= 9", timeout=300_000)
+        page.wait_for_timeout(500)
+        page.locator("#grid-gallery").screenshot(path=str(shots / "grid-captions-phone.png"))
+        assert not page.evaluate(CUT_CAPTIONS, "#grid-gallery .caption-label")
+        assert not page.evaluate(OUTSIDE, "#grid-gallery .thumbnail-item, #grid-gallery .grid-wrap")
+        lefts = page.evaluate("() => [...document.querySelectorAll('#grid-gallery .thumbnail-item')]"
+                              ".map(e => Math.round(e.getBoundingClientRect().left))")
+        assert len(set(lefts)) == 2  # two columns
+    finally:
+        context.close()
+
+
 def test_method_sliders_stay_inside_the_page_at_1280(browser, app_url, shots):
     """Every method ticked at once: each option slider (occlusion's window included) inside the page."""
     context, page = open_page(browser, app_url, DESKTOP)

@@ -37,20 +37,24 @@ input[type=range] { min-width: 0 !important; }
 #input-image img, #sam-view img { width: 100%; height: 100%; object-fit: contain; }
 #input-image img { image-rendering: auto; }
 /* Explain with up to 6 methods: every map and every number visible (no inner scroll, wrapped captions) */
-#overlays .grid-wrap, #sanity-gallery .grid-wrap, #before-after .grid-wrap, [id$="-step-pictures"] .grid-wrap {
+#overlays .grid-wrap, #sanity-gallery .grid-wrap, #grid-gallery .grid-wrap, #before-after .grid-wrap, [id$="-step-pictures"] .grid-wrap {
   max-height: none !important; min-height: 0 !important; height: auto !important; overflow: visible !important; }
-/* ...and the sanity check's maps, whose captions (method · stage) differ only at their end, and the curve step
+/* ...and the sanity check's maps, whose captions (method · stage) differ only at their end, the grid pointing
+   game's (method · class · score; two columns on a phone), and the curve step
    viewer's two pictures ("Deletion, step 5/20: 25% of the pixels..."): whole captions under the pictures */
-#overlays .thumbnail-item, #sanity-gallery .thumbnail-item, [id$="-step-pictures"] .thumbnail-item {
+#overlays .thumbnail-item, #sanity-gallery .thumbnail-item, #grid-gallery .thumbnail-item, [id$="-step-pictures"] .thumbnail-item {
   aspect-ratio: auto !important; height: auto !important; overflow: visible !important; }
-#overlays .thumbnail-lg > img, #sanity-gallery .thumbnail-lg > img,
+#overlays .thumbnail-lg > img, #sanity-gallery .thumbnail-lg > img, #grid-gallery .thumbnail-lg > img,
 [id$="-step-pictures"] .thumbnail-lg > img { height: auto !important; aspect-ratio: 1 / 1; }
-#overlays .caption-label, #sanity-gallery .caption-label, [id$="-step-pictures"] .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
+#overlays .caption-label, #sanity-gallery .caption-label, #grid-gallery .caption-label, [id$="-step-pictures"] .caption-label { position: static !important; white-space: normal !important; max-width: 100% !important;
                            overflow: visible !important; text-overflow: clip !important; font-size: 12px;
                            line-height: 1.3; border: none !important; opacity: 1 !important; }
-@media (max-width: 640px) { #overlays .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
+@media (max-width: 640px) { #overlays .grid-container, #grid-gallery .grid-container {
+  grid-template-columns: repeat(2, minmax(0, 1fr)) !important; } }
+#grid-gallery .grid-wrap { padding-top: 36px; }  /* clear of the block's label */
+@media (max-width: 640px) { #grid-gallery .grid-wrap { padding-top: 58px; } }  /* a label on two lines */
 /* each row of maps as tall as its own captions (not all as tall as the tallest: a blank band between rows) */
-#overlays .grid-container, #sanity-gallery .grid-container, [id$="-step-pictures"] .grid-container {
+#overlays .grid-container, #sanity-gallery .grid-container, #grid-gallery .grid-container, [id$="-step-pictures"] .grid-container {
   grid-auto-rows: auto !important; }
 /* the segmentation view's maps: whole (the smear's shape, not a square crop), each caption (its IoU and PA) whole */
 #seg-maps .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }  /* a lone map too */
