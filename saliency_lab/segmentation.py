@@ -225,8 +225,9 @@ class SegmentationView:
     def explain_stream(self, shown: Shown, target: RegionTarget, methods, *, options: dict | None = None,
                        curve_steps: int | None = None, region: str = "predicted"):
         """The explanation as it is made: yields the records so far (in `methods` order) as maps and curves come
-        in (gathered: what comes within a second of the last update waits for the next). The quick methods' maps come first, cheapest first, each method's curves made beside the
-        next map; then each slow method's map and its curves (a slow method never holds back the others' curves).
+        in (gathered: what comes within a second of the last update waits for the next). The quick methods' maps
+        come first, cheapest first, each method's curves made beside the next map; then each slow method's map and
+        its curves (a slow method never holds back the others' curves).
         `region`: what the region is ("predicted", "clicked", "drawn"), said in the captions and the table."""
         if not methods:
             raise ValueError("Pick at least one explanation method.")

@@ -217,9 +217,6 @@ class CaptureCache:
                                           keep_window_shares=keep_window_shares)
         return self._captures[key]
 
-    def __len__(self) -> int:
-        return len(self._captures)
-
     def clear(self) -> None:
         self._captures.clear()
 
