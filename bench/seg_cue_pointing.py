@@ -32,8 +32,7 @@ import torch
 from explainers.models import load_bundle
 from explainers.segmentation import context
 from explainers.segmentation.checks import randomised_bundles
-from explainers.segmentation.cue import (CHECK_SEED, CUE_TOLERANCE_PX, PLATELETS, CuePlanter, budget_drops, grow,
-                                        held_out_names, pointing_at_cue)
+from explainers.segmentation.cue import CHECK_SEED, PLATELETS, CuePlanter, cue_rows, held_out_names
 from explainers.segmentation.methods import explain_region
 from explainers.segmentation.targets import RegionTarget
 from explainers.segmentation.train import load_prepared
@@ -73,16 +72,10 @@ def score_platelet(models: dict, random_model, image, piece, cue, methods, varia
         maps[row], seconds[row] = batch.maps[0], batch.seconds
     maps.update(answer_maps(models["cue model"], random_model, image, target, region))
     maps = {name: heat.detach().float().cpu() for name, heat in maps.items()}
-    rows = {name: pointing_at_cue(heat.numpy(), outside, cue) for name, heat in maps.items()}
     # the cue model's region score when each map's top pixels outside the region, as many as the grown cue has,
     # are painted the mean colour; "the cue itself" paints exactly the grown cue (the most a map can show)
-    grown_cue = grow(cue, CUE_TOLERANCE_PX) & outside
-    maps["answer: the cue itself"] = torch.from_numpy(grown_cue.astype(np.float32))
-    rows["answer: the cue itself"] = pointing_at_cue(grown_cue.astype(np.float32), outside, cue)
-    drops = budget_drops(models["cue model"], image, target, maps, outside, int(grown_cue.sum()))
-    for name, drop in drops.items():
-        rows[name]["drop"] = drop
-    return {"rows": rows, "seconds": seconds, "platelet_pixels": int(piece.sum()), "cue_budget": int(grown_cue.sum())}
+    rows, budget = cue_rows(models["cue model"], image, target, maps, outside, cue)
+    return {"rows": rows, "seconds": seconds, "platelet_pixels": int(piece.sum()), "cue_budget": budget}
 
 
 def run(args) -> int:

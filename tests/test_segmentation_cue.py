@@ -154,3 +154,12 @@ def test_the_drop_at_the_cues_budget_rewards_the_map_that_deletes_the_cue():
     assert start > 0.9 and drops["on cue"] == pytest.approx(start - 0.25, abs=1e-4)  # all 4 logits 0: p = 1/4
     assert drops["elsewhere"] == pytest.approx(0.0, abs=1e-6)
     assert drops["in region"] < drops["on cue"]
+    # the benches' rows: pointing and drop per map, and the cue itself as the ceiling
+    from explainers.segmentation.cue import cue_rows
+
+    rows, rows_budget = cue_rows(CueReader(), image, target, {"on cue": torch.from_numpy(on_cue),
+                                                              "elsewhere": torch.from_numpy(elsewhere)}, outside, cue)
+    assert rows_budget == budget and rows["on cue"]["hit"] and not rows["elsewhere"]["hit"]
+    assert rows["on cue"]["drop"] == pytest.approx(drops["on cue"], abs=1e-6)
+    ceiling = rows["answer: the cue itself"]
+    assert ceiling["hit"] and ceiling["mass"] == 1.0 and ceiling["drop"] == pytest.approx(drops["on cue"], abs=1e-4)

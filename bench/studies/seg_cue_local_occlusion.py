@@ -70,7 +70,7 @@ def local_occlusion(bundle, image: torch.Tensor, target, box: np.ndarray, batch_
 
 def score_platelet(models: dict, image, piece, cue, margin: int) -> dict:
     from explainers.segmentation import context
-    from explainers.segmentation.cue import CUE_TOLERANCE_PX, PLATELETS, budget_drops, grow, pointing_at_cue
+    from explainers.segmentation.cue import PLATELETS, cue_rows
     from explainers.segmentation.methods import explain_region
     from explainers.segmentation.targets import RegionTarget
 
@@ -88,14 +88,8 @@ def score_platelet(models: dict, image, piece, cue, margin: int) -> dict:
     distance = torch.from_numpy(context.distance_to(piece))
     maps["answer: nearest first"] = distance.max() - distance
     maps["answer: random map"] = torch.rand(piece.shape, generator=torch.Generator().manual_seed(0))
-    rows = {name: pointing_at_cue(heat.numpy(), allowed, cue) for name, heat in maps.items()}
-    grown_cue = grow(cue, CUE_TOLERANCE_PX) & allowed
-    maps["answer: the cue itself"] = torch.from_numpy(grown_cue.astype(np.float32))
-    rows["answer: the cue itself"] = pointing_at_cue(grown_cue.astype(np.float32), allowed, cue)
-    drops = budget_drops(models["cue model"], image, target, maps, allowed, int(grown_cue.sum()))
-    for name, drop in drops.items():
-        rows[name]["drop"] = drop
-    return {"rows": rows, "seconds": seconds, "box_pixels": int(box.sum()), "cue_budget": int(grown_cue.sum())}
+    rows, budget = cue_rows(models["cue model"], image, target, maps, allowed, cue)
+    return {"rows": rows, "seconds": seconds, "box_pixels": int(box.sum()), "cue_budget": budget}
 
 
 def run(args) -> int:

@@ -139,6 +139,20 @@ def pointing_at_cue(heat: np.ndarray, outside: np.ndarray, cue: np.ndarray,
             "chance": float(grown_cue.sum() / max(1, outside.sum()))}
 
 
+def cue_rows(bundle, image: torch.Tensor, target, maps: dict, allowed: np.ndarray, cue: np.ndarray) -> tuple:
+    """({row: {hit, mass, chance, drop}}, budget): each map's pointing at the platelet's cue within `allowed`
+    (`pointing_at_cue`) and `bundle`'s drop when its top `budget` pixels there are painted the mean colour
+    (`budget_drops`, budget = the grown cue's area), with the row "answer: the cue itself" (exactly the grown cue
+    painted: the most a map can show). `maps`: {row: H x W tensor}."""
+    grown_cue = grow(cue, CUE_TOLERANCE_PX) & allowed
+    maps = {**maps, "answer: the cue itself": torch.from_numpy(grown_cue.astype(np.float32))}
+    rows = {name: pointing_at_cue(heat.numpy(), allowed, cue) for name, heat in maps.items()}
+    budget = int(grown_cue.sum())
+    for name, drop in budget_drops(bundle, image, target, maps, allowed, budget).items():
+        rows[name]["drop"] = drop
+    return rows, budget
+
+
 @torch.no_grad()
 def budget_drops(bundle, image: torch.Tensor, target, maps: dict, outside: np.ndarray, budget: int,
                  reference: str = "mean") -> dict:
