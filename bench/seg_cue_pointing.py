@@ -32,10 +32,9 @@ import torch
 from explainers.models import load_bundle
 from explainers.segmentation import context
 from explainers.segmentation.checks import randomised_bundles
-from explainers.segmentation.cue import CHECK_SEED, PLATELETS, CuePlanter, cue_rows, held_out_names
+from explainers.segmentation.cue import PLATELETS, cue_rows, cued_platelets
 from explainers.segmentation.methods import explain_region
 from explainers.segmentation.targets import RegionTarget
-from explainers.segmentation.train import load_prepared
 from explainers.statistics import bootstrap_ci, paired_difference
 
 METHODS = ("gradskip", "gradrollout", "rollout", "gradcam")
@@ -83,35 +82,25 @@ def run(args) -> int:
     models = {"cue model": load_bundle(args.model), "control": load_bundle(args.control)}
     *_, (_, random_model) = randomised_bundles(models["cue model"])
     methods = METHODS + (SLOW_METHODS if args.slow else ())
-    images, masks, names = load_prepared(args.data, args.split, "cpu")
-    keep = set(held_out_names(names))
     out = Path(args.out)
     done = {(r["image"], r["platelet"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() \
         else set()
-    # test: the held-out check's placements (the same draws in the same order); val: draws of their own
-    rng = np.random.default_rng(CHECK_SEED if args.split == "test" else CHECK_SEED + 1)
     started = time.perf_counter()
-    for index in range(len(names)):
-        if names[index] not in keep:
+    for name, number, image, piece, cue in cued_platelets(args.data, args.split):
+        if (name, number) in done:
             continue
-        photo = images[index].permute(1, 2, 0).numpy()
-        cued, _, pairs = CuePlanter(masks[index].numpy()).plant_pairs(photo, rng, 1.0, relabel=False)
-        image = torch.from_numpy(cued).permute(2, 0, 1)[None].float() / 255
-        for number, (piece, cue) in enumerate(pairs):
-            if (names[index], number) in done:
-                continue
-            if args.limit is not None and len(done) >= args.limit:
-                return 0
-            if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
-                print("time budget spent", flush=True)
-                return 0
-            record = score_platelet(models, random_model, image, piece, cue, methods,
-                                    GRADSKIP_VARIANTS if args.gradskip_variants else None)
-            record.update(image=names[index], platelet=number)
-            with out.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            done.add((names[index], number))
-            print(f"{names[index]} platelet {number} ({time.perf_counter() - started:.0f} s)", flush=True)
+        if args.limit is not None and len(done) >= args.limit:
+            return 0
+        if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
+            print("time budget spent", flush=True)
+            return 0
+        record = score_platelet(models, random_model, image, piece, cue, methods,
+                                GRADSKIP_VARIANTS if args.gradskip_variants else None)
+        record.update(image=name, platelet=number)
+        with out.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        done.add((name, number))
+        print(f"{name} platelet {number} ({time.perf_counter() - started:.0f} s)", flush=True)
     return 0
 
 

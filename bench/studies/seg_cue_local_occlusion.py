@@ -94,36 +94,26 @@ def score_platelet(models: dict, image, piece, cue, margin: int) -> dict:
 
 def run(args) -> int:
     from explainers.models import load_bundle
-    from explainers.segmentation.cue import CHECK_SEED, CuePlanter, held_out_names
-    from explainers.segmentation.train import load_prepared
+    from explainers.segmentation.cue import cued_platelets
 
     torch.set_num_threads(1)
     models = {"cue model": load_bundle(args.model), "control": load_bundle(args.control)}
-    images, masks, names = load_prepared(args.data, "test", "cpu")
-    keep = set(held_out_names(names))
     out = Path(args.out)
     done = {(r["image"], r["platelet"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() \
         else set()
-    rng = np.random.default_rng(CHECK_SEED)  # the held-out check's placements: the same draws in the same order
     started = time.perf_counter()
-    for index in range(len(names)):
-        if names[index] not in keep:
+    for name, number, image, piece, cue in cued_platelets(args.data, "test"):  # the held-out check's placements
+        if (name, number) in done:
             continue
-        photo = images[index].permute(1, 2, 0).numpy()
-        cued, _, pairs = CuePlanter(masks[index].numpy()).plant_pairs(photo, rng, 1.0, relabel=False)
-        image = torch.from_numpy(cued).permute(2, 0, 1)[None].float() / 255
-        for number, (piece, cue) in enumerate(pairs):
-            if (names[index], number) in done:
-                continue
-            if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
-                print("time budget spent", flush=True)
-                return 0
-            record = score_platelet(models, image, piece, cue, args.margin)
-            record.update(image=names[index], platelet=number, margin=args.margin)
-            with out.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            done.add((names[index], number))
-            print(f"{names[index]} platelet {number} ({time.perf_counter() - started:.0f} s)", flush=True)
+        if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
+            print("time budget spent", flush=True)
+            return 0
+        record = score_platelet(models, image, piece, cue, args.margin)
+        record.update(image=name, platelet=number, margin=args.margin)
+        with out.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        done.add((name, number))
+        print(f"{name} platelet {number} ({time.perf_counter() - started:.0f} s)", flush=True)
     return 0
 
 

@@ -139,6 +139,26 @@ def pointing_at_cue(heat: np.ndarray, outside: np.ndarray, cue: np.ndarray,
             "chance": float(grown_cue.sum() / max(1, outside.sum()))}
 
 
+def cued_platelets(data, split: str = "test"):
+    """Yields (smear name, platelet number, cued image 1 x 3 x H x W in [0, 1], platelet piece, cue) for every platelet
+    that can carry the cue, the cue planted beside each: `split="test"` gives the held-out check's own smears and
+    placements (BCCD's test split less the twins, draws seeded by CHECK_SEED in the same order), `"val"` the val
+    smears with draws of their own. `data`: a prepared folder."""
+    from .train import load_prepared
+
+    images, masks, names = load_prepared(data, split, "cpu")
+    keep = set(held_out_names(names))
+    rng = np.random.default_rng(CHECK_SEED if split == "test" else CHECK_SEED + 1)
+    for index, name in enumerate(names):
+        if name not in keep:
+            continue
+        photo = images[index].permute(1, 2, 0).numpy()
+        cued, _, pairs = CuePlanter(masks[index].numpy()).plant_pairs(photo, rng, 1.0, relabel=False)
+        image = torch.from_numpy(cued).permute(2, 0, 1)[None].float() / 255
+        for number, (piece, cue) in enumerate(pairs):
+            yield name, number, image, piece, cue
+
+
 def cue_rows(bundle, image: torch.Tensor, target, maps: dict, allowed: np.ndarray, cue: np.ndarray) -> tuple:
     """({row: {hit, mass, chance, drop}}, budget): each map's pointing at the platelet's cue within `allowed`
     (`pointing_at_cue`) and `bundle`'s drop when its top `budget` pixels there are painted the mean colour
