@@ -41,31 +41,16 @@ def box_around(piece: np.ndarray, margin: int) -> np.ndarray:
     return box
 
 
-@torch.no_grad()
-def local_occlusion(bundle, image: torch.Tensor, target, box: np.ndarray, batch_size: int = 32) -> torch.Tensor:
-    """H x W: the mean fall of the region's class probability over the WINDOW-px windows (stride STRIDE) inside
-    `box` that cover each pixel, the windows painted the mean colour; 0 outside the box."""
-    from explainers.metrics import reference_images
+def local_occlusion(bundle, image: torch.Tensor, target, box: np.ndarray) -> torch.Tensor:
+    """H x W: the library's occlusion (`occlusion_maps`, the region's mean class probability) with WINDOW-px windows
+    every STRIDE px inside `box` only; 0 outside it."""
+    from explainers.methods.occlusion import occlusion_maps
 
-    height, width = image.shape[-2:]
     rows, cols = np.nonzero(box)
     top, bottom, left, right = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
-    corners = [(y, x) for y in range(top, max(top, bottom - WINDOW) + 1, STRIDE)
+    corners = [(int(y), int(x)) for y in range(top, max(top, bottom - WINDOW) + 1, STRIDE)
                for x in range(left, max(left, right - WINDOW) + 1, STRIDE)]
-    fill = reference_images(image, "mean", bundle.reference_color)
-    start = float(target.probability(bundle(image))[0])
-    total = torch.zeros(height, width)
-    covered = torch.zeros(height, width)
-    for first in range(0, len(corners), batch_size):
-        part = corners[first:first + batch_size]
-        masks = torch.zeros(len(part), 1, height, width)
-        for row, (y, x) in enumerate(part):
-            masks[row, 0, y:y + WINDOW, x:x + WINDOW] = 1
-        falls = start - target.repeated(len(part)).probability(bundle(image * (1 - masks) + fill * masks))
-        for row, (y, x) in enumerate(part):
-            total[y:y + WINDOW, x:x + WINDOW] += float(falls[row])
-            covered[y:y + WINDOW, x:x + WINDOW] += 1
-    return torch.where(covered > 0, total / covered.clamp_min(1), torch.zeros_like(total))
+    return occlusion_maps(bundle, image, target, (WINDOW, WINDOW), corners, probability=True, batch_size=32)[0]
 
 
 def score_platelet(models: dict, image, piece, cue, margin: int) -> dict:

@@ -71,31 +71,42 @@ class Occlusion(Method):
     @torch.no_grad()
     def attribute(self, bundle, images, targets, progress=None):
         """`targets`: class indices or any `Target` (a region: the drop of its score)."""
-        b, _, height, width = images.shape
-        target = as_target(targets, b, images.device)
-        probability = self.score == "probability"
+        height, width = images.shape[-2:]
         window_h, window_w, corners = occlusion_windows(height, width, self.window_fraction)
-        reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-        runs = repeated_runs(images)  # an image asked about several targets is occluded and scored once
-        rows = {run: target.rows(*run) for run in runs}
-        chunk = max(1, self.batch_size)
-        chunks = [corners[start:start + chunk] for start in range(0, len(corners), chunk)]
-        saliency = torch.zeros(b, height * width, device=images.device)
-        covered = torch.zeros(height * width, device=images.device)
-        full = {run: rows[run].copies(bundle(images[run[0]:run[0] + 1]), probability)[0]
-                for run in runs}  # each run's unoccluded scores, one per row
-        steps = 0
-        for part in chunks:
-            windows = torch.zeros(len(part), 1, height, width, dtype=images.dtype, device=images.device)
-            for k, (top, left) in enumerate(part):
-                windows[k, :, top:top + window_h, left:left + window_w] = 1
-            flat = windows.view(len(part), -1)
-            covered += flat.sum(0)
-            for start, stop in runs:
-                occluded = images[start:start + 1] * (1 - windows) + reference * windows
-                drops = full[(start, stop)].view(1, -1) - rows[(start, stop)].copies(bundle(occluded), probability)
-                saliency[start:stop] += drops.T @ flat  # windows x rows above
-                steps += 1
-                if progress is not None:
-                    progress(steps / (len(chunks) * len(runs)))
-        return (saliency / covered.clamp_min(1)).view(b, height, width)
+        return occlusion_maps(bundle, images, targets, (window_h, window_w), corners,
+                              probability=self.score == "probability", batch_size=self.batch_size, progress=progress)
+
+
+@torch.no_grad()
+def occlusion_maps(bundle, images, targets, window: tuple, corners: list, *, probability: bool = False,
+                   batch_size: int = 128, progress=None) -> torch.Tensor:
+    """B x H x W: each pixel's mean drop of the target's score (logit, or `probability`) over the `window` (h, w)
+    squares at `corners` [(top, left)] that cover it, painted the bundle's reference colour; 0 where none does.
+    The method's windows tile the image; a study may pass windows of its own (e.g. only near a region)."""
+    b, _, height, width = images.shape
+    window_h, window_w = window
+    target = as_target(targets, b, images.device)
+    reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
+    runs = repeated_runs(images)  # an image asked about several targets is occluded and scored once
+    rows = {run: target.rows(*run) for run in runs}
+    chunk = max(1, batch_size)
+    chunks = [corners[start:start + chunk] for start in range(0, len(corners), chunk)]
+    saliency = torch.zeros(b, height * width, device=images.device)
+    covered = torch.zeros(height * width, device=images.device)
+    full = {run: rows[run].copies(bundle(images[run[0]:run[0] + 1]), probability)[0]
+            for run in runs}  # each run's unoccluded scores, one per row
+    steps = 0
+    for part in chunks:
+        windows = torch.zeros(len(part), 1, height, width, dtype=images.dtype, device=images.device)
+        for k, (top, left) in enumerate(part):
+            windows[k, :, top:top + window_h, left:left + window_w] = 1
+        flat = windows.view(len(part), -1)
+        covered += flat.sum(0)
+        for start, stop in runs:
+            occluded = images[start:start + 1] * (1 - windows) + reference * windows
+            drops = full[(start, stop)].view(1, -1) - rows[(start, stop)].copies(bundle(occluded), probability)
+            saliency[start:stop] += drops.T @ flat  # windows x rows above
+            steps += 1
+            if progress is not None:
+                progress(steps / (len(chunks) * len(runs)))
+    return (saliency / covered.clamp_min(1)).view(b, height, width)
