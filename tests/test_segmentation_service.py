@@ -22,6 +22,16 @@ def photo(height=120, width=240, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
 
 
+def shown_with_region(view, seed=0, class_name="square", box=(8, 24, 16, 48), **predict):
+    """A smear shown with its prediction set by hand: one class over `box` (rows, rows, cols, cols), the rest
+    background; and that class's region target."""
+    shown = view.predict(photo(seed=seed), **predict)
+    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
+    top, bottom, left, right = box
+    shown.prediction[top:bottom, left:right] = view.bundle.class_names.index(class_name)
+    return shown, view.region(shown, class_name=class_name)
+
+
 def test_prediction_overlay_and_legend(view):
     shown = view.predict(photo())
     assert shown.image.shape == (1, 3, 32, 64) and shown.overlay.shape == (32, 64, 3)
@@ -57,10 +67,7 @@ def test_regions_from_a_class_a_click_and_a_drawing(view):
 
 
 def test_explain_gives_maps_scores_and_curves(view):
-    shown = view.predict(photo(), truth=np.full((32, 64), 2, np.uint8))
-    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
-    shown.prediction[8:24, 16:48] = 2
-    target = view.region(shown, class_name="square")
+    shown, target = shown_with_region(view, truth=np.full((32, 64), 2, np.uint8))
     records = view.explain(shown, target, ["gradskip", "gradcam", "random"], curve_steps=4)
     assert [r["method"] for r in records] == ["gradskip", "gradcam", "random"]
     for record in records:
@@ -90,10 +97,7 @@ def test_curves_on_model_copies_match_and_never_touch_the_shared_model(view):
     under the model's lock, and not one curve pass on the shared model (another request's hooks would see it)."""
     from explainers.engine import ReplicaPool
 
-    shown = view.predict(photo(seed=3))
-    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
-    shown.prediction[8:24, 16:48] = 2
-    target = view.region(shown, class_name="square")
+    shown, target = shown_with_region(view, seed=3)
     methods = ["gradskip", "gradcam", "rollout", "random"]
     passes = []
     encoder = view.bundle.network.segformer.segformer  # every pass goes through it (the curves skip the head)
@@ -136,10 +140,7 @@ def test_gradskip_and_the_rollouts_share_one_pass_and_draw_the_same_maps(view):
     from explainers.segmentation.capture import CaptureCache
     from explainers.segmentation.methods import explain_region
 
-    shown = view.predict(photo(seed=5))
-    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
-    shown.prediction[6:20, 10:40] = 1
-    target = view.region(shown, class_name="round")
+    shown, target = shown_with_region(view, seed=5, class_name="round", box=(6, 20, 10, 40))
     methods = ["gradskip", "gradrollout", "rollout", "gradcam"]
     passes = []
     encoder = view.bundle.network.segformer.segformer
@@ -167,10 +168,7 @@ def test_the_stream_gathers_its_updates_and_shows_quick_curves_before_a_slow_map
     method's map starts."""
     from explainers.engine import ReplicaPool
 
-    shown = view.predict(photo(seed=7))
-    shown.prediction = torch.zeros(32, 64, dtype=torch.long)
-    shown.prediction[8:24, 16:48] = 2
-    target = view.region(shown, class_name="square")
+    shown, target = shown_with_region(view, seed=7)
     copies = SegmentationView(view.bundle, replicas=ReplicaPool(2))
     quick = ["gradskip", "gradcam", "gradrollout", "rollout"]
     updates = [[(r["method"], "deletion" in r) for r in records]
