@@ -8,6 +8,8 @@
   on held-out reset seeds SEED_BASE + k (k < episodes), mean with a 95% bootstrap interval, and steps alive.
 - The fixed prior map: the mean mask over the frames of `--prior-episodes` episodes of the random and the aimed
   script on TRAINING reset seeds (1000 + k), saved as .npy for `evaluate-agent --prior`.
+- `--choose-blind` (health_gathering): plays every blind candidate on TRAINING reset seeds 1-20 and writes the
+  best mean return's name, to be set as the scenario's `CHOSEN_BLIND` before any agent is read.
 - IoU reference points on the held-out frames of the blind and the aimed scripts: a random map, the prior map, and
   the ceiling of each CAM grid (the mask average-pooled to the grid and upsampled), mean and 95% interval over
   episodes (an episode's score is its frames' mean).
@@ -35,6 +37,29 @@ def summary(values) -> dict:
     return {"mean": float(np.mean(values)) if values else None, "ci95": bootstrap_ci(values), "n": len(values)}
 
 
+def choose_blind(args, episodes: int = 20) -> int:
+    """The blind candidates on training reset seeds 1..episodes: the best mean return is the scenario's blind."""
+    from explainers.agents.baselines import BLIND_CANDIDATES
+
+    candidates = BLIND_CANDIDATES.get(args.scenario)
+    if not candidates:
+        raise SystemExit(f"{args.scenario} has one blind script; there is nothing to choose.")
+    env = make_env(args.scenario, frame_hw=tuple(args.frame_hw))
+    try:
+        table = {name: summary([play_scripted(name, args.scenario, 1 + k, frame_hw=tuple(args.frame_hw),
+                                              env=env)["return"] for k in range(episodes)])
+                 for name in candidates}
+    finally:
+        env.close()
+    chosen = max(table, key=lambda name: table[name]["mean"])
+    Path(args.out).write_text(json.dumps({
+        "command": "python bench/agents_baselines.py " + " ".join(sys.argv[1:]), "scenario": args.scenario,
+        "rule": f"the blind candidate with the highest mean return on training reset seeds 1-{episodes}",
+        "candidates": table, "chosen": chosen}, indent=1))
+    print(json.dumps({name: row["mean"] for name, row in table.items()}), "chosen:", chosen, file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="defend_the_center")
@@ -44,8 +69,14 @@ def main(argv=None) -> int:
     parser.add_argument("--prior-episodes", type=int, default=20)
     parser.add_argument("--grids", nargs="+", default=["9x16", "25x39"], help="CAM grids, HxW")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--prior-out", required=True)
+    parser.add_argument("--prior-out", default=None)
+    parser.add_argument("--choose-blind", action="store_true",
+                        help="choose the scenario's blind script on training seeds 1-20 and stop")
     args = parser.parse_args(argv)
+    if args.choose_blind:
+        return choose_blind(args)
+    if not args.prior_out:
+        parser.error("--prior-out is needed (where the fixed prior map is saved)")
     frame_hw = tuple(args.frame_hw)
     grids = [tuple(int(v) for v in g.split("x")) for g in args.grids]
     started = time.time()

@@ -418,6 +418,43 @@ def test_scripted_policies_play_and_the_aimed_one_uses_the_mask():
     assert _aimed(None, mask, 0, None, None) == "ATTACK"
 
 
+def test_the_medkit_script_walks_to_the_nearest_medkit_and_each_scenario_has_its_own_scripts():
+    """health_gathering's privileged script: the lowest medkit in the frame is the nearest on the floor; it turns
+    toward it and walks when it is near the centre column; with none in sight it looks around. Scripts are per
+    scenario: asking defend_the_center for a medkit script, or a scenario for a script it lacks, is refused."""
+    from explainers.agents.baselines import SCRIPTS, _walk_to_medkit, script
+
+    mask = np.zeros(FRAME_HW, bool)
+    assert _walk_to_medkit(None, mask, 0, None, None) == "TURN_LEFT"
+    mask[50:55, 70:74] = True  # right of centre, near
+    mask[20:22, 10:12] = True  # left, far (higher in the frame)
+    assert _walk_to_medkit(None, mask, 0, None, None) == "TURN_RIGHT"
+    assert _walk_to_medkit(None, np.fliplr(mask), 0, None, None) == "TURN_LEFT"
+    centred = np.zeros(FRAME_HW, bool)
+    centred[50:55, 38:42] = True
+    assert _walk_to_medkit(None, centred, 0, None, None) == "MOVE_FORWARD"
+    assert {"random", "blind", "aimed"} <= set(SCRIPTS["health_gathering"]) and \
+        {"random", "blind", "aimed"} <= set(SCRIPTS["defend_the_center"])
+    walks = [script("health_gathering", "blind")(None, mask, step, None, None) for step in range(4)]
+    assert set(walks) <= {"MOVE_FORWARD", "TURN_LEFT"} and "MOVE_FORWARD" in walks
+    with pytest.raises(ValueError, match="No script 'forward-turn-2' for defend_the_center"):
+        script("defend_the_center", "forward-turn-2")
+
+
+@needs_vizdoom
+def test_health_gathering_scripts_play_with_its_own_buttons():
+    from explainers.agents.baselines import button_actions, play_scripted
+
+    env = envs.make_env("health_gathering")
+    try:
+        assert set(button_actions(env)) >= {"TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD"}
+        for policy in ("random", "blind", "aimed"):
+            record = play_scripted(policy, "health_gathering", 10_000_003, max_steps=30, env=env, keep_masks=True)
+            assert record["length"] == 30 and record["return"] > 0  # +1 a tic alive
+    finally:
+        env.close()
+
+
 @needs_vizdoom
 def test_a_checkpoint_resumes_only_its_own_run_and_exports_a_snapshot(tmp_path):
     from explainers.agents.checkpoint import agent_from_checkpoint, load_agent

@@ -1,11 +1,15 @@
 """What needs no trained agent: scripted policies (the return an agent must beat) and the IoU reference points
 (the IoU a map must beat, and the best a CAM grid can reach).
 
-Policies (`POLICIES`), each a function (frame, mask, step, rng) -> button name:
-- "random": a uniformly random action;
-- "blind": TURN_LEFT and ATTACK alternating (sees nothing);
-- "aimed": privileged: reads the labels mask, turns toward the monster nearest the centre column and fires when
-  one covers it (an upper reference, not a fair opponent).
+Policies (`SCRIPTS[scenario]`), each a function (frame, mask, step, rng, buttons) -> button name:
+- "random": a uniformly random action (both scenarios);
+- defend_the_center: "blind", TURN_LEFT and ATTACK alternating (sees nothing); "aimed", privileged: reads the
+  labels mask, turns toward the monster nearest the centre column and fires when one covers it (an upper
+  reference, not a fair opponent);
+- health_gathering: the blind candidates "forward" (MOVE_FORWARD always) and "forward-turn-N" (TURN_LEFT every Nth
+  step, N = 2, 4, 8), of which `bench/agents_baselines.py --choose-blind` names the best on training seeds before
+  any agent is read ("blind" is that choice); "aimed", privileged: turns toward the lowest (nearest) medkit in the
+  mask and walks forward when it is near the centre column.
 IoU references per frame with a non-empty mask (`metrics.top_pixel_iou`, as the agents' V(s)-CAM is scored):
 - "random": a random map (uniform noise, seeded);
 - "prior": a fixed map, the mean mask over training-seed frames (where monsters tend to be, from no frame);
@@ -43,7 +47,43 @@ def _aimed(frame, mask, step, rng, buttons):
     return "TURN_RIGHT" if nearest > centre else "TURN_LEFT"
 
 
-POLICIES = {"random": _random, "blind": _blind, "aimed": _aimed}
+def _forward_turning(every: int):
+    def policy(frame, mask, step, rng, buttons):
+        return "TURN_LEFT" if every and step % every == every - 1 else "MOVE_FORWARD"
+    return policy
+
+
+def _walk_to_medkit(frame, mask, step, rng, buttons):
+    rows = np.flatnonzero(mask.any(axis=1))
+    if not len(rows):
+        return "TURN_LEFT"  # none in sight: look around
+    columns = np.flatnonzero(mask[rows[-1]])  # the lowest medkit in the frame is the nearest on the floor
+    target = columns[np.argmin(np.abs(columns - (mask.shape[1] - 1) / 2))]
+    offset = target - (mask.shape[1] - 1) / 2
+    if abs(offset) <= MEDKIT_TOLERANCE * mask.shape[1]:
+        return "MOVE_FORWARD"
+    return "TURN_RIGHT" if offset > 0 else "TURN_LEFT"
+
+
+MEDKIT_TOLERANCE = 0.08  # of the frame's width: a medkit this close to the centre column is walked to
+BLIND_CANDIDATES = {"health_gathering": {"forward": 0, "forward-turn-2": 2, "forward-turn-4": 4, "forward-turn-8": 8}}
+# The blind script of each scenario; health_gathering's is the candidate `bench/agents_baselines.py --choose-blind`
+# chose on 20 training-seed episodes (bench/results/agents-health_gathering-blind-choice.json).
+CHOSEN_BLIND = {"health_gathering": "forward-turn-2"}
+SCRIPTS = {
+    "defend_the_center": {"random": _random, "blind": _blind, "aimed": _aimed},
+    "health_gathering": {"random": _random, "aimed": _walk_to_medkit,
+                         **{name: _forward_turning(every)
+                            for name, every in BLIND_CANDIDATES["health_gathering"].items()}},
+}
+for _scenario, _name in CHOSEN_BLIND.items():
+    SCRIPTS[_scenario]["blind"] = SCRIPTS[_scenario][_name]
+
+def script(scenario_name: str, policy: str):
+    scripts = SCRIPTS.get(scenario_name, {})
+    if policy not in scripts:
+        raise ValueError(f"No script '{policy}' for {scenario_name}. Available: {', '.join(scripts) or 'none'}.")
+    return scripts[policy]
 
 
 def button_actions(env) -> dict:
@@ -67,7 +107,7 @@ def play_scripted(policy: str, scenario_name: str, seed: int, *, frame_hw=FRAME_
     env = env or make_env(scenario_name, frame_hw=frame_hw)
     rng = np.random.default_rng(seed)
     actions = button_actions(env)
-    choose = POLICIES[policy]
+    choose = script(scenario_name, policy)
     buttons = sorted(name for name in actions if name != "NOOP")
     try:
         frame, mask = env.reset(seed=seed)
