@@ -754,6 +754,7 @@ def test_the_segmentation_view_explains_context(page):
     redraws the maps (outside the region only) without another run."""
     model, before = pick_bundled_segmentation_model(page)
     page.locator("#seg-examples button.thumbnail-item").nth(0).click()
+    page.wait_for_selector("#seg-image img", timeout=60_000)  # the smear is in before Segment reads it
     page.locator("#seg-run").click()
     wait_js(page, "(document.querySelector('#seg-legend')?.innerText || '').includes('WBC')")
     for box in page.locator("#seg-methods input[type=checkbox]").all():  # Grad-CAM alone: the quickest map
@@ -770,6 +771,44 @@ def test_the_segmentation_view_explains_context(page):
     whole = page.locator("#seg-maps img").first.get_attribute("src")
     page.locator("#seg-context-only input[type=checkbox]").check()
     wait_js(page, f"document.querySelector('#seg-maps img')?.getAttribute('src') !== {whole!r}")
+    model.click()
+    model.fill(before)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#classifier-view", state="visible", timeout=60_000)
+    assert not page.errors, page.errors
+
+
+def test_a_click_while_an_explanation_streams_replaces_it(page):
+    """On the bundled model and an example smear: a red cell clicked, then the white cell a moment later while the
+    first explanation still streams. The second click is answered (it used to be dropped until the first ended):
+    the target line ends on the white cell, with its caption, and nothing red."""
+    model, before = pick_bundled_segmentation_model(page)
+    page.locator("#seg-examples button.thumbnail-item").nth(0).click()  # BloodImage_00007
+    page.wait_for_selector("#seg-image img", timeout=60_000)
+    page.locator("#seg-run").click()
+    wait_js(page, "(document.querySelector('#seg-legend')?.innerText || '').includes('WBC')")
+    for box in page.locator("#seg-methods input[type=checkbox]").all():  # Grad-CAM alone: the quickest map
+        if box.is_checked():
+            box.uncheck()
+    page.locator("#seg-methods label", has_text="Grad-CAM").first.click()
+    picture = page.locator("#seg-prediction img")
+    picture.scroll_into_view_if_needed()  # the mouse clicks where the picture is on the screen
+    box = picture.bounding_box()
+    width, height = page.evaluate("[document.querySelector('#seg-prediction img').naturalWidth, "
+                                  "document.querySelector('#seg-prediction img').naturalHeight]")
+    scale = min(box["width"] / width, box["height"] / height)
+    left, top = box["x"] + (box["width"] - width * scale) / 2, box["y"] + (box["height"] - height * scale) / 2
+
+    def click(x, y):  # a point of the smear's 320 x 240 example mask
+        page.mouse.click(left + x / 320 * width * scale, top + y / 240 * height * scale)
+
+    click(48, 66)  # the largest red cell
+    wait_js(page, "(document.querySelector('#seg-target')?.innerText || '').includes('Explaining RBC')")
+    click(159, 86)  # the white cell, while the red cell's explanation streams
+    wait_js(page, "(document.querySelector('#seg-target')?.innerText || '').includes('Explaining WBC') && "
+                  "(document.querySelector('#seg-copy-caption')?.innerText || '').includes('copies the region')",
+            timeout=300_000)
+    assert page.evaluate("[...document.querySelectorAll('.error')].filter(e => e.offsetParent !== null).length") == 0
     model.click()
     model.fill(before)
     page.keyboard.press("Enter")

@@ -240,3 +240,30 @@ def test_the_view_builds_and_segments_through_the_api(tmp_path):
         assert "background" in result[1]  # the legend (session states are not API values)
     finally:
         demo.close()
+
+
+def test_a_newer_ask_replaces_a_streaming_explanation(view):
+    """A click (or Explain) while an explanation streams replaces it: the page's newest ticket is the one wanted,
+    pages do not replace each other's, an API call (no ticket) is always wanted; and a stream whose ticket is no
+    longer wanted stops before its next update (the new one gets the cores)."""
+    from saliency_lab.ui.segment import Asks, explain_region_stream
+
+    asks = Asks(keep=2)
+    first = asks.ask("page-a")
+    assert asks.wanted("page-a", first) and asks.wanted("page-a", None)
+    other = asks.ask("page-b")
+    second = asks.ask("page-a")
+    assert not asks.wanted("page-a", first) and asks.wanted("page-a", second) and asks.wanted("page-b", other)
+    asks.ask("page-c")  # three pages, two remembered: page-b forgotten first, so its stream runs on
+    assert asks.wanted("page-b", other) and not asks.wanted("page-a", first)
+
+    shown, _ = shown_with_region(view, seed=3)
+    args = (lambda name: view.bundle, "tiny-seg-view", shown, ["gradcam", "gradrollout"], False, "predicted")
+    whole = list(explain_region_stream(*args, class_name="square"))
+    assert "copies the region" in str(whole[-1][6])  # the full answer ends with the copy's caption
+    ticket = asks.ask("page-a")
+    updates = []
+    for update in explain_region_stream(*args, wanted=lambda: asks.wanted("page-a", ticket), class_name="square"):
+        updates.append(update)
+        asks.ask("page-a")  # the page clicks again after the first update
+    assert len(updates) == 1 and len(whole) > 1

@@ -10,6 +10,8 @@ segmentation model is picked there). `build(ctx)` lays out the view inside whate
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import gradio as gr
@@ -27,6 +29,35 @@ def unfamiliar_update(shown):
     verdict = getattr(shown, "familiarity", None) or {}
     note = verdict.get("message", "") if verdict.get("unfamiliar") else ""
     return gr.update(value=f"⚠ {note}" if note else "", visible=bool(note))
+
+
+class Asks:
+    """The newest explanation each page asked for, so that a click (or Explain) while one streams replaces it.
+
+    Each ask takes a ticket at once, in a quick unqueued step before the stream; a stream whose ticket is no longer
+    its page's newest stops at its next update, leaving the cores to the new one. (Gradio's own ways do not fit a
+    click: "always_last" reruns the first click's event, and a listener that cancels cannot be dispatched before
+    the one it cancels.)"""
+
+    def __init__(self, keep: int = 4096):
+        self._lock = threading.Lock()
+        self._newest: OrderedDict = OrderedDict()  # session -> its newest ticket
+        self._keep = keep  # pages remembered (the oldest forgotten first; a forgotten page's stream runs on)
+
+    def ask(self, session: str) -> int:
+        with self._lock:
+            ticket = self._newest.pop(session, 0) + 1
+            self._newest[session] = ticket
+            while len(self._newest) > self._keep:
+                self._newest.popitem(last=False)
+            return ticket
+
+    def wanted(self, session: str, ticket) -> bool:
+        """Whether the stream holding `ticket` is still its page's newest (None: an API call, always wanted)."""
+        if ticket is None:
+            return True
+        with self._lock:
+            return self._newest.get(session, ticket) == ticket
 
 
 def pictures_of(records, context: bool = False) -> list:
@@ -65,10 +96,12 @@ def segment_picture(loader, model_name, picture, truth):
             *CLEARED)
 
 
-def explain_region_stream(loader, model_name, shown, chosen, context, region, replicas=None, **where):
+def explain_region_stream(loader, model_name, shown, chosen, context, region, replicas=None, wanted=None, **where):
     """Streamed: the maps as they come (cheapest first), then their curves, then the deletion outside the
     region with what a copy of the region would score; a region that cannot be explained (a background
-    click, an empty drawing) is said on the target line, the rest left as it was."""
+    click, an empty drawing) is said on the target line, the rest left as it was. `wanted()` false: a newer
+    explanation replaced this one, which stops before its next update (closing the stream drops its work)."""
+    wanted = wanted or (lambda: True)
     if shown is None:
         yield "⚠ Segment an image first.", *(gr.skip(),) * 7
         return
@@ -86,6 +119,8 @@ def explain_region_stream(loader, model_name, shown, chosen, context, region, re
     waiting = figures.empty_figure("The curves appear here once the maps are in.")
     drawn, plot, records = 0, waiting, []
     for records in view.explain_stream(shown, target, chosen, region=region):
+        if not wanted():
+            return
         curves_in = sum("deletion" in r for r in records)
         plot = (figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
                 if curves_in else waiting)
@@ -95,7 +130,11 @@ def explain_region_stream(loader, model_name, shown, chosen, context, region, re
         yield (status, pictures_of(records, context) if len(records) != drawn else gr.skip(),
                service.scores_markdown(records), plot, unfamiliar_update(shown), *(gr.skip(),) * 3)
         drawn = len(records)
+    if not wanted():
+        return
     reference = view.context(shown, target, records)
+    if not wanted():
+        return
     # the last message is whole (nothing skipped): it is what an API caller (gradio_client) receives
     yield (text, pictures_of(records, context), service.scores_markdown(records), plot, unfamiliar_update(shown),
            service.context_curves_figure(records, reference), service.copy_caption(reference), records)
@@ -166,25 +205,40 @@ def build(ctx, model=None) -> dict:
         """The prediction, its legend and the class menu (see `segment_picture`)."""
         return segment_picture(loader, model_name, picture, truth)
 
+    asks = Asks()
+    ticket_state = gr.State(None)  # the page's ticket for the explanation it asked for last
+    click_state = gr.State(None)  # where the last click was (the ask step reads the click, the stream runs after)
+
+    def ask(request: gr.Request):
+        return asks.ask(request.session_hash)
+
+    def ask_click(evt: gr.SelectData, request: gr.Request):
+        return asks.ask(request.session_hash), tuple(evt.index)
+
+    def still_wanted(request, ticket):
+        session = getattr(request, "session_hash", None)
+        return lambda: asks.wanted(session, ticket)
+
     @friendly
-    def explain_class(model_name, shown, chosen_class, chosen, context):
+    def explain_class(model_name, shown, chosen_class, chosen, context, ticket=None, request: gr.Request = None):
         yield from explain_region_stream(loader, model_name, shown, chosen, context, "predicted", replicas,
-                                         class_name=chosen_class)
+                                         wanted=still_wanted(request, ticket), class_name=chosen_class)
 
     @friendly
-    def explain_click(model_name, shown, chosen, context, evt: gr.SelectData):
+    def explain_click(model_name, shown, chosen, context, click, ticket, request: gr.Request):
         yield from explain_region_stream(loader, model_name, shown, chosen, context, "clicked", replicas,
-                                         click=tuple(evt.index))
+                                         wanted=still_wanted(request, ticket), click=click)
 
     @friendly
-    def explain_drawn(model_name, shown, chosen_class, chosen, context, painted):
+    def explain_drawn(model_name, shown, chosen_class, chosen, context, painted, ticket, request: gr.Request):
         layers = (painted or {}).get("layers") or []
         painted_layer = layers[0][..., 3] if layers else None
         if painted_layer is None or not painted_layer.any():
             yield "⚠ The drawn region is empty: paint over the part of the image to explain.", *(gr.skip(),) * 7
             return
         yield from explain_region_stream(loader, model_name, shown, chosen, context, "drawn", replicas,
-                                         class_name=chosen_class, drawing=painted_layer)
+                                         wanted=still_wanted(request, ticket), class_name=chosen_class,
+                                         drawing=painted_layer)
 
     outputs = [target_text, gallery, table, curves, unfamiliar, context_curves, caption, records_state]
     examples.select(pick_example, None, [image, truth_state], api_visibility="private", **ctx.light)
@@ -198,11 +252,18 @@ def build(ctx, model=None) -> dict:
                           caption, table, curves, context_curves, records_state], api_name="segment", **ctx.heavy)
     # one place shows progress (the maps), not a pending badge on every panel
     streamed = dict(ctx.heavy, show_progress_on=[gallery], show_progress="minimal")
-    explain_button.click(explain_class, [model, shown_state, class_name, methods, context_only], outputs,
-                         api_name="segment_explain", **streamed)
-    predicted.select(explain_click, [model, shown_state, methods, context_only], outputs, **streamed)
-    drawn_button.click(explain_drawn, [model, shown_state, class_name, methods, context_only, drawing], outputs,
-                       **streamed)
+    # every ask (Explain, a click, a drawing) takes its ticket at once, then streams; one asked while another
+    # streams replaces it ("multiple": the new one is never dropped; the old one stops at its next update)
+    asked = dict(queue=False, show_progress="hidden", api_visibility="private")
+    replacing = dict(streamed, trigger_mode="multiple")
+    explain_button.click(ask, None, ticket_state, **asked).then(
+        explain_class, [model, shown_state, class_name, methods, context_only, ticket_state], outputs,
+        api_name="segment_explain", **replacing)
+    predicted.select(ask_click, None, [ticket_state, click_state], **asked).then(
+        explain_click, [model, shown_state, methods, context_only, click_state, ticket_state], outputs, **replacing)
+    drawn_button.click(ask, None, ticket_state, **asked).then(
+        explain_drawn, [model, shown_state, class_name, methods, context_only, drawing, ticket_state], outputs,
+        **replacing)
     context_only.change(pictures_of, [records_state, context_only], [gallery], api_visibility="private",
                         **ctx.light)
     return {"segment_model": model, "segment_image": image, "segment_prediction": predicted,
