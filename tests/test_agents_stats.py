@@ -231,3 +231,49 @@ def test_the_comparison_can_run_one_arm_on_some_seeds(tmp_path):
     assert not (tmp_path / "agents-comparison.json").exists()
     with __import__("pytest").raises(SystemExit):
         module.main(["--work", str(tmp_path), "--seeds", "7"])
+
+
+def test_a_scenario_agent_plays_only_when_it_beats_the_blind_script_on_the_same_episodes(tmp_path):
+    """bench/agents_scenario_results.py: episodes are paired with the scripts' by reset seed; an agent 10 above the
+    blind script on every episode plays, one level with it in mean does not; CAMAL minus vanilla is paired by seed;
+    an agent not yet evaluated is listed as not judged."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "agents_scenario_results", Path(__file__).parent.parent / "bench" / "agents_scenario_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = np.random.default_rng(0)
+    blind = list(300 + 50 * rng.standard_normal(40))
+    baselines = {"scenario": "health_gathering", "episode_seeds": [100, 139],
+                 "policies": {name: {"return": {"mean": float(np.mean(values))}, "returns": values}
+                              for name, values in (("random", [v - 100 for v in blind]), ("blind", blind),
+                                                   ("aimed", [v + 300 for v in blind]))}}
+    (tmp_path / "baselines.json").write_text(json.dumps(baselines))
+
+    def agent(name, returns, iou):
+        card = {"scenario": "health_gathering", "steps": 100, "lambda": 0.0,
+                "history": [{"explained_variance": 0.6}] * 5}
+        episodes = [{"seed": 139 - k, "return": returns[139 - k - 100], "length": 50, "iou": iou,  # any order
+                     "iou_reference": {"random": 0.01, "prior": 0.05, "ceiling": 0.4}} for k in range(40)]
+        (tmp_path / f"{name}.json").write_text(json.dumps(card))
+        (tmp_path / f"{name}-eval.json").write_text(json.dumps({"episodes": episodes}))
+        return [name, str(tmp_path / f"{name}.json"), str(tmp_path / f"{name}-eval.json")]
+
+    shuffled = list(rng.permutation(blind))  # the blind script's mean, not its episodes
+    module.main(["--scenario", "health_gathering", "--baselines", str(tmp_path / "baselines.json"),
+                 "--agent", *agent("camal", [v + 10 for v in blind], 0.3),
+                 "--agent", *agent("vanilla", shuffled, 0.01),
+                 "--agent", "late", str(tmp_path / "camal.json"), str(tmp_path / "missing.json"),
+                 "--out", str(tmp_path / "out")])
+    result = json.loads((tmp_path / "out.json").read_text())
+    camal, vanilla = result["agents"]["camal"], result["agents"]["vanilla"]
+    assert camal["plays"] and abs(camal["minus_blind"]["mean"] - 10) < 1e-6 and camal["minus_blind"]["ci95"][0] > 9.9
+    assert not vanilla["plays"] and abs(vanilla["minus_blind"]["mean"]) < 1e-6
+    assert abs(camal["iou_minus_prior"]["mean"] - 0.25) < 1e-6 and camal["explained_variance_end"] == 0.6
+    difference = result["camal_minus_vanilla"]["return"]
+    assert abs(difference["mean"] - 10) < 1e-6 and difference["ci95"][0] < 10 < difference["ci95"][1]
+    assert result["agents"]["late"] == {"judged": False, "why": "no evaluation yet (100 steps trained)"}
+    assert "| camal | yes |" in (tmp_path / "out.md").read_text()
