@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from explainers.agents.counterfactual import summarise_drops
+from explainers.agents.envs import SCENARIOS
 from explainers.statistics import bootstrap_ci, paired_difference, rounded
 
 EV_UPDATES, EV_FLOOR = 5, 0.5  # explained variance: mean of the last 5 updates, >= 0.5 asked (as the comparison)
@@ -70,7 +71,7 @@ def judge_agent(card: dict, sampled: dict, greedy: dict | None, scripts: dict) -
             row[f"iou_minus_{key}"] = paired_difference([ious[s] for s in pairs], [references[s][key] for s in pairs])
     drops = next(iter((sampled.get("counterfactual") or {}).values()), None)
     if drops:
-        row["counterfactual"] = summarise_drops(drops, n_resamples=2000)
+        row["counterfactual"] = summarise_drops(drops, SCENARIOS[card["scenario"]].what_matters, n_resamples=2000)
     history = card.get("history") or []
     tail = [h["explained_variance"] for h in history[-EV_UPDATES:] if h.get("explained_variance") is not None]
     row["explained_variance_end"] = float(np.mean(tail)) if tail else None

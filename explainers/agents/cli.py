@@ -130,8 +130,16 @@ def evaluation_summary(result: dict, agent_card) -> dict:
         summary["value_cam_iou"] = {"mean": round(float(np.mean(ious)), 4), "ci95": [round(low, 4), round(high, 4)]}
     drops = next(iter((result.get("counterfactual") or {}).values()), None)
     if drops:
-        summary["counterfactual"] = rounded(summarise_drops(drops, n_resamples=2000))
+        summary["counterfactual"] = rounded(summarise_drops(drops, _masked_objects(result.get("scenario")),
+                                                            n_resamples=2000))
     return summary
+
+
+def _masked_objects(scenario_name) -> str:
+    """The masked objects in words ("the monsters ...", "the medkits ..."), from the scenario's declaration."""
+    from .envs import SCENARIOS
+
+    return SCENARIOS[scenario_name].what_matters if scenario_name in SCENARIOS else "the masked objects"
 
 
 def card_references(evaluation: dict | None, baselines: dict | None, agent_card) -> dict:

@@ -117,15 +117,16 @@ def median_interval(values, groups=None, *, n_resamples: int = N_RESAMPLES, leve
     return {"median": float(np.median(values)), "interval": [float(low), float(high)], "n": int(len(values))}
 
 
-def summarise_drops(result: dict, **options) -> dict:
-    """Medians of the scaled drops (monsters, control) and of their paired difference, with intervals."""
+def summarise_drops(result: dict, what: str = "the monsters", **options) -> dict:
+    """Medians of the scaled drops (monsters, control) and of their paired difference, with intervals. The keys
+    say "monsters" in every scenario (the stored results read them); `what` names the masked objects in words."""
     monsters, control = np.asarray(result["monsters"]), np.asarray(result["control"])
     groups = result.get("episodes") or None
     return {"spread": result["spread"], "frames": result["frames"], "skipped": result["skipped"],
             "monsters": median_interval(monsters, groups, **options),
             "control": median_interval(control, groups, **options),
             "monsters_minus_control": median_interval(monsters - control, groups, **options),
-            "ignoring_critic": "a critic that ignores the monsters scores a difference of 0"}
+            "ignoring_critic": f"a critic that ignores {what} scores a difference of 0"}
 
 
 def paired_arm_difference(first: dict, second: dict, **options) -> dict:
