@@ -398,18 +398,26 @@ def top_pixel_iou_of(maps, masks):
     return top_pixel_iou(maps, masks)[0]
 
 
-@needs_vizdoom
-def test_scripted_policies_play_and_the_aimed_one_uses_the_mask():
-    from explainers.agents.baselines import _aimed, button_actions, play_scripted
+def play_every_script(scenario: str, buttons: set, steps: int) -> list:
+    """One short episode of each of the scenario's scripts (random, blind, aimed) from one held-out seed, after
+    checking that the scenario's actions include `buttons`."""
+    from explainers.agents.baselines import button_actions, play_scripted
 
-    env = envs.make_env("defend_the_center")
+    env = envs.make_env(scenario)
     try:
-        assert set(button_actions(env)) >= {"TURN_LEFT", "TURN_RIGHT", "ATTACK"}
-        for policy in ("random", "blind", "aimed"):
-            record = play_scripted(policy, "defend_the_center", 10_000_003, max_steps=40, env=env, keep_masks=True)
-            assert record["length"] == 40 and record["masks"].shape == (40, *FRAME_HW)
+        assert set(button_actions(env)) >= buttons
+        return [play_scripted(policy, scenario, 10_000_003, max_steps=steps, env=env, keep_masks=True)
+                for policy in ("random", "blind", "aimed")]
     finally:
         env.close()
+
+
+@needs_vizdoom
+def test_scripted_policies_play_and_the_aimed_one_uses_the_mask():
+    from explainers.agents.baselines import _aimed
+
+    for record in play_every_script("defend_the_center", {"TURN_LEFT", "TURN_RIGHT", "ATTACK"}, steps=40):
+        assert record["length"] == 40 and record["masks"].shape == (40, *FRAME_HW)
     mask = np.zeros(FRAME_HW, bool)
     mask[20:30, 60:66] = True
     assert _aimed(None, mask, 0, None, None) == "TURN_RIGHT"
@@ -443,16 +451,8 @@ def test_the_medkit_script_walks_to_the_nearest_medkit_and_each_scenario_has_its
 
 @needs_vizdoom
 def test_health_gathering_scripts_play_with_its_own_buttons():
-    from explainers.agents.baselines import button_actions, play_scripted
-
-    env = envs.make_env("health_gathering")
-    try:
-        assert set(button_actions(env)) >= {"TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD"}
-        for policy in ("random", "blind", "aimed"):
-            record = play_scripted(policy, "health_gathering", 10_000_003, max_steps=30, env=env, keep_masks=True)
-            assert record["length"] == 30 and record["return"] > 0  # +1 a tic alive
-    finally:
-        env.close()
+    for record in play_every_script("health_gathering", {"TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD"}, steps=30):
+        assert record["length"] == 30 and record["return"] > 0  # +1 a tic alive
 
 
 @needs_vizdoom

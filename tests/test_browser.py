@@ -718,6 +718,21 @@ def pick_bundled_segmentation_model(page):
     return model, before
 
 
+def segment_an_example_with_gradcam_alone(page):
+    """bccd-segformer picked, the first example smear (BloodImage_00007) segmented, Grad-CAM alone ticked (the
+    quickest map); returns what pick_bundled_segmentation_model does."""
+    picked = pick_bundled_segmentation_model(page)
+    page.locator("#seg-examples button.thumbnail-item").nth(0).click()
+    page.wait_for_selector("#seg-image img", timeout=60_000)  # the smear is in before Segment reads it
+    page.locator("#seg-run").click()
+    wait_js(page, "(document.querySelector('#seg-legend')?.innerText || '').includes('WBC')")
+    for box in page.locator("#seg-methods input[type=checkbox]").all():  # Grad-CAM alone: the quickest map
+        if box.is_checked():
+            box.uncheck()
+    page.locator("#seg-methods label", has_text="Grad-CAM").first.click()
+    return picked
+
+
 def test_a_segmentation_model_turns_explain_into_the_segmentation_view(page):
     """The Explain menu also lists the segmentation models (labelled): picking one hides the classifier view and shows
     the segmentation view in its place (one model menu, the example smears); picking the classifier again brings the
@@ -752,15 +767,7 @@ def test_the_segmentation_view_explains_context(page):
     """On the bundled model: an example smear, Segment, Grad-CAM of the first class's region; the caption says what
     a copy of the region would score, the out-of-region curve is drawn beside the region's own, and "Context only"
     redraws the maps (outside the region only) without another run."""
-    model, before = pick_bundled_segmentation_model(page)
-    page.locator("#seg-examples button.thumbnail-item").nth(0).click()
-    page.wait_for_selector("#seg-image img", timeout=60_000)  # the smear is in before Segment reads it
-    page.locator("#seg-run").click()
-    wait_js(page, "(document.querySelector('#seg-legend')?.innerText || '').includes('WBC')")
-    for box in page.locator("#seg-methods input[type=checkbox]").all():  # Grad-CAM alone: the quickest map
-        if box.is_checked():
-            box.uncheck()
-    page.locator("#seg-methods label", has_text="Grad-CAM").first.click()
+    model, before = segment_an_example_with_gradcam_alone(page)
     page.locator("#seg-explain").click()
     wait_js(page, "(document.querySelector('#seg-copy-caption')?.innerText || '').includes('copies the region')",
             timeout=300_000)
@@ -782,15 +789,7 @@ def test_a_click_while_an_explanation_streams_replaces_it(page):
     """On the bundled model and an example smear: a red cell clicked, then the white cell a moment later while the
     first explanation still streams. The second click is answered (it used to be dropped until the first ended):
     the target line ends on the white cell, with its caption, and nothing red."""
-    model, before = pick_bundled_segmentation_model(page)
-    page.locator("#seg-examples button.thumbnail-item").nth(0).click()  # BloodImage_00007
-    page.wait_for_selector("#seg-image img", timeout=60_000)
-    page.locator("#seg-run").click()
-    wait_js(page, "(document.querySelector('#seg-legend')?.innerText || '').includes('WBC')")
-    for box in page.locator("#seg-methods input[type=checkbox]").all():  # Grad-CAM alone: the quickest map
-        if box.is_checked():
-            box.uncheck()
-    page.locator("#seg-methods label", has_text="Grad-CAM").first.click()
+    model, before = segment_an_example_with_gradcam_alone(page)
     picture = page.locator("#seg-prediction img")
     picture.scroll_into_view_if_needed()  # the mouse clicks where the picture is on the screen
     box = picture.bounding_box()
