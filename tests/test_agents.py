@@ -304,6 +304,36 @@ def test_training_writes_an_agent_and_resumes_after_a_kill(tmp_path):
     assert card["mask_rule"] == ["MarineChainsawVzd", "Demon"]
 
 
+def test_linear_learning_rate_falls_to_zero_at_the_step_cap_and_needs_one():
+    config = PPOConfig(lr=1e-4, lr_schedule="linear")
+    assert [config.lr_at(done, 400) for done in (0, 100, 400, 500)] == pytest.approx([1e-4, 0.75e-4, 0.0, 0.0])
+    assert PPOConfig(lr=1e-4).lr_at(300, 400) == 1e-4
+    with pytest.raises(ValueError, match="step cap"):
+        config.lr_at(0, None)
+    with pytest.raises(ValueError, match="unknown learning-rate schedule"):
+        PPOConfig(lr_schedule="cosine").lr_at(0, 400)
+
+
+@needs_vizdoom
+def test_a_resumed_run_follows_the_same_learning_rate_schedule(tmp_path):
+    """The rate of each update reads the steps done, so a run stopped after its first update and resumed gives
+    the updates the rates of one unbroken run: lr x (1 - 0/128), lr x (1 - 64/128)."""
+    from explainers.agents.train import train_agent
+
+    def run(name, steps):
+        return train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name=name, seed=3, steps=steps,
+                           config=PPOConfig(**dict(TINY, lr=1e-3, lr_schedule="linear")), net_options=SMALL_NET)
+
+    run("r", 64)  # stopped after one update, then resumed by a command with the whole run's cap
+    resumed = run("r", 128)
+    with pytest.raises(ValueError, match="step cap"):
+        train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name="n", seed=3, budget_s=5,
+                    config=PPOConfig(**dict(TINY, lr_schedule="linear")), net_options=SMALL_NET)
+    whole = run("w", 128)
+    assert [record["lr"] for record in whole["history"]] == pytest.approx([1e-3, 0.5e-3])
+    assert [record["lr"] for record in resumed["history"]] == pytest.approx([1e-3, 0.5e-3])
+
+
 @needs_vizdoom
 def test_vanilla_and_camal_share_seeds(tmp_path):
     from explainers.agents.train import train_agent
@@ -552,7 +582,7 @@ def test_the_rebuilt_training_command_parses_back_to_the_cards_settings():
             "device": "cpu", "arch": {"arch": "nature", "hidden": 512},
             "ppo": {"num_envs": 2, "rollout_steps": 2048, "epochs": 3, "lr": 0.0001, "minibatch": 32, "clip": 0.2,
                     "entropy_coef": 0.0, "camal_max_grad_norm": 0.5, "cam_mode": "differentiable",
-                    "norm_every": 8}}
+                    "norm_every": 8, "lr_schedule": "linear"}}
     command = training_command(card, "camal-s101")
     args = build_parser().parse_args(shlex.split(command.replace("python -m explainers ", "")))
     assert (args.scenario, args.seed, args.lam, args.steps, list(args.frame_hw)) == (
@@ -561,4 +591,4 @@ def test_the_rebuilt_training_command_parses_back_to_the_cards_settings():
     assert (args.lr, args.minibatch, args.clip, args.entropy_coef) == (0.0001, 32, 0.2, 0.0)
     assert (args.camal_max_grad_norm, args.cam_mode, args.name, args.threads) == (0.5, "differentiable",
                                                                                  "camal-s101", 1)
-    assert args.camal_norm_every == 8
+    assert args.camal_norm_every == 8 and args.lr_schedule == "linear"

@@ -25,6 +25,7 @@ def cmd_train_agent(args) -> int:
 
     torch.set_num_threads(args.threads)
     config = PPOConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, lr=args.lr,
+                       lr_schedule=args.lr_schedule,
                        minibatch=args.minibatch, epochs=args.epochs, cam_mode=args.cam_mode, clip=args.clip,
                        entropy_coef=args.entropy_coef, camal_max_grad_norm=args.camal_max_grad_norm,
                        norm_every=args.camal_norm_every)
@@ -92,7 +93,7 @@ def training_command(card: dict, name: str) -> str:
     parts.append(f"--arch {arch.get('arch', 'cnn')}")
     parts += [f"--{key} {arch[key]}" for key in ("width", "hidden") if key in arch]
     flags = {"num_envs": "--num-envs", "rollout_steps": "--rollout-steps", "epochs": "--epochs", "lr": "--lr",
-             "minibatch": "--minibatch", "clip": "--clip", "entropy_coef": "--entropy-coef",
+             "lr_schedule": "--lr-schedule", "minibatch": "--minibatch", "clip": "--clip", "entropy_coef": "--entropy-coef",
              "camal_max_grad_norm": "--camal-max-grad-norm", "cam_mode": "--cam-mode",
              "norm_every": "--camal-norm-every"}
     parts += [f"{flag} {ppo[key]:g}" if isinstance(ppo[key], float) else f"{flag} {ppo[key]}"
@@ -204,6 +205,8 @@ def add_agent_parsers(commands) -> None:
     train.add_argument("--num-envs", type=int, default=8)
     train.add_argument("--rollout-steps", type=int, default=128)
     train.add_argument("--lr", type=float, default=2.5e-4)
+    train.add_argument("--lr-schedule", choices=["constant", "linear"], default="constant",
+                       help="linear: Adam's rate falls from --lr to 0 at --steps")
     train.add_argument("--minibatch", type=int, default=256)
     train.add_argument("--epochs", type=int, default=4, help="PPO epochs per update")
     train.add_argument("--width", type=int, default=None, help="CNN width (default 32; 8 for a CPU-sized agent)")

@@ -58,10 +58,11 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
     60 x 80): the environments, the masks and the maps follow the network's frame size."""
     if steps is None and budget_s is None:
         raise ValueError("give a step cap (--steps) or a time budget (--budget-s), or both")
+    config = config or PPOConfig()
+    config.lr_at(0, steps)  # an unknown schedule, or a linear one without a step cap, fails before the game starts
     spec = scenario(scenario_name)
     out_dir = Path(out_dir)
     check_name(name)
-    config = config or PPOConfig()
     config.camal_lambda = float(lam)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -114,6 +115,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                 break
             last_values = act(net, frames, device, generator)[2]
             net.train()
+            for group in optimizer.param_groups:  # resumes follow the same schedule: it reads the steps done
+                group["lr"] = config.lr_at(state["steps"], steps)
             losses = ppo_update(net, optimizer, rollout, last_values, config, generator)
             state["steps"] += config.rollout_steps * config.num_envs
             state["updates"] += 1
@@ -122,7 +125,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                       "seconds": round(state["seconds"] + time.time() - started, 1),
                       "episodes": len(finished), "return": float(np.mean([f["return"] for f in finished]))
                       if finished else None, "return_100": float(np.mean(state["returns"])) if state["returns"]
-                      else None, **{k: round(v, 5) for k, v in losses.items()}}
+                      else None, "lr": optimizer.param_groups[0]["lr"],
+                      **{k: round(v, 5) for k, v in losses.items()}}
             if state["updates"] % iou_every == 0:
                 net.eval()
                 record["iou"] = cam_iou(net, rollout.frames.flatten(0, 1), rollout.masks.flatten(0, 1), device)
