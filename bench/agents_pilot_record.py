@@ -6,6 +6,12 @@ the same frames, the counterfactual test, the training curve, and which recipe t
     PYTHONPATH=. python bench/agents_pilot_record.py --pilot A EVAL_A.json CKPT_A.json --pilot B EVAL_B.json \
         CKPT_B.json --out bench/results/agents-pilots.json
     PYTHONPATH=. python bench/agents_pilot_record.py --unfinished CKPT.json --out RECORD.json   # a run's curve
+
+The second round (the spread between seeds; its gate in bench/agents_recipe_gate.md): one change, two fresh
+training seeds, accepted when every seed returns >= SECOND_ROUND_EACH and their mean >= GATE_RETURN:
+
+    PYTHONPATH=. python bench/agents_pilot_record.py --change "--lr-schedule linear" --seed-run 6 EVAL_6.json \
+        CKPT_6.json --seed-run 7 EVAL_7.json CKPT_7.json --out bench/results/agents-pilots-lr-schedule.json
 """
 from __future__ import annotations
 
@@ -27,6 +33,11 @@ def _mean_ci(values) -> dict:
             "n": len(values)}
 
 
+SECOND_ROUND_EACH = 12.0
+# recipe A's held-out returns per training seed (the gate's seed 1, then the comparison's 101-105), for the record
+RECIPE_A_SEEDS = {1: 15.15, 101: 13.24, 102: 8.48, 103: 12.36, 104: 14.77, 105: 14.52}
+
+
 def pilot(evaluation: dict, state: dict, key: str) -> dict:
     episodes = evaluation["episodes"]
     returns = [e["return"] for e in episodes]
@@ -43,6 +54,26 @@ def pilot(evaluation: dict, state: dict, key: str) -> dict:
             "counterfactual": drops, "deletion_drop": _mean_ci(fidelity["deletion_drop"]),
             "explained_variance_last5": round(float(np.mean([r["explained_variance"] for r in history[-5:]])), 3),
             "training_curve": curve}
+
+
+def seed_run(evaluation: dict, state: dict, seed: int) -> dict:
+    """One training seed's figures in the second round: `pilot`'s, with the run's peak and final training return
+    (mean of the last 100 training episodes: whether it fell from its peak at the end)."""
+    figures = pilot(evaluation, state, "A")
+    returns = [r["return_100"] for r in state["history"] if r.get("return_100") is not None]
+    figures.update(train_seed=seed, training_return_peak=round(max(returns), 3),
+                   training_return_final=round(returns[-1], 3))
+    return figures
+
+
+def second_round(change: str, runs: dict) -> dict:
+    means = {seed: run["return"]["mean"] for seed, run in runs.items()}
+    passed = min(means.values()) >= SECOND_ROUND_EACH and float(np.mean(list(means.values()))) >= GATE_RETURN
+    return {"gate": f"every seed >= {SECOND_ROUND_EACH} and their mean >= {GATE_RETURN} on the gate's 100 held-out "
+                    "episodes (bench/agents_recipe_gate.md, second round)",
+            "recipe": RECIPE + NETWORKS["A"], "change": change, "steps_cap": STEPS, "runs": runs,
+            "mean_over_seeds": round(float(np.mean(list(means.values()))), 3), "passed": passed,
+            "recipe_a_by_seed": RECIPE_A_SEEDS}
 
 
 def training_curve(rows) -> list:
@@ -63,10 +94,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pilot", nargs=3, action="append", metavar=("KEY", "EVAL", "CHECKPOINT_JSON"))
     parser.add_argument("--unfinished", metavar="CHECKPOINT_JSON")
+    parser.add_argument("--change", help="second round: the one change to recipe A, as its flags")
+    parser.add_argument("--seed-run", nargs=3, action="append", metavar=("SEED", "EVAL", "CHECKPOINT_JSON"))
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.unfinished:
         Path(args.out).write_text(json.dumps(unfinished(json.loads(Path(args.unfinished).read_text())), indent=1))
+        return 0
+    if args.seed_run:
+        runs = {int(seed): seed_run(json.loads(Path(e).read_text()), json.loads(Path(c).read_text()), int(seed))
+                for seed, e, c in args.seed_run}
+        record = second_round(args.change, runs)
+        Path(args.out).write_text(json.dumps(record, indent=1))
+        print(json.dumps({"passed": record["passed"], **{s: r["return"] for s, r in runs.items()}}))
         return 0
     pilots = {key: pilot(json.loads(Path(e).read_text()), json.loads(Path(c).read_text()), key)
               for key, e, c in args.pilot}

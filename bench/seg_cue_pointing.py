@@ -15,7 +15,8 @@ Rows: GradSkip (the default options), gradient rollout, attention rollout and Se
 (occlusion with `--slow`); the same methods on `--control`, a model never shown the cue, explaining the same
 cued smear (its maps should not point there); and the answers that need no explanation: the region blurred, the
 class probability map, a random map, nearest-first (the distance to the region, nearest highest) and GradSkip on
-the cue model with every weight re-initialised. One JSON line per platelet, resumable; `--table` prints hit rate
+the cue model with every weight re-initialised. `--methods M --add-to STORED` adds the rows of M to a stored file's records (same platelets, same placements; the
+answers are not recomputed). One JSON line per platelet, resumable; `--table` prints hit rate
 and mass per row with 95% bootstrap intervals over smears (a smear's platelets averaged first) and GradSkip's
 paired difference to every row.
 """
@@ -58,7 +59,9 @@ def answer_maps(bundle, random_model, image, target, region) -> dict:
             "answer: GradSkip, random model": explain_region(random_model, image, target, "gradskip").maps[0]}
 
 
-def score_platelet(models: dict, random_model, image, piece, cue, methods, variants: dict | None = None) -> dict:
+def score_platelet(models: dict, random_model, image, piece, cue, methods, variants: dict | None = None,
+                   answers: bool = True) -> dict:
+    """`answers`: False for rows added to a stored record (`--add-to`), whose answers are already there."""
     region = torch.from_numpy(piece)
     target = RegionTarget(region[None], [PLATELETS])
     outside = (~context.dilate(region)).numpy()
@@ -69,11 +72,14 @@ def score_platelet(models: dict, random_model, image, piece, cue, methods, varia
     for row, bundle, name, options in runs:
         batch = explain_region(bundle, image, target, name, **options)
         maps[row], seconds[row] = batch.maps[0], batch.seconds
-    maps.update(answer_maps(models["cue model"], random_model, image, target, region))
+    if answers:
+        maps.update(answer_maps(models["cue model"], random_model, image, target, region))
     maps = {name: heat.detach().float().cpu() for name, heat in maps.items()}
     # the cue model's region score when each map's top pixels outside the region, as many as the grown cue has,
     # are painted the mean colour; "the cue itself" paints exactly the grown cue (the most a map can show)
     rows, budget = cue_rows(models["cue model"], image, target, maps, outside, cue)
+    if not answers:
+        rows.pop("answer: the cue itself")
     return {"rows": rows, "seconds": seconds, "platelet_pixels": int(piece.sum()), "cue_budget": budget}
 
 
@@ -81,13 +87,15 @@ def run(args) -> int:
     torch.set_num_threads(1)
     models = {"cue model": load_bundle(args.model), "control": load_bundle(args.control)}
     *_, (_, random_model) = randomised_bundles(models["cue model"])
-    methods = METHODS + (SLOW_METHODS if args.slow else ())
+    methods = tuple(args.methods) if args.methods else METHODS + (SLOW_METHODS if args.slow else ())
+    stored = {(r["image"], r["platelet"]): r for r in map(json.loads, Path(args.add_to).read_text().splitlines())} \
+        if args.add_to else None
     out = Path(args.out)
     done = {(r["image"], r["platelet"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() \
         else set()
     started = time.perf_counter()
     for name, number, image, piece, cue in cued_platelets(args.data, args.split):
-        if (name, number) in done:
+        if (name, number) in done or (stored is not None and (name, number) not in stored):
             continue
         if args.limit is not None and len(done) >= args.limit:
             return 0
@@ -95,7 +103,11 @@ def run(args) -> int:
             print("time budget spent", flush=True)
             return 0
         record = score_platelet(models, random_model, image, piece, cue, methods,
-                                GRADSKIP_VARIANTS if args.gradskip_variants else None)
+                                GRADSKIP_VARIANTS if args.gradskip_variants else None, answers=stored is None)
+        if stored is not None:  # the stored record with the new methods' rows added (the same platelet's maps)
+            old = stored[(name, number)]
+            record = {**old, "rows": {**old["rows"], **record["rows"]},
+                      "seconds": {**old.get("seconds", {}), **record["seconds"]}}
         record.update(image=name, platelet=number)
         with out.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -167,6 +179,9 @@ def main() -> int:
                         help="val: for choosing GradSkip's options (with --gradskip-variants) before the test runs")
     parser.add_argument("--gradskip-variants", action="store_true", help="GradSkip's other options as extra rows")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many platelets")
+    parser.add_argument("--methods", nargs="+", default=None, help="these methods' rows only (default: METHODS)")
+    parser.add_argument("--add-to", default=None, metavar="STORED",
+                        help="a stored results file: its records with --methods' rows added, written to --out")
     parser.add_argument("--table", help="print the table of a results file and stop")
     args = parser.parse_args()
     if args.table:

@@ -277,3 +277,38 @@ def test_a_scenario_agent_plays_only_when_it_beats_the_blind_script_on_the_same_
     assert abs(difference["mean"] - 10) < 1e-6 and difference["ci95"][0] < 10 < difference["ci95"][1]
     assert result["agents"]["late"] == {"judged": False, "why": "no evaluation yet (100 steps trained)"}
     assert "| camal | yes |" in (tmp_path / "out.md").read_text()
+
+
+def test_the_second_pilot_round_is_judged_on_every_seed_and_their_mean(tmp_path):
+    """bench/agents_pilot_record.py --seed-run: each seed's held-out mean and its peak / final training return; the
+    gate needs every seed >= 12 and the mean >= 15, so a 20 beside an 11 fails and 15.5 beside 14.5 passes."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    import agents_pilot_record as record
+
+    def run(seed, returns):
+        episodes = [{"return": r, "length": 200, "iou": 0.02, "iou_reference": {"random": 0.015, "prior": 0.1}}
+                    for r in returns]
+        drops = {"spread": 2.0, "frames": 4, "skipped": 0, "monsters": [0.3, 0.2, 0.4, 0.1],
+                 "control": [0.0, 0.1, 0.0, 0.0], "episodes": [10, 10, 11, 11]}
+        evaluation = {"episodes": episodes, "episode_seeds": [10_000_000, 10_000_001],
+                      "counterfactual": {"a": drops}, "fidelity": {"a": {"deletion_drop": [0.5, 0.7]}}}
+        history = [{"return_100": value, "explained_variance": 0.7, "steps": 4096 * (k + 1)}
+                   for k, value in enumerate([2.0, 9.0, 13.5, 12.0])]
+        state = {"steps": 196608, "seconds": 3000.0, "history": history}
+        paths = tmp_path / f"eval-{seed}.json", tmp_path / f"ckpt-{seed}.json"
+        paths[0].write_text(json.dumps(evaluation))
+        paths[1].write_text(json.dumps(state))
+        return [str(seed), str(paths[0]), str(paths[1])]
+
+    out = tmp_path / "round.json"
+    argv = ["--change", "--lr-schedule linear", "--seed-run", *run(6, [20, 20]), "--seed-run", *run(7, [11, 11])]
+    assert record.main(argv + ["--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["mean_over_seeds"] == 15.5 and result["passed"] is False
+    assert result["runs"]["6"]["training_return_peak"] == 13.5 and result["runs"]["6"]["training_return_final"] == 12.0
+    argv = ["--change", "x", "--seed-run", *run(6, [15, 16]), "--seed-run", *run(7, [14, 15])]
+    assert record.main(argv + ["--out", str(out)]) == 0 and json.loads(out.read_text())["passed"] is True

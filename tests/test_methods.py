@@ -350,3 +350,36 @@ def test_explain_batch_is_the_one_run_path_seeded_locked_and_checked():
         assert explain_batch(bundle, "aha", images, [0, 1]).resolved["mode"] == "trained"
     finally:
         forget_explainers()
+
+
+@pytest.mark.parametrize("make", ["quadrant", "tiny_cnn"])
+def test_integrated_gradients_is_complete_and_gives_reference_pixels_nothing(make):
+    """Completeness (Sundararajan et al.'s axiom): the signed values sum to the probability's change from the
+    reference image to the image; a pixel already at the reference colour gets exactly 0."""
+    from explainers.methods.integrated_gradients import integrated_gradients
+
+    bundle = quadrant_bundle(scale=4.0) if make == "quadrant" else tiny_cnn(size=32)
+    image = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    reference = torch.tensor(bundle.reference_color).view(1, 3, 1, 1)
+    image[:, :, 20:, 20:] = reference[0]
+    classes = torch.tensor([0, 1])
+    signed = integrated_gradients(bundle, image, classes, steps=64, batch_size=24)
+    with torch.no_grad():
+        probability = lambda x: bundle(x).softmax(dim=1)[torch.arange(2), classes]
+        change = probability(image) - probability(reference.expand_as(image))
+    assert torch.allclose(signed.flatten(1).sum(dim=1), change, rtol=0.03, atol=1e-4)
+    assert float(signed[:, 20:, 20:].abs().max()) == 0.0
+    # chunking the path does not change it; the method's map is the positive part
+    again = integrated_gradients(bundle, image, classes, steps=64, batch_size=7)
+    assert torch.allclose(signed, again, atol=1e-6)
+    maps = get_method("intgrad", steps=64).attribute(bundle, image, classes)
+    assert torch.allclose(maps, signed.clamp_min(0), atol=1e-6)
+
+
+def test_integrated_gradients_finds_the_quadrant_and_refuses_bad_steps():
+    bundle = quadrant_bundle(scale=4.0)
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 0.2 + 0.5
+    maps = get_method("intgrad").attribute(bundle, image, torch.tensor([0]))
+    assert maps[0, :16, :16].sum() / maps[0].sum() > 0.9
+    with pytest.raises(ValueError, match="steps must be between 4 and 64"):
+        get_method("intgrad", steps=2)

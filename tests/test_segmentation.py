@@ -82,8 +82,8 @@ def test_drawn_region_is_read_at_the_model_size(seg):
     assert region.shape == (8, 16) and int(region.sum()) == 8
 
 
-@pytest.mark.parametrize("name", ["gradskip", "gradcam", "rollout", "gradrollout", "occlusion", "rise", "aha",
-                                  "random"])
+@pytest.mark.parametrize("name", ["gradskip", "gradcam", "rollout", "gradrollout", "occlusion", "rise", "intgrad",
+                                  "aha", "random"])
 def test_every_method_explains_a_region(seg, images, name):
     options = {"rise": {"n_masks": 16}, "aha": {"per_image_steps": 1}, "occlusion": {"window_fraction": 0.5}}.get(name, {})
     target = RegionTarget(torch.stack([box_region(8, 16, 16, 32), box_region(30, 60, 20, 40)]), [1, 2])
@@ -93,7 +93,7 @@ def test_every_method_explains_a_region(seg, images, name):
         assert float(maps.min()) >= 0 and float(maps.max()) <= 1 + 1e-6
 
 
-@pytest.mark.parametrize("name", ["gradskip", "gradrollout", "rollout", "gradcam"])
+@pytest.mark.parametrize("name", ["gradskip", "gradrollout", "rollout", "gradcam", "intgrad"])
 def test_a_swapped_region_is_not_followed_when_the_gradients_are_unchanged(seg, images, name):
     """The region's score (so every gradient) stays the left box's; the masks the method could read show the
     mirrored box. A map drawn from the score's gradients is unchanged; one that reads the region follows it."""

@@ -13,7 +13,7 @@ class RandomMap(Method):
     label = "Random (baseline)"
     description = "Uniform noise: any method worth using must beat it on deletion and insertion."
     colour = "#999999"
-    order = 7
+    order = 8
     families = ANY_TARGET_FAMILIES
     any_target = True  # draws the same noise whatever the target
     baseline = True

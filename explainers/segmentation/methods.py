@@ -31,6 +31,7 @@ from ..methods.base import Method, MethodNotApplicable, normalize_max, upsample
 from ..methods.chefer import CheferRollout
 from ..methods.gradcam import GradCAM
 from ..methods.gradskip import MAP_DEFAULTS, GradSkip, _validate_options, gini
+from ..methods.integrated_gradients import IntegratedGradients
 from ..methods.occlusion import Occlusion
 from ..methods.random_map import RandomMap
 from ..methods.rise import RISE
@@ -364,7 +365,7 @@ class SegGradientRollout(_RegionRollout):
 
 # the methods that read their score through any target (explainers.targets) explain a region as they are:
 # Grad-CAM of the region score is Seg-Grad-CAM (Vinogradova et al. 2020), at the decode head's fused features
-SHARED_METHODS = (GradCAM, Occlusion, RISE, AHA, RandomMap)
+SHARED_METHODS = (GradCAM, Occlusion, RISE, IntegratedGradients, AHA, RandomMap)
 for _shared in SHARED_METHODS:
     SEGMENTATION_METHODS[_shared.name] = _shared
 
