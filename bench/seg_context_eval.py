@@ -4,6 +4,9 @@ per region, resumable (a rerun skips the regions already in --out) and time-budg
     PYTHONPATH=. python bench/seg_context_eval.py --data PREPARED --split test --classes WBC Platelets \
         --out bench/results/seg-context-test.jsonl --time-budget-s 2400
 
+`--methods M --add-to STORED` adds the rows of M to a stored file's regions (their answer rows and orders are
+not recomputed).
+
 Smears: the split's smears in name order, less the five test smears that repeat a train or val field of view
 (`--twins` scores only those, to report them apart). Per smear and class (predicted, and in the derived mask), the
 target is the class over its predicted region. Rows:
@@ -49,26 +52,31 @@ def answer_maps(bundle, random_model, image, target, region, class_index, gradsk
     return {"region blurred": blurred, "class probability": probability, "GradSkip, random model": randomised}
 
 
-def score_region(bundle, random_head, random_model, image, truth, valid, prediction, class_index, args) -> dict:
+def score_region(bundle, random_head, random_model, image, truth, valid, prediction, class_index, args,
+                 methods=METHODS, answers: bool = True) -> dict:
+    """`answers`: False for a method's rows added to a stored record (`--add-to`: its answer rows and orders
+    are already there)."""
     region = prediction == class_index
     target = RegionTarget(region[None], [class_index])
     grown = context.dilate(region)
     outside = ~grown
     maps, seconds, randomisation = {}, {}, {}
-    for name in METHODS:
+    for name in methods:
         method = get_segmentation_method(name, bundle, **(args.gradskip if name == "gradskip" else {}))
         batch = explain_region(bundle, image, target, method)
         maps[name], seconds[name] = batch.maps[0], batch.seconds
         other = explain_region(random_head, image, target, method).maps[0]
         randomisation[name] = {**compare_maps(maps[name], other),
                                "spearman_outside": spearman(maps[name][outside], other[outside])}
-    maps.update(answer_maps(bundle, random_model, image, target, region, class_index, args.gradskip))
+    if answers:
+        maps.update(answer_maps(bundle, random_model, image, target, region, class_index, args.gradskip))
     out_orders = {name: context.order_by_values(heat, outside) for name, heat in maps.items()}
-    out_orders["random order"] = context.random_order(outside)
-    out_orders["nearest first"] = context.nearest_first_order(region, outside)
     in_orders = {name: context.order_by_values(heat, region) for name, heat in maps.items()}
-    in_orders["random order"] = context.random_order(region)
-    in_orders["centre first"] = context.centre_first_order(region)
+    if answers:
+        out_orders["random order"] = context.random_order(outside)
+        out_orders["nearest first"] = context.nearest_first_order(region, outside)
+        in_orders["random order"] = context.random_order(region)
+        in_orders["centre first"] = context.centre_first_order(region)
     curves = {reference: context.deletion_curves(bundle, image, target, out_orders, steps=args.steps,
                                                  reference=reference) for reference in context.REFERENCES}
     inside = context.deletion_curves(bundle, image, target, in_orders, steps=args.steps)
@@ -82,10 +90,11 @@ def score_region(bundle, random_head, random_model, image, truth, valid, predict
                                                                         background).items()})
             row["pa"], row["iou"] = context.fixed_pa_iou(maps[name], truth, valid)
         rows[name] = row
-    rows["centre first"] = {"in_mean": context.curve_auc(inside["centre first"])}
+    if answers:
+        rows["centre first"] = {"in_mean": context.curve_auc(inside["centre first"])}
     _, model_iou = pa_iou(region, truth, valid)
     return {"rows": rows, "randomisation": randomisation, "seconds": seconds, "model_iou": model_iou,
-            "start_probability": float(curves["mean"]["gradskip"][0]), "region_pixels": int(region.sum())}
+            "start_probability": float(next(iter(curves["mean"].values()))[0]), "region_pixels": int(region.sum())}
 
 
 def main() -> int:
@@ -100,6 +109,9 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--out", required=True)
     parser.add_argument("--time-budget-s", type=float, default=None)
+    parser.add_argument("--methods", nargs="+", default=None, help="these methods' rows only (default: METHODS)")
+    parser.add_argument("--add-to", default=None, metavar="STORED",
+                        help="a stored results file: its regions' records with --methods' rows added, to --out")
     args = parser.parse_args()
     args.gradskip = json.loads(args.gradskip_options)
     torch.set_num_threads(1)
@@ -109,6 +121,8 @@ def main() -> int:
     images, masks, names = load_prepared(args.data, args.split, "cpu")
     order = sorted((i for i in range(len(names)) if (names[i] in TWIN_SMEARS) == args.twins), key=lambda i: names[i])
     order = order[:args.limit] if args.limit else order
+    stored = {(r["image"], r["class"]): r for r in map(json.loads, Path(args.add_to).read_text().splitlines())} \
+        if args.add_to else None
     out = Path(args.out)
     done = {(r["image"], r["class"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
     started = time.perf_counter()
@@ -120,14 +134,19 @@ def main() -> int:
         for class_name in args.classes:
             class_index = bundle.class_names.index(class_name)
             if (names[index], class_name) in done or not (prediction == class_index).any() \
-                    or not (masks[index] == class_index).any():
+                    or not (masks[index] == class_index).any() \
+                    or (stored is not None and (names[index], class_name) not in stored):
                 continue
             if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
                 print("time budget spent", flush=True)
                 return 0
             truth = (masks[index] == class_index) & valid
             record = score_region(bundle, random_head, random_model, image, truth, valid, prediction, class_index,
-                                  args)
+                                  args, **({"methods": tuple(args.methods)} if args.methods else {}),
+                                  answers=stored is None)
+            if stored is not None:  # the stored record with the new methods' rows added (the same region's maps)
+                old = stored[(names[index], class_name)]
+                record = {**old, **{key: {**old[key], **record[key]} for key in ("rows", "randomisation", "seconds")}}
             record.update(image=names[index], **{"class": class_name}, gradskip_options=args.gradskip,
                           steps=args.steps)
             with out.open("a") as handle:

@@ -167,6 +167,26 @@ def table(path) -> str:
     return "\n".join(lines)
 
 
+def card_summary(path, methods=("intgrad", "gradskip", "gradrollout", "gradcam")) -> dict:
+    """The pointing figures a model card carries (the Learn tab reads them): per method, the hit rate on the cue
+    model and on the control, mean over smears with its 95% interval, and how many platelets' maps peak on the cue."""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    smears = sorted({r["image"] for r in records})
+
+    def rate(row):
+        values = np.array([np.mean([float(r["rows"][row]["hit"]) for r in records if r["image"] == s])
+                           for s in smears])
+        low, high = bootstrap_ci(values)
+        return {"mean": round(float(values.mean()), 3), "ci95": [round(float(low), 3), round(float(high), 3)],
+                "platelets_hit": int(sum(bool(r["rows"][row]["hit"]) for r in records))}
+
+    return {"split": "BCCD test less the twins", "platelets": len(records), "smears": len(smears),
+            "score": "hit: the map's largest value outside the platelet (grown 3 px) lies on its cue",
+            "source": str(Path(path).with_suffix(".md")),
+            "hit": {m: {"cue_model": rate(f"cue model: {m}"), "control": rate(f"control: {m}")} for m in methods
+                    if all(f"{who}: {m}" in records[0]["rows"] for who in ("cue model", "control"))}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data")
@@ -183,9 +203,14 @@ def main() -> int:
     parser.add_argument("--add-to", default=None, metavar="STORED",
                         help="a stored results file: its records with --methods' rows added, written to --out")
     parser.add_argument("--table", help="print the table of a results file and stop")
+    parser.add_argument("--to-card", metavar="CARD", help="with --table: write the hit rates into the cue model's card")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
+        if args.to_card:
+            card = json.loads(Path(args.to_card).read_text())
+            card["pointing_at_cue"] = card_summary(args.table)
+            Path(args.to_card).write_text(json.dumps(card, indent=2) + "\n")
         return 0
     if not (args.data and args.model and args.control and args.out):
         parser.error("--data, --model, --control and --out are needed (or --table FILE)")

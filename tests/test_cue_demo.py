@@ -46,8 +46,11 @@ def test_without_the_model_the_tab_says_how_to_build_it(tmp_path):
 def test_each_model_maps_the_platelet_and_is_scored_on_the_cue(tmp_path):
     check = {"split": "BCCD test less the twins", "model": {"drop_mean": 0.31, "drop_ci95": [0.25, 0.37],
                                                             "smears": ["a", "b", "c"]}}
+    rate = {"cue_model": {"mean": 0.986, "ci95": [0.959, 1.0]}, "control": {"mean": 0.444, "ci95": [0.3, 0.57]}}
+    pointing = {"platelets": 68, "smears": 37, "hit": {"intgrad": rate}}  # GradSkip's left out: no line for it
     (tmp_path / f"{cue_demo.CUE_MODEL}.json").write_text(json.dumps({"kind": "segmentation",
-                                                                      "held_out_check": check}))
+                                                                      "held_out_check": check,
+                                                                      "pointing_at_cue": pointing}))
     names = (cue_demo.CUE_MODEL, cue_demo.CONTROL)
     bundles = {name: four_class_segformer(name, seed) for seed, name in enumerate(names)}
     items, text = cue_demo.cue_view(None, loader=bundles.__getitem__, folders=[tmp_path])
@@ -60,6 +63,9 @@ def test_each_model_maps_the_platelet_and_is_scored_on_the_cue(tmp_path):
         assert caption.startswith(f"{model} · ") and ("points at the cue" in caption or "does not point" in caption)
     assert text.count("Platelets probability over the platelet") == 2
     assert "0.310 [0.250, 0.370]" in text and "3 smears" in text
+    assert ("68 cued platelets on 37 smears" in text and
+            "Integrated gradients 0.99 [0.96, 1.00] on the cue model, 0.44 on the control" in text)
+    assert "GradSkip 0." not in text
 
 
 def test_the_shipped_cue_model_is_found_in_the_store():
