@@ -42,9 +42,9 @@ LARGE_PHOTO_FACTOR = 4  # a photo over 4x the model's side is reduced with a not
 DEFAULT_METHODS = ("gradskip", "gradcam", "gradrollout", "rollout")
 # the methods from cheapest to dearest on a CPU (bccd-segformer, one 320 x 240 smear, one thread: Seg-Grad-CAM
 # ~0.19 s; attention rollout, gradient rollout and GradSkip ~0.34 s each alone, 95% of it their one shared forward
-# and backward pass (`CaptureCache`), so the first of them pays ~0.34 s and the others ~0.02 s; occlusion, RISE and
-# AHA many seconds)
-COST_ORDER = ("random", "gradcam", "rollout", "gradrollout", "gradskip", "occlusion", "rise", "aha")
+# and backward pass (`CaptureCache`), so the first of them pays ~0.34 s and the others ~0.02 s; integrated gradients
+# 16 forward and backward passes; occlusion, RISE and AHA many seconds)
+COST_ORDER = ("random", "gradcam", "rollout", "gradrollout", "gradskip", "intgrad", "occlusion", "rise", "aha")
 REGION_WORDS = {"predicted": "predicted region", "clicked": "clicked region", "drawn": "drawn region"}
 
 
