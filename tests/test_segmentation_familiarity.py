@@ -106,3 +106,29 @@ def test_curves_reuse_their_end_points_and_match_the_plain_engine(bundle):
     for row, curves in enumerate((first, second)):
         assert np.allclose(curves.deletion[0], plain.deletion[row], atol=1e-5)
         assert np.allclose(curves.insertion[0], plain.insertion[row], atol=1e-5)
+
+
+def test_a_window_of_the_logits_is_that_window_of_the_whole_and_a_region_reads_only_its_box(bundle):
+    """The decode head made only where a window's upsampling reads (the curves' region score): the same logits as
+    the whole pass's, cropped, at the borders and for a single pixel too; a region's probability is unchanged."""
+    from explainers.segmentation.model import bilinear_rows, region_probability, region_window
+    from explainers.segmentation.targets import RegionTarget
+
+    # the weight matrices are F.interpolate's own
+    values = torch.rand(1, 1, 5, 7, generator=torch.Generator().manual_seed(2))
+    resized = torch.nn.functional.interpolate(values, size=(13, 11), mode="bilinear", align_corners=False)
+    assert torch.allclose(bilinear_rows(13, 5).float() @ values[0, 0] @ bilinear_rows(11, 7).float().T, resized[0, 0],
+                          atol=1e-6)
+    images = torch.rand(2, 3, *bundle.input_size, generator=torch.Generator().manual_seed(1))
+    height, width = bundle.input_size
+    whole = fast_logits(bundle, images)
+    for window in [(0, height, 0, width), (5, 17, 9, 40), (0, 3, width - 2, width), (height - 1, height, 0, 1)]:
+        top, bottom, left, right = window
+        part = fast_logits(bundle, images, window)
+        assert part.shape == (2, whole.shape[1], bottom - top, right - left)
+        assert torch.allclose(part, whole[:, :, top:bottom, left:right], atol=1e-5)
+    masks = torch.zeros(2, height, width, dtype=torch.bool)
+    masks[0, 4:9, 10:30], masks[1, 20:25, 3:6] = True, True
+    target = RegionTarget(masks, [1, 2])
+    assert region_window(masks) == (4, 25, 3, 30)
+    assert torch.allclose(region_probability(bundle, images, target), target.probability(bundle(images)), atol=1e-6)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..metrics import pixel_ranks, reference_images, trapezoid_auc
 from .checks import mean_threshold
+from .model import region_probability
 from .scoring import pa_iou
 
 DILATION_PX = 3
@@ -78,7 +79,7 @@ def deletion_curves(bundle, image: torch.Tensor, target, orders: dict, *, steps:
     image = image if image.dim() == 4 else image.unsqueeze(0)
     height, width = image.shape[-2:]
     fill = reference_images(image, reference, bundle.reference_color)
-    start = float(target.probability(bundle(image))[0])
+    start = float(region_probability(bundle, image, target)[0])
     plan = []
     for name, order in orders.items():
         counts = np.round(np.linspace(0, 1, steps + 1) * len(order)).astype(int)
@@ -91,7 +92,7 @@ def deletion_curves(bundle, image: torch.Tensor, target, orders: dict, *, steps:
             masks[row, orders[name][:count].to(image.device)] = 1
         masks = masks.view(-1, 1, height, width)
         perturbed = image * (1 - masks) + fill * masks
-        probabilities = target.repeated(len(part)).probability(bundle(perturbed))
+        probabilities = region_probability(bundle, perturbed, target.repeated(len(part)))
         for (name, _), value in zip(part, probabilities.tolist()):
             values[name].append(value)
     return {name: np.asarray(curve) for name, curve in values.items()}

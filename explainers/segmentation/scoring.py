@@ -54,14 +54,14 @@ def region_curves(bundle, image: torch.Tensor, maps: torch.Tensor, target, *, st
                   batch_size: int | None = None, known: dict | None = None):
     """Deletion and insertion curves (explainers.metrics engine) of one image's region score in its probability
     form (the region's mean class-c softmax probability): `maps` B x H x W for the same image and region (one per
-    method). Returns a `Curves` with B rows. The passes go through `fast_logits`, a few images at a time (on a
-    CPU, batches of 2-4 smears were ~2x quicker per image than batches of 22-32, measured; None: 4 on a CPU, 32 on
-    a GPU). Each curve starts or ends at the whole image or the all-reference one, the same for every map: their
+    method). Returns a `Curves` with B rows. The passes go through `region_probability` (the logits made only in
+    the region's box), a few images at a time (on a CPU, batches of 2-4 smears were ~2x quicker per image than
+    batches of 22-32, measured; None: 4 on a CPU, 32 on a GPU). Each curve starts or ends at the whole image or the all-reference one, the same for every map: their
     scores are computed once and kept in `known` (pass the same dict to the calls for one image and region, e.g.
     one method at a time): 4 of each map's 2 x (steps + 1) passes."""
     from ..metrics import deletion_insertion, reference_images
     from ..targets import TargetScoreModel as _RegionScoreModel
-    from .model import fast_logits
+    from .model import region_probability
 
     image = image if image.dim() == 4 else image.unsqueeze(0)
     ends = (image[0], reference_images(image, "mean", bundle.reference_color)[0])
@@ -74,7 +74,7 @@ def region_curves(bundle, image: torch.Tensor, maps: torch.Tensor, target, *, st
             out = torch.empty(images.shape[0], 2, device=images.device)
             if todo:
                 rows = torch.zeros(len(todo), dtype=torch.long)
-                p = self.target.take(rows).probability(fast_logits(self.bundle, images[todo]))
+                p = region_probability(self.bundle, images[todo], self.target.take(rows))
                 p = p.clamp(1e-6, 1 - 1e-6)
                 out[todo] = torch.stack([p.log(), (1 - p).log()], dim=1)
                 known.update({which[i]: out[i].clone() for i in todo if which[i] is not None})
