@@ -257,7 +257,7 @@ def test_redraw_and_downloads(running):
 
 
 EXPLAIN_PARAMETERS = ["image_path", "model_name", "methods", "target_choice", "alpha", "class_focus", "refine_steps",
-                      "occlusion_window", "opacity", "colour_map", "outline_percent"]
+                      "occlusion_window", "intgrad_steps", "opacity", "colour_map", "outline_percent"]
 
 
 def test_every_endpoint_names_its_parameters_and_explain_takes_keywords(running):

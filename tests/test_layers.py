@@ -161,4 +161,4 @@ def test_library_options_carry_no_gradio_names_and_the_app_derives_them():
     new = Option("window_size", "A new option", 1, 0, 2, 1)
     assert menus.slider_ids("newmethod", new) == menus.SliderIds("newmethod-window-size", "newmethod_window_size", None)
     assert [menus.api_parameter(m, o) for m, o in menus.sliders()] == ["alpha", "class_focus", "refine_steps",
-                                                                      "occlusion_window"]
+                                                                      "occlusion_window", "intgrad_steps"]
