@@ -379,7 +379,8 @@ def test_registry_methods_on_agents(arch, options):
     net = build_network(arch, 4, **options).eval()
     frames = torch.randint(0, 256, (2, 3, *FRAME_HW), dtype=torch.uint8)
     methods = agent_methods(net)
-    expected = {"gradcam", "occlusion", "rise", "aha"} | ({"gradskip", "rollout", "chefer"} if arch == "vit" else set())
+    expected = {"gradcam", "occlusion", "rise", "intgrad", "aha"} | (
+        {"gradskip", "rollout", "chefer"} if arch == "vit" else set())
     assert set(methods) == expected
     menu = {name: label for label, name in agent_method_choices()}  # the Agents tab's menu, from the registry
     assert set(methods) <= set(menu) and menu["aha"] == "AHA (per image)"

@@ -59,7 +59,7 @@ def test_handlers_play_scrub_replay_export(agent_folder, monkeypatch):
     labels = dict((value, label) for label, value in a["choices"])
     assert labels["t-vanilla"].startswith("vanilla PPO") and labels["t-camal"].startswith("CAMAL λ 1")
     menu = tab.map_choices("t-vanilla", "t-camal", "gradskip")  # a CNN agent: no ViT-only map is offered
-    assert {name for _, name in menu["choices"]} == {"gradcam", "occlusion", "rise", "aha"}
+    assert {name for _, name in menu["choices"]} == {"gradcam", "occlusion", "rise", "intgrad", "aha"}
     assert menu["value"] == "gradcam"
     records, slider, picture_a, picture_b, facts, figure, stop = tab.play("t-vanilla", "t-camal", 10_000_002, 6,
                                                                           "gradcam", "value")

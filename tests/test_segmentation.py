@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("transformers")
 
 from explainers.engine import explain  # noqa: E402
-from explainers.methods import MethodNotApplicable  # noqa: E402
+from explainers.methods import METHODS, MethodNotApplicable, get_method  # noqa: E402
 from explainers.metrics import spearman  # noqa: E402
 from explainers.segmentation.checks import ShownRegion  # noqa: E402
 from explainers.segmentation.capture import (BlockRecord, capture, key_shares, spread_keys,  # noqa: E402
@@ -306,3 +306,13 @@ def test_hub_segformer_offline_fails_at_once_in_plain_words(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailableError, match="could not be downloaded"):
         load_model("nvidia/segformer-b0-finetuned-ade-512-512")
+
+
+def test_integrated_gradients_takes_four_steps_in_the_segmentation_view_on_a_cpu(seg):
+    """The view's interactive steps (chosen on the cued val platelets: 4 found the cue as often as 16); a
+    classifier keeps the method's default."""
+    from conftest import tiny_cnn
+    from saliency_lab.segmentation import interactive_options
+
+    assert interactive_options("intgrad", seg) == {"steps": 4}
+    assert get_method("intgrad").steps == 16 and METHODS["intgrad"].interactive_options(tiny_cnn()) == {}
