@@ -94,7 +94,8 @@ def cue_view(services, loader=None, folders=None) -> tuple:
             method = get_segmentation_method(method_name, bundle)
             heat = explain_batch(bundle, method, image, target).maps.float()[0].cpu()
             scores = pointing_at_cue(heat.numpy(), outside, cues)
-            picture = overlay_map(cued, heat.numpy(), mean_threshold(heat[None])[0].numpy(), platelets)
+            picture = overlay_map(cued, method.display_map(heat.numpy()), mean_threshold(heat[None])[0].numpy(),
+                                  platelets)
             verdict = "points at the cue" if scores["hit"] else "does not point at the cue"
             items.append((zoomed(_ring(picture, cues), around), f"{name} · {method.label_for(bundle)}: {verdict} ("
                                                 f"{scores['mass']:.0%} of its mass outside the platelet on the cue)"))

@@ -13,7 +13,10 @@ from explainers.metrics import METRICS
 
 
 def map_to_display(record: dict, prepared: PreparedInput) -> np.ndarray:
-    return map_to_original(record["map"], prepared.display_geometry)
+    """The record's map in the display image's size, as its method colours it (`Method.display_map`)."""
+    shown = map_to_original(record["map"], prepared.display_geometry)
+    method = METHODS.get(record.get("method"))
+    return method.display_map(shown) if method is not None else shown
 
 
 OUTLINE = (213, 94, 0)  # Okabe-Ito vermillion: stands out on cividis, viridis and grey

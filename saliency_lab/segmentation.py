@@ -329,8 +329,9 @@ class SegmentationView:
         record = {"method": name, "label": method.label_for(self.bundle), "map": heat.numpy(), "seconds": seconds,
                   "iou_predicted": iou, "pa_predicted": pa, "class": self.bundle.class_names[class_index],
                   "target_name": f"{self.bundle.class_names[class_index]} (region)",
-                  "overlay": overlay_map(shown.rgb, heat.numpy(), binary.numpy(), region.numpy()),
-                  "overlay_context": overlay_map(shown.rgb, context_only(heat, outside).numpy(),
+                  "overlay": overlay_map(shown.rgb, method.display_map(heat.numpy()), binary.numpy(),
+                                         region.numpy()),
+                  "overlay_context": overlay_map(shown.rgb, method.display_map(context_only(heat, outside).numpy()),
                                                  np.zeros(region.shape, bool), region.numpy()),
                   "mass_outside": mass_outside(heat, ~outside, shown.prediction, class_index,
                                                background_classes(self.bundle))["outside"]}

@@ -383,3 +383,15 @@ def test_integrated_gradients_finds_the_quadrant_and_refuses_bad_steps():
     assert maps[0, :16, :16].sum() / maps[0].sum() > 0.9
     with pytest.raises(ValueError, match="steps must be between 4 and 64"):
         get_method("intgrad", steps=2)
+
+
+def test_a_pixel_level_map_is_coloured_with_its_top_values_clipped_and_scored_as_it_is():
+    """Integrated gradients' few extreme pixels would leave the rest of its map in the low colour: its top 1% is
+    shown in the top colour (display only); a method that declares nothing is shown as it is."""
+    from explainers.methods import METHODS
+
+    values = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    shown = METHODS["intgrad"].display_map(values)
+    assert shown.max() == pytest.approx(np.quantile(values, 0.99)) and (shown == values)[values <= 989].all()
+    assert (METHODS["gradcam"].display_map(values) == values).all()
+    assert np.isnan(METHODS["intgrad"].display_map(np.full((3, 3), np.nan))).all()  # nothing finite: as it is

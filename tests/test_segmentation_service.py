@@ -68,8 +68,8 @@ def test_regions_from_a_class_a_click_and_a_drawing(view):
 
 def test_explain_gives_maps_scores_and_curves(view):
     shown, target = shown_with_region(view, truth=np.full((32, 64), 2, np.uint8))
-    records = view.explain(shown, target, ["gradskip", "gradcam", "random"], curve_steps=4)
-    assert [r["method"] for r in records] == ["gradskip", "gradcam", "random"]
+    records = view.explain(shown, target, ["gradskip", "gradcam", "intgrad", "random"], curve_steps=4)
+    assert [r["method"] for r in records] == ["gradskip", "gradcam", "intgrad", "random"]
     for record in records:
         assert record["overlay"].shape == (32, 64, 3) and record["map"].shape == (32, 64)
         assert 0 <= record["iou_predicted"] <= 1 and 0 <= record["pa_predicted"] <= 1
@@ -77,7 +77,7 @@ def test_explain_gives_maps_scores_and_curves(view):
     table = scores_markdown(records)
     assert "| IoU truth |" in table and "against the predicted region" in table
     assert "| Grad\u2011CAM |" in table  # the method's name is never broken at its hyphen
-    assert len([line for line in table.splitlines() if line.startswith("|")]) == 5  # header, rule, 3 methods
+    assert len([line for line in table.splitlines() if line.startswith("|")]) == 6  # header, rule, 4 methods
     reference = view.context(shown, target, records, steps=3)
     region = target.masks[0]
     for record in records:

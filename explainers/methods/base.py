@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from ..resize import resize_bilinear
@@ -91,6 +92,9 @@ class Method(ABC):
     details: ClassVar[str] = ""  # title of the diagnostics panel (a prepared state with `diagnostics(**options)`)
     score_targets: ClassVar[bool] = False  # accepts a target given as a function of the output (logits -> B scores)
     any_target: ClassVar[bool] = False  # reads its score through the target (`explainers.targets`): any model kind
+    # the share of a map's largest values shown in the top colour: a pixel-level map's few extreme pixels would
+    # otherwise leave the rest in the low colour (integrated gradients); display only, scores read the map itself
+    display_clip: ClassVar[float] = 0.0
 
     @classmethod
     def default_for(cls, bundle) -> bool:
@@ -131,6 +135,16 @@ class Method(ABC):
         (the user and interactive options of the run; None: the defaults): the app's time estimate before a run.
         Gradient methods about three, a baseline none; a method that perturbs the input says how many it makes."""
         return 0 if cls.baseline else 3
+
+    @classmethod
+    def display_map(cls, values) -> np.ndarray:
+        """The map as coloured for the eye (`display_clip`: its largest values shown in the top colour, as Captum's
+        visualisation clips outliers); curves, scores and binarisation use the map itself."""
+        values = np.asarray(values, dtype=np.float32)
+        finite = values[np.isfinite(values)]
+        if not cls.display_clip or finite.size == 0:
+            return values
+        return np.minimum(values, np.quantile(finite, 1.0 - cls.display_clip)).astype(np.float32)
 
     @classmethod
     def live_options(cls) -> tuple:
