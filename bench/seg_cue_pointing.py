@@ -15,8 +15,9 @@ Rows: GradSkip (the default options), gradient rollout, attention rollout and Se
 (occlusion with `--slow`); the same methods on `--control`, a model never shown the cue, explaining the same
 cued smear (its maps should not point there); and the answers that need no explanation: the region blurred, the
 class probability map, a random map, nearest-first (the distance to the region, nearest highest) and GradSkip on
-the cue model with every weight re-initialised. `--methods M --add-to STORED` adds the rows of M to a stored file's records (same platelets, same placements; the
-answers are not recomputed). One JSON line per platelet, resumable; `--table` prints hit rate
+the cue model with every weight re-initialised. `--methods M --add-to STORED` adds the rows of M to a stored
+file's records (same platelets, same placements; the answers are not recomputed). One JSON line per platelet,
+resumable; `--table` prints hit rate
 and mass per row with 95% bootstrap intervals over smears (a smear's platelets averaged first) and GradSkip's
 paired difference to every row.
 """

@@ -109,8 +109,8 @@ def cue_view(services, loader=None, folders=None) -> tuple:
     pointing = card.data.get("pointing_at_cue") or {}
     rates = [(method, pointing["hit"][method]) for method in METHODS if method in pointing.get("hit", {})]
     if rates:
-        lines.append(f"Held out ({pointing['platelets']} cued platelets on {pointing['smears']} smears), how often each "
-                     "method's map peaks on the cue: " + "; ".join(
+        lines.append(f"Held out ({pointing['platelets']} cued platelets on {pointing['smears']} smears), how often "
+                     "each method's map peaks on the cue: " + "; ".join(
                          f"{get_segmentation_method(method).label} {hit['cue_model']['mean']:.2f} "
                          f"[{hit['cue_model']['ci95'][0]:.2f}, {hit['cue_model']['ci95'][1]:.2f}] on the cue model, "
                          f"{hit['control']['mean']:.2f} on the control" for method, hit in rates) + ".")

@@ -101,7 +101,8 @@ def run(args) -> dict:
             row["rows"][f"answer: {name}"] = scores(heat, grown)
         records.append(row)
     summary = summarise(records)
-    summary.update(images=len(names), square_led_all=len(led_all), square_led=len(led), seconds_total=round(time.perf_counter() - started, 1),
+    summary.update(images=len(names), square_led_all=len(led_all), square_led=len(led),
+                   seconds_total=round(time.perf_counter() - started, 1),
                    median_seconds=({k: round(float(np.median(v)), 3) for k, v in seconds.items()}),
                    model=Path(args.model).stem, contrast=Path(args.contrast).stem,
                    data="decoy test split built by `python -m explainers decoy-bloodmnist --src "
@@ -134,8 +135,8 @@ def summarise(records: list) -> dict:
 
 
 def markdown(summary: dict) -> str:
-    lines = [f"The first {summary['square_led']} (in file order) of the {summary['square_led_all']} square-led images "
-             f"of {summary['images']} decoy test images ({summary['model']}; "
+    lines = [f"The first {summary['square_led']} (in file order) of the {summary['square_led_all']} square-led "
+             f"images of {summary['images']} decoy test images ({summary['model']}; "
              f"contrast: {summary['contrast']}). Mean over images [95% bootstrap interval].", "",
              "| row | hit rate | mass on the square |", "|---|---|---|"]
     for row, values in summary["rows"].items():

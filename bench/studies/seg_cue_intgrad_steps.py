@@ -3,8 +3,8 @@ platelets of a stored val file (`bench/results/seg-cue-pointing-val-intgrad.json
 fewer steps: hit, mass and the cue model's drop at the cue's budget, for the cue model and the control. One JSON
 line per platelet, resumable; `--table` prints hit rates per step count with the cue-minus-control difference.
 
-    python bench/studies/seg_cue_intgrad_steps.py --data PREPARED --stored bench/results/seg-cue-pointing-val-intgrad.jsonl \
-        --out bench/results/seg-cue-intgrad-steps-val.jsonl
+    python bench/studies/seg_cue_intgrad_steps.py --data PREPARED \
+        --stored bench/results/seg-cue-pointing-val-intgrad.jsonl --out bench/results/seg-cue-intgrad-steps-val.jsonl
     python bench/studies/seg_cue_intgrad_steps.py --table bench/results/seg-cue-intgrad-steps-val.jsonl \
         --stored bench/results/seg-cue-pointing-val-intgrad.jsonl
 """

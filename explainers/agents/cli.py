@@ -93,7 +93,8 @@ def training_command(card: dict, name: str) -> str:
     parts.append(f"--arch {arch.get('arch', 'cnn')}")
     parts += [f"--{key} {arch[key]}" for key in ("width", "hidden") if key in arch]
     flags = {"num_envs": "--num-envs", "rollout_steps": "--rollout-steps", "epochs": "--epochs", "lr": "--lr",
-             "lr_schedule": "--lr-schedule", "minibatch": "--minibatch", "clip": "--clip", "entropy_coef": "--entropy-coef",
+             "lr_schedule": "--lr-schedule", "minibatch": "--minibatch", "clip": "--clip",
+             "entropy_coef": "--entropy-coef",
              "camal_max_grad_norm": "--camal-max-grad-norm", "cam_mode": "--cam-mode",
              "norm_every": "--camal-norm-every"}
     parts += [f"{flag} {ppo[key]:g}" if isinstance(ppo[key], float) else f"{flag} {ppo[key]}"

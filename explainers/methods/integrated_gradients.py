@@ -25,23 +25,23 @@ from .base import ANY_TARGET_FAMILIES, Method, Option
 
 
 def integrated_gradients(bundle, images: torch.Tensor, targets, steps: int, batch_size: int = 16) -> torch.Tensor:
-    """B x H x W signed attributions (summed over channels) of the targets' probabilities, mean-colour reference."""
-    target = as_target(targets, images.shape[0], images.device)
+    """B x H x W signed attributions (summed over channels) of the targets' probabilities, mean-colour reference.
+    Each model pass takes about `batch_size` path points, of every image at once (a path point per image)."""
+    count = images.shape[0]
+    target = as_target(targets, count, images.device)
     reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
     fractions = (torch.arange(steps, dtype=images.dtype, device=images.device) + 0.5) / steps
-    maps = []
-    for index in range(images.shape[0]):
-        image, row = images[index:index + 1], target.rows(index, index + 1)
-        gradient_sum = torch.zeros_like(image)
-        for start in range(0, steps, batch_size):
-            along = fractions[start:start + batch_size].view(-1, 1, 1, 1)
-            path = (reference + along * (image - reference)).detach().requires_grad_(True)
-            with torch.enable_grad():
-                score = row.copies(bundle(path), probability=True).sum()
-                gradient, = torch.autograd.grad(score, path)
-            gradient_sum += gradient.sum(dim=0, keepdim=True)
-        maps.append(((image - reference) * gradient_sum / steps).sum(dim=1)[0])
-    return torch.stack(maps).detach()
+    per_pass = max(1, batch_size // count)  # path fractions per pass
+    gradient_sum = torch.zeros_like(images)
+    for start in range(0, steps, per_pass):
+        along = fractions[start:start + per_pass].view(-1, 1, 1, 1, 1)
+        path = (reference + along * (images - reference)).flatten(0, 1).detach().requires_grad_(True)
+        rows = torch.arange(count).repeat(along.shape[0])  # fraction-major: the path's order
+        with torch.enable_grad():
+            score = target.take(rows).probability(bundle(path)).sum()
+            gradient, = torch.autograd.grad(score, path)
+        gradient_sum += gradient.view(along.shape[0], *images.shape).sum(dim=0)
+    return ((images - reference) * gradient_sum / steps).sum(dim=1).detach()
 
 
 @register

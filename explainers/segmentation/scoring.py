@@ -56,9 +56,9 @@ def region_curves(bundle, image: torch.Tensor, maps: torch.Tensor, target, *, st
     form (the region's mean class-c softmax probability): `maps` B x H x W for the same image and region (one per
     method). Returns a `Curves` with B rows. The passes go through `region_probability` (the logits made only in
     the region's box), a few images at a time (on a CPU, batches of 2-4 smears were ~2x quicker per image than
-    batches of 22-32, measured; None: 4 on a CPU, 32 on a GPU). Each curve starts or ends at the whole image or the all-reference one, the same for every map: their
-    scores are computed once and kept in `known` (pass the same dict to the calls for one image and region, e.g.
-    one method at a time): 4 of each map's 2 x (steps + 1) passes."""
+    batches of 22-32, measured; None: 4 on a CPU, 32 on a GPU). Each curve starts or ends at the whole image or the
+    all-reference one, the same for every map: their scores are computed once and kept in `known` (pass the same
+    dict to the calls for one image and region, e.g. one method at a time): 4 of each map's 2 x (steps + 1) passes."""
     from ..metrics import deletion_insertion, reference_images
     from ..targets import TargetScoreModel as _RegionScoreModel
     from .model import region_probability
