@@ -41,8 +41,9 @@ from explainers.statistics import bootstrap_ci, paired_difference
 
 METHODS = ("gradskip", "gradrollout", "rollout", "gradcam")
 SLOW_METHODS = ("occlusion",)
-# GradSkip's other options, on the cue model only (`--gradskip-variants`): for choosing options on val smears
-GRADSKIP_VARIANTS = {"start=decoder": {"start": "decoder"}, "beta=layer": {"beta_reduction": "layer"},
+# GradSkip's other options (`--gradskip-variants`: all on the cue model only; `--gradskip-variants LABEL ...`: those,
+on the cue model and the control, so each has its cue-minus-control contrast): for choosing options on val smears
+GRADSKIP_VARIANTS = {"ffn=conv": {"ffn_spread": "conv"}, "start=decoder": {"start": "decoder"}, "beta=layer": {"beta_reduction": "layer"},
                      "weighting=gradient": {"attention_weighting": "gradient"},
                      "weighting=attention": {"attention_weighting": "attention"},
                      "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}, "start=signed": {"start": "decoder_signed"}}
@@ -61,15 +62,16 @@ def answer_maps(bundle, random_model, image, target, region) -> dict:
 
 
 def score_platelet(models: dict, random_model, image, piece, cue, methods, variants: dict | None = None,
-                   answers: bool = True) -> dict:
+                   answers: bool = True, variants_on_control: bool = False) -> dict:
     """`answers`: False for rows added to a stored record (`--add-to`), whose answers are already there."""
     region = torch.from_numpy(piece)
     target = RegionTarget(region[None], [PLATELETS])
     outside = (~context.dilate(region)).numpy()
     maps, seconds = {}, {}
     runs = [(f"{label}: {name}", bundle, name, {}) for label, bundle in models.items() for name in methods]
-    runs += [(f"cue model: gradskip ({label})", models["cue model"], "gradskip", options)
-             for label, options in (variants or {}).items()]
+    variant_models = models if variants_on_control else {"cue model": models["cue model"]}
+    runs += [(f"{who}: gradskip ({label})", bundle, "gradskip", options)
+             for label, options in (variants or {}).items() for who, bundle in variant_models.items()]
     for row, bundle, name, options in runs:
         batch = explain_region(bundle, image, target, name, **options)
         maps[row], seconds[row] = batch.maps[0], batch.seconds
@@ -88,7 +90,13 @@ def run(args) -> int:
     torch.set_num_threads(1)
     models = {"cue model": load_bundle(args.model), "control": load_bundle(args.control)}
     *_, (_, random_model) = randomised_bundles(models["cue model"])
-    methods = tuple(args.methods) if args.methods else METHODS + (SLOW_METHODS if args.slow else ())
+    methods = tuple(args.methods) if args.methods is not None else METHODS + (SLOW_METHODS if args.slow else ())
+    variants = None
+    if args.gradskip_variants is not None:
+        unknown = set(args.gradskip_variants) - set(GRADSKIP_VARIANTS)
+        if unknown:
+            raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(GRADSKIP_VARIANTS)}")
+        variants = {label: GRADSKIP_VARIANTS[label] for label in args.gradskip_variants} or GRADSKIP_VARIANTS
     stored = {(r["image"], r["platelet"]): r for r in map(json.loads, Path(args.add_to).read_text().splitlines())} \
         if args.add_to else None
     out = Path(args.out)
@@ -103,8 +111,8 @@ def run(args) -> int:
         if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
             print("time budget spent", flush=True)
             return 0
-        record = score_platelet(models, random_model, image, piece, cue, methods,
-                                GRADSKIP_VARIANTS if args.gradskip_variants else None, answers=stored is None)
+        record = score_platelet(models, random_model, image, piece, cue, methods, variants,
+                                answers=stored is None, variants_on_control=bool(args.gradskip_variants))
         if stored is not None:  # the stored record with the new methods' rows added (the same platelet's maps)
             old = stored[(name, number)]
             record = {**old, "rows": {**old["rows"], **record["rows"]},
@@ -198,9 +206,12 @@ def main() -> int:
     parser.add_argument("--time-budget-s", type=float, default=None)
     parser.add_argument("--split", choices=["test", "val"], default="test",
                         help="val: for choosing GradSkip's options (with --gradskip-variants) before the test runs")
-    parser.add_argument("--gradskip-variants", action="store_true", help="GradSkip's other options as extra rows")
+    parser.add_argument("--gradskip-variants", nargs="*", default=None, metavar="LABEL",
+                        help="GradSkip's other options as extra rows: with no LABEL all of them on the cue model; "
+                             f"with LABELs ({', '.join(GRADSKIP_VARIANTS)}) those, on both models")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many platelets")
-    parser.add_argument("--methods", nargs="+", default=None, help="these methods' rows only (default: METHODS)")
+    parser.add_argument("--methods", nargs="*", default=None,
+                        help="these methods' rows only (default: METHODS; none: only --gradskip-variants)")
     parser.add_argument("--add-to", default=None, metavar="STORED",
                         help="a stored results file: its records with --methods' rows added, written to --out")
     parser.add_argument("--table", help="print the table of a results file and stop")

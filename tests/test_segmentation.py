@@ -238,8 +238,45 @@ def test_window_spread_between_stages_keeps_the_total():
     assert spread.shape == (2, 96) and torch.allclose(spread.sum(1), coarse.sum(1), atol=1e-5)
 
 
+def test_depthwise_spread_follows_the_filter_and_keeps_the_total():
+    from explainers.segmentation.capture import depthwise_shares, spread_depthwise
+
+    conv = torch.nn.Conv2d(4, 4, 3, 1, 1, groups=4)
+    hidden = torch.randn(2, 5 * 7, 4)
+    shares = depthwise_shares(hidden, conv, (5, 7))
+    assert shares.shape == (2, 9, 35) and torch.allclose(shares.sum(1), torch.ones(2, 35), atol=1e-5)
+    relevance = torch.rand(2, 35)
+    assert torch.allclose(spread_depthwise(relevance, shares, (5, 7)).sum(1), relevance.sum(1), atol=1e-5)
+    # a filter that reads only the right-hand neighbour: a token's relevance goes to that neighbour
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.weight[:, 0, 1, 2] = 1.0
+    shares = depthwise_shares(hidden, conv, (5, 7))
+    one = torch.zeros(1, 35)
+    one[0, 2 * 7 + 3] = 1.0
+    moved = spread_depthwise(one, shares[:1], (5, 7)).view(5, 7)
+    assert float(moved[2, 4]) == pytest.approx(1.0) and float(moved.sum()) == pytest.approx(1.0)
+
+
+def test_ffn_spread_changes_nothing_when_the_ffn_carries_nothing():
+    model = tiny_segformer()
+    images = torch.rand(1, 3, *SIZE, generator=torch.Generator().manual_seed(2))
+    target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
+    state = SegGradSkip().prepare(model, images, target)
+    assert not torch.allclose(state.relevance(ffn_spread="conv"), state.relevance(ffn_spread="none"))
+    for stage in model.network.segformer.segformer.stages:
+        for block in stage.blocks:
+            with torch.no_grad():
+                block.mlp.fc2.weight.zero_()
+                block.mlp.fc2.bias.zero_()
+    state = SegGradSkip().prepare(model, images, target)
+    assert all(float(r.ffn_main_flow.abs().max()) == 0.0 for r in state.captured.blocks)
+    assert torch.allclose(state.relevance(ffn_spread="conv"), state.relevance(ffn_spread="none"), atol=1e-7)
+
+
 @pytest.mark.parametrize("options", [dict(attention_weighting="gradient_residual", start="decoder"),
                                      dict(stage_spread="conv", start="decoder"),
+                                     dict(ffn_spread="conv", start="decoder"),
                                      dict(attention_weighting="attention", key_spread="even", start="decoder_abs")])
 def test_gradskip_variants_conserve_relevance(seg, images, options):
     target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])

@@ -8,6 +8,10 @@ Per encoder block (stage s, block l), through hooks on transformers' modules (al
 - `block_input` x and the attention branch output o (B x N x C) with their gradients, summed over channels as
   `skip_flow` = sum dx * x and `main_flow` = sum do * o (B x N);
 - `key_shares` B x N: how much each token weighs in the reduced key that pools it (see `key_shares`);
+- the Mix-FFN's flows, `ffn_skip_flow` = sum dh * h (h its residual input) and `ffn_main_flow` = sum df * f (f its
+  output), and `ffn_shares` B x 9 x N: how much each token of the 3 x 3 window of its depthwise convolution makes
+  of a token's FFN input (see `depthwise_shares`): the FFN is where SegFormer mixes neighbouring tokens outside
+  attention (its only positional signal), so relevance that goes through it may move to a neighbour;
 and per stage the decoder path's evidence `decoder_flow` B x N_s = relu(sum over channels dP * P), P the decode
 head's projection of that stage's output (its linear_projections[s]), i.e. how much each token feeds the region
 score through the decoder directly (the stage's output also feeds the next stage; that share comes back through
@@ -35,6 +39,9 @@ class BlockRecord:
     main_flow: torch.Tensor | None = None
     skip_flow: torch.Tensor | None = None
     key_shares: torch.Tensor | None = None
+    ffn_main_flow: torch.Tensor | None = None
+    ffn_skip_flow: torch.Tensor | None = None
+    ffn_shares: torch.Tensor | None = None
 
 
 @dataclass
@@ -137,6 +144,18 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
                 keep_grad(out, record, "_do")
                 keep_grad(weights, record, "_dA")
 
+            def ffn_input_hook(_module, args, record=record):
+                record._h = args[0]
+                keep_grad(args[0], record, "_dh")
+
+            def ffn_hook(_module, _args, output, record=record):
+                record._f = output
+                keep_grad(output, record, "_df")
+
+            def depthwise_hook(module, args, record=record):
+                with torch.no_grad():
+                    record.ffn_shares = depthwise_shares(args[0].detach(), module.dwconv, record.grid)
+
             def value_hook(_module, _args, output, record=record, attention=attention):
                 b, m, _ = output.shape
                 heads = attention.num_attention_heads
@@ -146,6 +165,9 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
             handles.append(attention.register_forward_pre_hook(attention_pre_hook, with_kwargs=True))
             handles.append(attention.register_forward_hook(attention_hook))
             handles.append(attention.v_proj.register_forward_hook(value_hook))
+            handles.append(block.layernorm_after.register_forward_pre_hook(ffn_input_hook))
+            handles.append(block.mlp.register_forward_hook(ffn_hook))
+            handles.append(block.mlp.dwconv.register_forward_pre_hook(depthwise_hook))
     projections = network.segformer.decode_head.linear_projections
     for projection in projections:
         def projection_hook(_module, _args, output):
@@ -179,18 +201,38 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
     result = Capture(blocks=blocks, stage_grids=grids, embed_shares=embed_shares, logits=logits.detach(),
                      scores=None if scores is None else scores.detach())
     for record in blocks:
-        x, o = record.__dict__.pop("_x"), record.__dict__.pop("_o")
-        dx, do, d_attention = (record.__dict__.pop(name, None) for name in ("_dx", "_do", "_dA"))
+        x, o, h, f = (record.__dict__.pop(name) for name in ("_x", "_o", "_h", "_f"))
+        dx, do, d_attention, dh, df = (record.__dict__.pop(name, None) for name in ("_dx", "_do", "_dA", "_dh", "_df"))
         if gradients:
             record.attention_grad = None if d_attention is None else d_attention.detach().float()
-            record.skip_flow = torch.linalg.vecdot(dx.float(), x.detach().float()) if dx is not None else None
-            record.main_flow = torch.linalg.vecdot(do.float(), o.detach().float()) if do is not None else None
+            record.skip_flow = _flow(dx, x)
+            record.main_flow = _flow(do, o)
+            record.ffn_skip_flow = _flow(dh, h)
+            record.ffn_main_flow = _flow(df, f)
     if gradients:
         result.decoder_signed = [torch.linalg.vecdot(h["grads"]["dP"].float(), h["P"].detach().float())
                                  if "dP" in h["grads"] else torch.zeros(h["P"].shape[:2], device=images.device)
                                  for h in decoder_outputs]
         result.decoder_flow = [flow.clamp_min(0) for flow in result.decoder_signed]
     return result
+
+
+def _flow(grad, value):
+    """B x N: sum over channels of gradient * value (None without a gradient)."""
+    return None if grad is None else torch.linalg.vecdot(grad.float(), value.detach().float())
+
+
+def depthwise_shares(hidden: torch.Tensor, conv: torch.nn.Conv2d, grid: tuple) -> torch.Tensor:
+    """B x 9 x N: for each token, the share of each token in the 3 x 3 window its Mix-FFN's depthwise convolution
+    reads, ||W_(dy,dx) * h_t|| over channels (one filter per channel), normalised over the window (padding: none).
+    `hidden`: B x N x C, the convolution's input."""
+    b, n, c = hidden.shape
+    k = conv.kernel_size[0]
+    x = hidden.float().transpose(1, 2).reshape(b, c, *grid)
+    windows = F.unfold(x, k, padding=conv.padding[0], stride=conv.stride[0]).view(b, c, k * k, n)
+    weight = conv.weight.detach().float().view(c, k * k)
+    norms = (weight.view(1, c, k * k, 1) * windows).norm(dim=1)  # B x K x N
+    return norms / norms.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 class CaptureCache:
@@ -261,6 +303,14 @@ def to_finer_by_window(relevance: torch.Tensor, shares: torch.Tensor, conv: torc
     k = conv.kernel_size[0]
     spread = shares * relevance.unsqueeze(1)  # B x K x L
     folded = F.fold(spread, fine, k, padding=conv.padding[0], stride=conv.stride[0])  # B x 1 x h x w
+    return folded.flatten(1)
+
+
+def spread_depthwise(relevance: torch.Tensor, shares: torch.Tensor, grid: tuple, kernel: int = 3) -> torch.Tensor:
+    """B x N relevance at the Mix-FFN's output -> B x N at its input: each token's relevance split over the 3 x 3
+    window its depthwise convolution reads by `depthwise_shares` (a share past the border is 0), so the total is
+    kept."""
+    folded = F.fold(shares * relevance.unsqueeze(1), tuple(grid), kernel, padding=kernel // 2)
     return folded.flatten(1)
 
 

@@ -16,8 +16,9 @@ B0). Every attention-based method here propagates a relevance vector backwards t
 - across stages, from a stage's input tokens to the previous stage's output tokens (the stride-2 patch
   embedding): each token's relevance split evenly over the finer tokens nearest to it;
 - after the first stage (a quarter of the image's resolution), upsampled bilinearly to the image.
-The Mix-FFN's 3 x 3 depthwise convolution mixes only neighbouring tokens: it is treated as token-wise (as a ViT's
-MLP). Classifier methods (Chefer's LRP, a classifier's GradSkip, ...) refuse a segmentation model in plain words.
+The Mix-FFN's 3 x 3 depthwise convolution mixes neighbouring tokens: GradSkip can send the share of a token's
+relevance that goes through the FFN back over that window (`ffn_spread="conv"`), or treat the FFN as token-wise, as
+a ViT's MLP (`"none"`); the rollouts treat it as token-wise. Classifier methods (Chefer's LRP, a classifier's GradSkip, ...) refuse a segmentation model in plain words.
 """
 from __future__ import annotations
 
@@ -36,12 +37,13 @@ from ..methods.occlusion import Occlusion
 from ..methods.random_map import RandomMap
 from ..methods.rise import RISE
 from ..methods.rollout import AttentionRollout
-from .capture import CaptureCache, capture, spread_keys, to_finer_by_window, to_finer_grid
+from .capture import CaptureCache, capture, spread_depthwise, spread_keys, to_finer_by_window, to_finer_grid
 from .model import SEGMENTATION_FAMILY, is_segmentation
 from .targets import RegionTarget, require_region_target
 
 SEGMENTATION_METHODS: dict = {}
 KEY_SPREADS = ("conv", "even")
+FFN_SPREADS = ("none", "conv")
 ATTENTION_WEIGHTINGS = ("attention", "gradient", "gradient_residual")
 STARTS = ("decoder", "decoder_abs", "decoder_signed")
 DEFAULT_START = "decoder_signed"  # GradSkip's, chosen on val smears (docs/segmentation.md section 7); the rollouts'
@@ -203,7 +205,16 @@ class SegGradSkipState:
             matrices = [m / scale.view(-1, 1, 1) for m in matrices]
         by_block = {id(r): m for r, m in zip(self.captured.blocks, matrices)}
 
+        def ffn_step(record, relevance):
+            # backwards through the block's second half first: the share of each token's relevance that its
+            # FFN branch carries (against the residual) goes over the 3 x 3 window the depthwise convolution read
+            main, skip = record.ffn_main_flow.abs(), record.ffn_skip_flow.abs()
+            through = main / (main + skip).clamp_min(EPS) * relevance
+            return spread_depthwise(through, record.ffn_shares, record.grid) + relevance - through
+
         def block_step(record, relevance):
+            if options.get("ffn_spread", "none") == "conv":
+                relevance = ffn_step(record, relevance)
             main, skip = record.main_flow.abs(), record.skip_flow.abs()
             if options["beta_reduction"] == "layer":
                 main, skip = main.sum(dim=1, keepdim=True), skip.sum(dim=1, keepdim=True)
@@ -224,7 +235,9 @@ class SegGradSkipState:
 
 
 def _validate(*, alpha=None, head_threshold=None, key_spread=None, attention_weighting=None, start=None,
-              beta_reduction=None, stage_spread=None, **_ignored) -> None:
+              beta_reduction=None, stage_spread=None, ffn_spread=None, **_ignored) -> None:
+    if ffn_spread is not None and ffn_spread not in FFN_SPREADS:
+        raise ValueError(f"ffn_spread must be one of {', '.join(FFN_SPREADS)}, got {ffn_spread!r}")
     if stage_spread is not None and stage_spread not in KEY_SPREADS:
         raise ValueError(f"stage_spread must be one of {', '.join(KEY_SPREADS)}, got {stage_spread!r}")
     # alpha (its declared Option), head_threshold and beta_reduction: checked as the classifier's GradSkip checks them
@@ -266,6 +279,9 @@ class SegGradSkip(SegmentationMethod):
                            tokens: over the 3 x 3 window the stride-2 patch embedding reads, by each token's
                            |W_(dy,dx) h_t| ("conv"), or evenly over the nearest finer tokens ("even").
       beta_reduction="token"  b_main = |sum do*o| / (|sum do*o| + |sum dx*x|) per token ("layer": per block).
+      ffn_spread="none"    (choice) the Mix-FFN: token-wise ("none"), or ("conv") the FFN's share of a token's
+                           relevance, |sum df*f| / (|sum df*f| + |sum dh*h|), split over the 3 x 3 window of its
+                           depthwise convolution by each neighbour's ||W_(dy,dx) * u_t|| (`depthwise_shares`).
     The class token the paper drops does not exist in SegFormer: every token is a patch token.
     """
 
@@ -286,12 +302,13 @@ class SegGradSkip(SegmentationMethod):
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
                  attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = DEFAULT_START,
                  beta_reduction: str = "token",
-                 stage_spread: str = "even"):
+                 stage_spread: str = "even", ffn_spread: str = "none"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
-                  key_spread=key_spread, start=start, beta_reduction=beta_reduction, stage_spread=stage_spread)
+                  key_spread=key_spread, start=start, beta_reduction=beta_reduction, stage_spread=stage_spread,
+                  ffn_spread=ffn_spread)
         super().__init__(alpha=float(alpha), head_threshold=float(head_threshold),
                          attention_weighting=attention_weighting, key_spread=key_spread, start=start,
-                         beta_reduction=beta_reduction, stage_spread=stage_spread)
+                         beta_reduction=beta_reduction, stage_spread=stage_spread, ffn_spread=ffn_spread)
 
     def prepare(self, bundle, images, targets) -> SegGradSkipState:
         self.check(bundle)
