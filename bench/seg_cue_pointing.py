@@ -42,8 +42,9 @@ from explainers.statistics import bootstrap_ci, paired_difference
 METHODS = ("gradskip", "gradrollout", "rollout", "gradcam")
 SLOW_METHODS = ("occlusion",)
 # GradSkip's other options (`--gradskip-variants`: all on the cue model only; `--gradskip-variants LABEL ...`: those,
-on the cue model and the control, so each has its cue-minus-control contrast): for choosing options on val smears
-GRADSKIP_VARIANTS = {"ffn=conv": {"ffn_spread": "conv"}, "start=decoder": {"start": "decoder"}, "beta=layer": {"beta_reduction": "layer"},
+# on the cue model and the control, so each has its cue-minus-control contrast): for choosing options on val smears
+GRADSKIP_VARIANTS = {"ffn=conv": {"ffn_spread": "conv"},
+                     "start=decoder": {"start": "decoder"}, "beta=layer": {"beta_reduction": "layer"},
                      "weighting=gradient": {"attention_weighting": "gradient"},
                      "weighting=attention": {"attention_weighting": "attention"},
                      "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}, "start=signed": {"start": "decoder_signed"}}
