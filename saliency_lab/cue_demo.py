@@ -94,7 +94,8 @@ def cue_view(services, loader=None, folders=None) -> tuple:
             method = get_segmentation_method(method_name, bundle)
             heat = explain_batch(bundle, method, image, target).maps.float()[0].cpu()
             scores = pointing_at_cue(heat.numpy(), outside, cues)
-            picture = overlay_map(cued, method.display_map(heat.numpy()), mean_threshold(heat[None])[0].numpy(),
+            picture = overlay_map(cued, method.display_map(heat.numpy()),
+                                  mean_threshold(heat[None])[0].numpy() if method.outline_binarised else None,
                                   platelets)
             verdict = "points at the cue" if scores["hit"] else "does not point at the cue"
             items.append((zoomed(_ring(picture, cues), around), f"{name} · {method.label_for(bundle)}: {verdict} ("
@@ -116,5 +117,6 @@ def cue_view(services, loader=None, folders=None) -> tuple:
                          f"{hit['control']['mean']:.2f} on the control" for method, hit in rates) + ".")
     lines.append("A map that finds what the cue model relies on points outside the platelet at the cue; the same "
                  "method on the control model shows what it points at when the cue means nothing. The platelet is "
-                 "outlined in black; white edges: the map's above-mean pixels.")
+                 "outlined in black; white edges: the map's above-mean pixels (not drawn for integrated gradients, whose above-mean pixels are "
+                 "scattered over the whole picture).")
     return items, "\n\n".join(lines)

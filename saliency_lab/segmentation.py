@@ -329,8 +329,8 @@ class SegmentationView:
         record = {"method": name, "label": method.label_for(self.bundle), "map": heat.numpy(), "seconds": seconds,
                   "iou_predicted": iou, "pa_predicted": pa, "class": self.bundle.class_names[class_index],
                   "target_name": f"{self.bundle.class_names[class_index]} (region)",
-                  "overlay": overlay_map(shown.rgb, method.display_map(heat.numpy()), binary.numpy(),
-                                         region.numpy()),
+                  "overlay": overlay_map(shown.rgb, method.display_map(heat.numpy()),
+                                         binary.numpy() if method.outline_binarised else None, region.numpy()),
                   "overlay_context": overlay_map(shown.rgb, method.display_map(context_only(heat, outside).numpy()),
                                                  np.zeros(region.shape, bool), region.numpy()),
                   "mass_outside": mass_outside(heat, ~outside, shown.prediction, class_index,
@@ -450,12 +450,14 @@ def interactive_options(name: str, bundle) -> dict:
     return cls.interactive_options(bundle) if cls is not None else {}
 
 
-def overlay_map(rgb: np.ndarray, heat: np.ndarray, binary: np.ndarray, region: np.ndarray,
+def overlay_map(rgb: np.ndarray, heat: np.ndarray, binary: np.ndarray | None, region: np.ndarray,
                 opacity: float = 0.55) -> np.ndarray:
-    """The heatmap over the image, the binarised map's edge in white and the explained region's in black."""
+    """The heatmap over the image, the binarised map's edge in white (none for `binary` None) and the explained
+    region's in black."""
     coloured = colorize(heat)
     out = (1 - opacity) * rgb.astype(np.float32) + opacity * coloured.astype(np.float32)
-    out[_edges(binary)] = (255, 255, 255)
+    if binary is not None:
+        out[_edges(binary)] = (255, 255, 255)
     out[_edges(region)] = (0, 0, 0)
     return out.clip(0, 255).astype(np.uint8)
 

@@ -95,6 +95,9 @@ class Method(ABC):
     # the share of a map's largest values shown in the top colour: a pixel-level map's few extreme pixels would
     # otherwise leave the rest in the low colour (integrated gradients); display only, scores read the map itself
     display_clip: ClassVar[float] = 0.0
+    # whether pictures outline the map's above-mean pixels: a pixel-level map's above-mean set is thousands of
+    # scattered pixels whose edges would cover the picture in a white grid (its scores still read the set)
+    outline_binarised: ClassVar[bool] = True
 
     @classmethod
     def default_for(cls, bundle) -> bool:

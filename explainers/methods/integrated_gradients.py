@@ -57,6 +57,7 @@ class IntegratedGradients(Method):
     any_target = True
     slow = True  # `steps` forward and backward passes a map
     display_clip = 0.01  # pixel-level: a few extreme pixels; the top 1% shown in the top colour
+    outline_binarised = False  # its above-mean pixels: thousands of scattered pieces on a smear
     quick_pixels = 128 * 128  # 16 steps on a 128 px input are a fraction of a second on a CPU
     user_options = (
         Option("steps", "Integrated gradients: path steps", 16, 4, 64, 4, kind=int,

@@ -185,7 +185,8 @@ def build(ctx, model=None) -> dict:
                                        elem_id="seg-context-only",
                                        info="The segmentation already shows where the region is; what around it "
                                             "made the model call it this class?")
-            gallery = gr.Gallery(label="Maps (white: the map's above-mean pixels; black: the explained region)",
+            gallery = gr.Gallery(label="Maps (white: the map's above-mean pixels, not drawn for "
+                                       "pixel-level maps; black: the explained region)",
                                  columns=2, height="auto", format="png", object_fit="contain", elem_id="seg-maps")
     caption = gr.Markdown(elem_id="seg-copy-caption")
     table = gr.Markdown(elem_id="seg-scores")
