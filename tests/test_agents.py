@@ -304,6 +304,38 @@ def test_training_writes_an_agent_and_resumes_after_a_kill(tmp_path):
     assert card["mask_rule"] == ["MarineChainsawVzd", "Demon"]
 
 
+@needs_vizdoom
+def test_an_agent_trained_with_the_status_bar_sees_it_in_training_evaluation_and_its_card(tmp_path):
+    """--hud: the frames show Doom's status bar (the ammo count the scenario hides); the network records it, so
+    its evaluation, its card and the command that remakes it follow."""
+    from explainers.agents.checkpoint import load_agent
+    from explainers.agents.cli import training_command
+    from explainers.agents.evaluate import play_episode
+    from explainers.agents.networks import hud_of
+
+    plain, shown = (envs.make_env("defend_the_center", frame_hw=(100, 156), hud=hud) for hud in (False, True))
+    try:
+        bottom = [env.reset(seed=5)[0][:, -12:].astype(np.float32) for env in (plain, shown)]
+    finally:
+        plain.close()
+        shown.close()
+    assert np.abs(bottom[0] - bottom[1]).mean() > 20  # the bar's grey panel and red digits replace the floor
+    summary = train_agent_tiny(tmp_path, "h", {**SMALL_NET, "frame_hw": (100, 156), "hud": True})
+    net, card = load_agent(summary["card"])
+    assert hud_of(net) and card["hud"] is True and net.arch["hud"] is True
+    assert "--hud" in training_command(card, "h")
+    episode = play_episode(net, "defend_the_center", 7, max_steps=3, keep_frames=True)
+    assert np.abs(np.asarray(episode["frames"][0])[:, -12:].astype(np.float32) - bottom[0]).mean() > 20
+    assert not hud_of(build_network("cnn", 3, **SMALL_NET)) and "hud" not in build_network("cnn", 3).arch
+
+
+def train_agent_tiny(out_dir, name, net_options):
+    from explainers.agents.train import train_agent
+
+    return train_agent(scenario_name="defend_the_center", out_dir=out_dir, name=name, seed=3, lam=0.0, steps=64,
+                       config=PPOConfig(**TINY), net_options=net_options)
+
+
 def test_linear_learning_rate_falls_to_zero_at_the_step_cap_and_needs_one():
     config = PPOConfig(lr=1e-4, lr_schedule="linear")
     assert [config.lr_at(done, 400) for done in (0, 100, 400, 500)] == pytest.approx([1e-4, 0.75e-4, 0.0, 0.0])

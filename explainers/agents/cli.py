@@ -31,6 +31,8 @@ def cmd_train_agent(args) -> int:
                        norm_every=args.camal_norm_every)
     net_options = {key: value for key, value in (("width", args.width), ("hidden", args.hidden),
                                                  ("frame_hw", args.frame_hw)) if value is not None}
+    if args.hud:
+        net_options["hud"] = True
     stop = stop_on_signals()
     summary = train_agent(scenario_name=args.scenario, out_dir=args.out, name=args.name, seed=args.seed,
                           lam=args.lam, arch=args.arch, steps=args.steps, budget_s=args.budget_s,
@@ -91,6 +93,8 @@ def training_command(card: dict, name: str) -> str:
     if card.get("frame_hw"):
         parts.append("--frame-hw {} {}".format(*card["frame_hw"]))
     parts.append(f"--arch {arch.get('arch', 'cnn')}")
+    if arch.get("hud"):
+        parts.append("--hud")
     parts += [f"--{key} {arch[key]}" for key in ("width", "hidden") if key in arch]
     flags = {"num_envs": "--num-envs", "rollout_steps": "--rollout-steps", "epochs": "--epochs", "lr": "--lr",
              "lr_schedule": "--lr-schedule", "minibatch": "--minibatch", "clip": "--clip",
@@ -197,6 +201,9 @@ def add_agent_parsers(commands) -> None:
                             "CnnPolicy network; vit: a small vision transformer")
     train.add_argument("--frame-hw", type=int, nargs=2, default=None, metavar=("H", "W"),
                        help="the network's frame size (default 60 80); masks and maps follow it")
+    train.add_argument("--hud", action="store_true",
+                       help="draw Doom's status bar (ammo, health) in the frames the network reads; the scenarios "
+                            "hide it, so the network cannot see how much ammunition is left")
     train.add_argument("--clip", type=float, default=0.1, help="PPO clip range")
     train.add_argument("--entropy-coef", type=float, default=0.01)
     train.add_argument("--camal-max-grad-norm", type=float, default=0.5,

@@ -4,8 +4,9 @@ Each scenario declares its Gymnasium id, a reward scale (the critic's targets st
 the labelled objects that matter (`state.labels` names each object; the labels buffer gives its pixels). A frame is
 the RGB screen downscaled to the network's frame size `frame_hw` (height x width, area interpolation; default
 FRAME_HW = 60x80 from the 160x120 screen, larger frames from the 320x240 screen), one frame per observation (no
-stacking); the mask is computed at the same size: a network pixel is inside when at least MASK_COVERAGE = 1/4 of
-its source pixels belong to a relevant object. Actions repeat for FRAME_SKIP = 4 tics.
+stacking); `hud=True` draws Doom's status bar, whose ammo count the game otherwise hides. The mask is computed at
+the same size: a network pixel is inside when at least MASK_COVERAGE = 1/4 of its source pixels belong to a
+relevant object. Actions repeat for FRAME_SKIP = 4 tics.
 
     env = make_env("defend_the_center", seed=3)
     frame, mask = env.reset(seed=3)          # uint8 3 x 60 x 80, bool 60 x 80 (make_env(..., frame_hw=(100, 156)))
@@ -115,7 +116,7 @@ def relevant_mask(labels_buffer: np.ndarray, labels, relevant: tuple, frame_hw=F
 class DoomEnv:
     """One ViZDoom scenario (Gymnasium env, discrete actions) giving (frame, mask) observations."""
 
-    def __init__(self, name: str, *, keep_screen: bool = False, frame_hw=FRAME_HW):
+    def __init__(self, name: str, *, keep_screen: bool = False, frame_hw=FRAME_HW, hud: bool = False):
         self.scenario = scenario(name)
         self.frame_hw = check_frame_hw(frame_hw)
         if not vizdoom_available():
@@ -124,6 +125,10 @@ class DoomEnv:
 
         self.env = gym.make(self.scenario.gym_id, frame_skip=FRAME_SKIP, labels_buffer_enabled=True,
                             screen_resolution=source_resolution(self.frame_hw))
+        # the status bar (ammo, health) drawn or not: the scenarios' configs leave it off; a render setting
+        # ViZDoom takes after the game has started
+        self.hud = bool(hud)
+        self.env.unwrapped.game.set_render_hud(self.hud)
         self.num_actions = int(self.env.action_space.n)
         self.keep_screen = keep_screen  # the app shows the full-resolution screen
         self.screen = None
@@ -165,8 +170,8 @@ class VecEnv:
     length are reported in `infos`). Env i starts from reset seed `seed + i`; later episodes draw their game seeds
     from the env's own generator (Gymnasium's convention), so a run is reproducible from its seed."""
 
-    def __init__(self, name: str, num_envs: int, seed: int, frame_hw=FRAME_HW):
-        self.envs = [make_env(name, frame_hw=frame_hw) for _ in range(num_envs)]
+    def __init__(self, name: str, num_envs: int, seed: int, frame_hw=FRAME_HW, hud: bool = False):
+        self.envs = [make_env(name, frame_hw=frame_hw, hud=hud) for _ in range(num_envs)]
         self.num_actions = self.envs[0].num_actions
         self.seed = seed
 

@@ -32,7 +32,7 @@ from .baselines import cam_grid, iou_references
 from .checkpoint import load_agent
 from .counterfactual import counterfactual_drops
 from .envs import make_env
-from .networks import frame_hw_of, value_cam
+from .networks import frame_hw_of, hud_of, value_cam
 from .train import EVAL_SEED_BASE
 
 MAX_EPISODE_STEPS = 600  # defend_the_center and health_gathering time out at 2100 tics = 525 steps
@@ -44,7 +44,7 @@ def play_episode(net, scenario_name: str, seed: int, *, device="cpu", max_steps:
     """One episode from reset seed `seed`: per-step value, action, reward, mask area and IoU; the frames, masks and
     CAMs too when `keep_frames`. Stops at `max_steps` with `capped` set."""
     own_env = env is None
-    env = env or make_env(scenario_name, keep_screen=keep_screens, frame_hw=frame_hw_of(net))
+    env = env or make_env(scenario_name, keep_screen=keep_screens, frame_hw=frame_hw_of(net), hud=hud_of(net))
     generator = torch.Generator().manual_seed(seed)
     frame, mask = env.reset(seed=seed)
     record = {"seed": seed, "values": [], "actions": [], "rewards": [], "ious": [], "mask_area": []}

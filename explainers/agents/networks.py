@@ -139,19 +139,27 @@ class ActorCriticViT(nn.Module):
         return features.transpose(1, 2).reshape(features.shape[0], -1, *self.grid)
 
 
-def build_network(arch: str, num_actions: int, **kwargs) -> nn.Module:
-    if arch == "cnn":
-        return ActorCriticCNN(num_actions, **kwargs)
-    if arch == "nature":
-        return ActorCriticNature(num_actions, **kwargs)
-    if arch == "vit":
-        return ActorCriticViT(num_actions, **kwargs)
-    raise ValueError(f"Unknown architecture '{arch}'. Available: {', '.join(ARCHITECTURES)}.")
+def build_network(arch: str, num_actions: int, hud: bool = False, **kwargs) -> nn.Module:
+    """`hud`: the network reads frames with Doom's status bar drawn (ammo, health; the view above it shrinks):
+    recorded in `net.arch` (only when on, so agents saved before it load unchanged) for the envs to follow."""
+    classes = {"cnn": ActorCriticCNN, "nature": ActorCriticNature, "vit": ActorCriticViT}
+    if arch not in classes:
+        raise ValueError(f"Unknown architecture '{arch}'. Available: {', '.join(ARCHITECTURES)}.")
+    net = classes[arch](num_actions, **kwargs)
+    if hud:
+        net.hud = True
+        net.arch = {**net.arch, "hud": True}
+    return net
 
 
 def frame_hw_of(net: nn.Module) -> tuple:
     """The frame size the network reads (agents saved before the size was recorded read 60 x 80)."""
     return tuple(getattr(net, "frame_hw", FRAME_HW))
+
+
+def hud_of(net: nn.Module) -> bool:
+    """Whether the network reads frames with the status bar drawn (`build_network(..., hud=True)`)."""
+    return bool(getattr(net, "hud", False))
 
 
 def network_from_arch(arch: dict) -> nn.Module:

@@ -22,7 +22,7 @@ import torch
 
 from .checkpoint import check_name, load_checkpoint, save_agent, save_checkpoint
 from .envs import FRAME_SKIP, MASK_COVERAGE, VecEnv, scenario, source_resolution
-from .networks import build_network, frame_hw_of, value_cam
+from .networks import build_network, frame_hw_of, hud_of, value_cam
 from .ppo import PPOConfig, Rollout, act, ppo_update
 
 EVAL_SEED_BASE = 10_000_000
@@ -82,7 +82,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
     started = time.time()
     if progress is not None:  # the game takes a while to start: say so rather than nothing
         progress(state["steps"], steps, phase="start", elapsed_s=state["seconds"])
-    envs = VecEnv(scenario_name, config.num_envs, seed * 1000 + 100 * state["resumes"], frame_hw=frame_hw)
+    envs = VecEnv(scenario_name, config.num_envs, seed * 1000 + 100 * state["resumes"], frame_hw=frame_hw,
+                  hud=hud_of(net))
     frames, masks = envs.reset()
     if progress is not None:
         progress(state["steps"], steps, phase="first-rollout", **_budget(budget_s, started))
@@ -142,7 +143,8 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
                "stopped_by": stopped_by, "history": state["history"]}
     if stopped_by != "cancelled":
         card = {"kind": "agent", "scenario": scenario_name, "what_matters": spec.what_matters,
-                "mask_rule": list(spec.relevant), "frame_hw": list(frame_hw), "frame_skip": FRAME_SKIP,
+                "mask_rule": list(spec.relevant), "frame_hw": list(frame_hw), "hud": hud_of(net),
+                "frame_skip": FRAME_SKIP,
                 "source_resolution": source_resolution(frame_hw),
                 "frame_stack": 1, "mask_coverage": MASK_COVERAGE, "lambda": float(lam), "seed": seed,
                 "steps": state["steps"], "updates": state["updates"], "train_seconds": state["seconds"],
