@@ -16,9 +16,10 @@ B0). Every attention-based method here propagates a relevance vector backwards t
 - across stages, from a stage's input tokens to the previous stage's output tokens (the stride-2 patch
   embedding): each token's relevance split evenly over the finer tokens nearest to it;
 - after the first stage (a quarter of the image's resolution), upsampled bilinearly to the image.
-The Mix-FFN's 3 x 3 depthwise convolution mixes neighbouring tokens: GradSkip can send the share of a token's
-relevance that goes through the FFN back over that window (`ffn_spread="conv"`), or treat the FFN as token-wise, as
-a ViT's MLP (`"none"`); the rollouts treat it as token-wise. Classifier methods (Chefer's LRP, a classifier's GradSkip, ...) refuse a segmentation model in plain words.
+The Mix-FFN's 3 x 3 depthwise convolution mixes neighbouring tokens: GradSkip sends the share of a token's relevance
+that goes through the FFN back over that window (`ffn_spread="conv"`, its default), or treats the FFN as token-wise,
+as a ViT's MLP (`"none"`); the rollouts treat it as token-wise. Classifier methods (Chefer's LRP, a classifier's
+GradSkip, ...) refuse a segmentation model in plain words.
 """
 from __future__ import annotations
 
@@ -213,7 +214,7 @@ class SegGradSkipState:
             return spread_depthwise(through, record.ffn_shares, record.grid) + relevance - through
 
         def block_step(record, relevance):
-            if options.get("ffn_spread", "none") == "conv":
+            if options.get("ffn_spread", "conv") == "conv":
                 relevance = ffn_step(record, relevance)
             main, skip = record.main_flow.abs(), record.skip_flow.abs()
             if options["beta_reduction"] == "layer":
@@ -279,9 +280,10 @@ class SegGradSkip(SegmentationMethod):
                            tokens: over the 3 x 3 window the stride-2 patch embedding reads, by each token's
                            |W_(dy,dx) h_t| ("conv"), or evenly over the nearest finer tokens ("even").
       beta_reduction="token"  b_main = |sum do*o| / (|sum do*o| + |sum dx*x|) per token ("layer": per block).
-      ffn_spread="none"    (choice) the Mix-FFN: token-wise ("none"), or ("conv") the FFN's share of a token's
-                           relevance, |sum df*f| / (|sum df*f| + |sum dh*h|), split over the 3 x 3 window of its
-                           depthwise convolution by each neighbour's ||W_(dy,dx) * u_t|| (`depthwise_shares`).
+      ffn_spread="conv"    (chosen on val regions by out-of-region deletion, docs/segmentation.md section 8) the
+                           Mix-FFN: ("conv") the FFN's share of a token's relevance, |sum df*f| / (|sum df*f| +
+                           |sum dh*h|), split over the 3 x 3 window of its depthwise convolution by each
+                           neighbour's ||W_(dy,dx) * u_t|| (`depthwise_shares`), or token-wise ("none").
     The class token the paper drops does not exist in SegFormer: every token is a patch token.
     """
 
@@ -302,7 +304,7 @@ class SegGradSkip(SegmentationMethod):
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
                  attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = DEFAULT_START,
                  beta_reduction: str = "token",
-                 stage_spread: str = "even", ffn_spread: str = "none"):
+                 stage_spread: str = "even", ffn_spread: str = "conv"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
                   key_spread=key_spread, start=start, beta_reduction=beta_reduction, stage_spread=stage_spread,
                   ffn_spread=ffn_spread)
