@@ -245,6 +245,10 @@ def test_depthwise_spread_follows_the_filter_and_keeps_the_total():
     hidden = torch.randn(2, 5 * 7, 4)
     shares = depthwise_shares(hidden, conv, (5, 7))
     assert shares.shape == (2, 9, 35) and torch.allclose(shares.sum(1), torch.ones(2, 35), atol=1e-5)
+    # the definition, window by window: ||W_(dy,dx) * h_t|| over channels, zero past the border
+    windows = torch.nn.functional.unfold(hidden.transpose(1, 2).reshape(2, 4, 5, 7), 3, padding=1).view(2, 4, 9, 35)
+    norms = (conv.weight.detach().view(1, 4, 9, 1) * windows).norm(dim=1)
+    assert torch.allclose(shares, norms / norms.sum(dim=1, keepdim=True), atol=1e-5)
     relevance = torch.rand(2, 35)
     assert torch.allclose(spread_depthwise(relevance, shares, (5, 7)).sum(1), relevance.sum(1), atol=1e-5)
     # a filter that reads only the right-hand neighbour: a token's relevance goes to that neighbour
