@@ -117,6 +117,6 @@ def cue_view(services, loader=None, folders=None) -> tuple:
                          f"{hit['control']['mean']:.2f} on the control" for method, hit in rates) + ".")
     lines.append("A map that finds what the cue model relies on points outside the platelet at the cue; the same "
                  "method on the control model shows what it points at when the cue means nothing. The platelet is "
-                 "outlined in black; white edges: the map's above-mean pixels (not drawn for integrated gradients, whose above-mean pixels are "
-                 "scattered over the whole picture).")
+                 "outlined in black; white edges: the map's above-mean pixels (not drawn for integrated gradients, "
+                 "whose above-mean pixels are scattered over the whole picture).")
     return items, "\n\n".join(lines)
