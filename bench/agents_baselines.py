@@ -44,7 +44,7 @@ def choose_blind(args, episodes: int = 20) -> int:
     candidates = BLIND_CANDIDATES.get(args.scenario)
     if not candidates:
         raise SystemExit(f"{args.scenario} has one blind script; there is nothing to choose.")
-    env = make_env(args.scenario, frame_hw=tuple(args.frame_hw))
+    env = make_env(args.scenario, frame_hw=tuple(args.frame_hw), hud=args.hud)
     try:
         table = {name: summary([play_scripted(name, args.scenario, 1 + k, frame_hw=tuple(args.frame_hw),
                                               env=env)["return"] for k in range(episodes)])
@@ -64,6 +64,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="defend_the_center")
     parser.add_argument("--frame-hw", type=int, nargs=2, default=(100, 156))
+    parser.add_argument("--hud", action="store_true",
+                        help="the status bar drawn, as agents trained with --hud see the game (the view above it is "
+                             "shorter, so the masks and the prior map differ)")
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed-base", type=int, default=EVAL_SEED_BASE)
     parser.add_argument("--prior-episodes", type=int, default=20)
@@ -80,7 +83,7 @@ def main(argv=None) -> int:
     frame_hw = tuple(args.frame_hw)
     grids = [tuple(int(v) for v in g.split("x")) for g in args.grids]
     started = time.time()
-    env = make_env(args.scenario, frame_hw=frame_hw)
+    env = make_env(args.scenario, frame_hw=frame_hw, hud=args.hud)
     try:
         training = [play_scripted(policy, args.scenario, 1000 + k, frame_hw=frame_hw, env=env, keep_masks=True)
                     for policy in ("random", "aimed") for k in range(args.prior_episodes)]
