@@ -16,7 +16,9 @@ each, `train-agent` resuming from its checkpoint in WORK):
    comparison does not run CAMAL, and says so. Without `--sweep` (the sweep does not fit
    this CPU's time beside the comparison): the documented default lambda 1.0 per frame, and the same rule is
    checked on the comparison's CAMAL runs after the fact (the results say whether it holds).
-3. compare: training seeds 101-105 x {vanilla, CAMAL at the chosen lambda}, 196,608 steps each.
+3. compare: training seeds 101-105 x {vanilla, CAMAL at the chosen lambda}, 196,608 steps each, with the status
+   bar drawn (`--hud`, accepted by the fourth pilot round; a WORK folder of runs without it cannot be resumed
+   with it: start a new one).
 4. evaluate: every agent of stage 3 on 100 held-out episodes (reset seeds EVAL_SEED_BASE + 1000 + k, never
    used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test.
 5. results: bench/results/agents-comparison.json (rliable intervals and POI over seeds for return and IoU, the
@@ -48,7 +50,8 @@ from explainers.statistics import rounded
 STEPS = 196_608  # 48 updates of 2 x 2048 steps: the most within the gate's 200k
 RECIPE = ["--scenario", "defend_the_center", "--frame-hw", "100", "156", "--num-envs", "2", "--rollout-steps", "2048",
           "--epochs", "3", "--lr", "1e-4", "--minibatch", "32", "--clip", "0.2", "--entropy-coef", "0",
-          "--iou-every", "5", "--checkpoint-every", "2", "--threads", "1", "--device", "cpu"]
+          "--iou-every", "5", "--checkpoint-every", "2", "--threads", "1", "--device", "cpu",
+          "--hud"]  # the status bar drawn: the fourth pilot round (bench/agents_recipe_gate.md)
 NETWORKS = {"A": ["--arch", "nature"], "B": ["--arch", "cnn", "--width", "16"]}
 PREFERENCE = ("B", "A")  # if both pass the gate (bench/agents_recipe_gate.md)
 GATE_RETURN, GATE_EPISODES = 15.0, 100
