@@ -13,15 +13,16 @@ each, `train-agent` resuming from its checkpoint in WORK):
 2. lambda: with `--sweep`, CAMAL at lambda 3, 1 and 0.3 (largest first) on training seed 2 with the chosen
    recipe; the rule, fixed before the runs: the largest lambda whose critic's explained variance (mean over the
    last 5 updates) is >= 0.3, so the first that passes settles it and the smaller ones are not run; none: the
-   comparison does not run CAMAL, and says so. Without `--sweep` (the sweep does not fit
-   this CPU's time beside the comparison): the documented default lambda 1.0 per frame, and the same rule is
-   checked on the comparison's CAMAL runs after the fact (the results say whether it holds).
+   comparison does not run CAMAL, and says so. `--lambda L`: a lambda the sweep chose before (at the real budget
+   it chose 3.0: bench/results/agents-lambda-sweep-196k.json). With neither (the sweep does not fit this CPU's
+   time beside the comparison): the documented default lambda 1.0 per frame. Either way the same rule is checked
+   on the comparison's CAMAL runs after the fact (the results say whether it holds).
 3. compare: training seeds 101-105 x {vanilla, CAMAL at the chosen lambda}, 196,608 steps each, with the status
    bar drawn (`--hud`, accepted by the fourth pilot round; a WORK folder of runs without it cannot be resumed
    with it: start a new one).
 4. evaluate: every agent of stage 3 on 100 held-out episodes (reset seeds EVAL_SEED_BASE + 1000 + k, never
    used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test.
-5. results: bench/results/agents-comparison.json (rliable intervals and POI over seeds for return and IoU, the
+5. results: bench/results/agents-comparison-hud.json (agents-comparison.json: the runs without the bar; rliable intervals and POI over seeds for return and IoU, the
    counterfactual gap per arm and CAMAL - vanilla, the baselines and IoU reference points beside them).
 `--arms camal --seeds 101 102`: only those runs of stages 3-4 (a new lambda needs only the CAMAL arm, since a vanilla
 run does not depend on it; a session's share of the seeds), and no results file until every seed is in.
@@ -56,7 +57,10 @@ NETWORKS = {"A": ["--arch", "nature"], "B": ["--arch", "cnn", "--width", "16"]}
 PREFERENCE = ("B", "A")  # if both pass the gate (bench/agents_recipe_gate.md)
 GATE_RETURN, GATE_EPISODES = 15.0, 100
 LAMBDAS, LAMBDA_SEED, EV_FLOOR, EV_UPDATES = (0.3, 1.0, 3.0), 2, 0.3, 5
-DEFAULT_LAMBDA = 1.0  # without --sweep
+DEFAULT_LAMBDA = 1.0  # without --sweep or --lambda
+RESULTS = "agents-comparison-hud.json" if "--hud" in RECIPE else "agents-comparison.json"
+PRIOR = "agents-mask-prior-hud-100x156.npy" if "--hud" in RECIPE else "agents-mask-prior-100x156.npy"  # the IoU's
+# fixed prior map, made by bench/agents_baselines.py on frames drawn as the agents see them
 SEEDS, EVAL_EPISODES, EVAL_OFFSET = (101, 102, 103, 104, 105), 100, 1000
 STOPPED = 3  # exit status: stopped before the end, run the same command again
 
@@ -196,7 +200,10 @@ def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
     runs = [(f"{arm}-s{seed}", ["--seed", str(seed), "--lambda", str(value), *NETWORKS[key]])
             for seed in args.seeds for arm, value in arms]
     run_all(work, runs, args, logs)
-    prior_path = Path(args.results, "agents-mask-prior-100x156.npy")
+    prior_path = Path(args.results, PRIOR)
+    if not prior_path.exists() and not getattr(args, "smoke", False):
+        raise SystemExit(f"The IoU's prior map {prior_path} is missing: make it first with "
+                         f"bench/agents_baselines.py{' --hud' if '--hud' in RECIPE else ''} --prior-out {prior_path} ...")
     prior = np.load(prior_path).astype(np.float32) if prior_path.exists() else None
     for name, _ in runs:
         for greedy in (False, True):
@@ -224,6 +231,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-only", action="store_true",
                         help="stage 2 alone: the lambda sweep and its lambda.json, then stop (the comparison's runs "
                              "are not touched)")
+    parser.add_argument("--lambda", dest="lam", type=float, default=None,
+                        help="CAMAL's lambda, chosen before by the sweep's rule (its record: "
+                             "bench/results/agents-lambda-sweep-196k.json); without it and without --sweep, "
+                             f"{DEFAULT_LAMBDA}")
     parser.add_argument("--arms", nargs="+", choices=("vanilla", "camal"), default=["vanilla", "camal"],
                         help="train and evaluate only these arms (a vanilla run does not depend on lambda, so a new "
                              "lambda needs only the CAMAL arm)")
@@ -248,7 +259,16 @@ def main(argv=None) -> int:
         if key is None:
             print("[comparison] no recipe passed the gate: see bench/results/agents-pilots.json", flush=True)
             return 0
-        lam = pick_lambda(work, key, args, logs) if args.sweep or args.sweep_only else DEFAULT_LAMBDA
+        if args.lam is not None and (args.sweep or args.sweep_only):
+            parser.error("--lambda and --sweep both choose lambda: give one")
+        lam = (pick_lambda(work, key, args, logs) if args.sweep or args.sweep_only
+               else args.lam if args.lam is not None else DEFAULT_LAMBDA)
+        if args.lam is not None:  # the results read the lambda and where it came from in WORK/lambda.json
+            (work / "lambda.json").write_text(json.dumps({
+                "chosen": args.lam, "from": "--lambda: chosen before by the sweep's rule (largest lambda with "
+                f"explained variance >= {EV_FLOOR}, mean of the last {EV_UPDATES} updates), "
+                "bench/results/agents-lambda-sweep-196k.json", "rule_after_the_fact": f"explained variance >= "
+                f"{EV_FLOOR} in every CAMAL run of the comparison"}, indent=1))
         if args.sweep_only:
             print(f"[comparison] the sweep chose lambda {lam} (rule and figures: {work / 'lambda.json'})", flush=True)
             return 0
@@ -262,7 +282,7 @@ def main(argv=None) -> int:
         return 0
     from agents_comparison_results import write_results  # beside this script
 
-    write_results(work, names, Path(args.results, "agents-comparison.json"))
+    write_results(work, names, Path(args.results, RESULTS))
     return 0
 
 

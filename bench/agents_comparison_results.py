@@ -62,8 +62,11 @@ def write_results(work: Path, names: list, out: Path, planned_seeds: int = 5, re
             comparisons[metric] = compare_arms([arms["camal"][s][metric] for s in seeds],
                                                [arms["vanilla"][s][metric] for s in seeds],
                                                **({"reps": reps} if reps else {}))
-    # the scripts on the comparison's own held-out episodes (reset seeds 10,001,000-10,001,099)
-    baselines_path = Path(__file__).resolve().parent / "results" / "agents-baselines-100x156-comparison-seeds.json"
+    # the scripts on the comparison's own held-out episodes (reset seeds 10,001,000-10,001,099), their IoU
+    # references on frames drawn as the agents saw them (with or without the status bar)
+    hud = any(json.loads((work / f"{name}.json").read_text()).get("hud") for name in names)
+    baselines_path = Path(__file__).resolve().parent / "results" / (
+        f"agents-baselines-{'hud-' if hud else ''}100x156-comparison-seeds.json")
     baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else None
     lambda_path = work / "lambda.json"
     camal_ev = {seed: scores["explained_variance_end"] for seed, scores in arms.get("camal", {}).items()}
@@ -71,9 +74,10 @@ def write_results(work: Path, names: list, out: Path, planned_seeds: int = 5, re
     result = {"seeds_done": seeds, "complete": all(len(done) == planned_seeds for done in seeds.values()),
               "stored_arms": {arm: str(path) for arm, path in (stored or {}).items()},
               "arms": arms, "camal_minus_vanilla": comparisons,
-              "lambda": json.loads(lambda_path.read_text()) if lambda_path.exists() else {
+              "lambda": {**(json.loads(lambda_path.read_text()) if lambda_path.exists() else {
                   "chosen": "default 1.0 (no sweep)", "rule_after_the_fact": "explained variance >= 0.3 in every "
-                  "CAMAL seed", "holds": bool(camal_ev) and min(camal_ev.values()) >= 0.3},
+                  "CAMAL seed"}), "holds_in_every_camal_seed": bool(camal_ev) and min(camal_ev.values()) >= 0.3},
+              "status_bar_drawn": hud, "baselines_file": baselines_path.name,
               "baselines": baselines and {"policies": {k: v["return"] for k, v in baselines["policies"].items()},
                                           "iou_references": baselines["iou_references"]},
               "ignoring_critic": "a critic that ignores the monsters has a counterfactual gap of 0"}
