@@ -29,12 +29,10 @@ import numpy as np
 from explainers.agents.baselines import iou_references, play_scripted
 from explainers.agents.envs import make_env
 from explainers.agents.train import EVAL_SEED_BASE
-from explainers.statistics import bootstrap_ci
+from explainers.statistics import mean_with_ci
 
 
-def summary(values) -> dict:
-    values = [v for v in values if v is not None and np.isfinite(v)]
-    return {"mean": float(np.mean(values)) if values else None, "ci95": bootstrap_ci(values), "n": len(values)}
+summary = mean_with_ci
 
 
 def choose_blind(args, episodes: int = 20) -> int:

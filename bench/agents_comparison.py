@@ -169,9 +169,10 @@ def write_pilots(record: dict, chosen: str | None, args) -> str | None:
 
 
 def _mean_ci(values) -> dict:
-    from explainers.statistics import bootstrap_ci
+    from explainers.statistics import mean_with_ci
 
-    return {"mean_return": float(np.mean(values)), "ci95": bootstrap_ci(values), "episodes": len(values)}
+    scores = mean_with_ci(values)
+    return {"mean_return": scores["mean"], "ci95": scores["ci95"], "episodes": scores["n"]}
 
 
 def pick_lambda(work: Path, key: str, args, logs: Path) -> float | None:

@@ -24,13 +24,11 @@ import numpy as np
 
 from agents_comparison import GATE_RETURN, NETWORKS, PREFERENCE, RECIPE, STEPS
 from explainers.agents.counterfactual import summarise_drops
-from explainers.statistics import bootstrap_ci
+from explainers.statistics import mean_with_ci
 
 
 def _mean_ci(values) -> dict:
-    values = [float(v) for v in values if v is not None]
-    return {"mean": round(float(np.mean(values)), 4), "ci95": [round(v, 4) for v in bootstrap_ci(values)],
-            "n": len(values)}
+    return mean_with_ci(values, digits=4)
 
 
 SECOND_ROUND_EACH = 12.0

@@ -24,7 +24,7 @@ import numpy as np
 
 from explainers.agents.counterfactual import summarise_drops
 from explainers.agents.envs import SCENARIOS
-from explainers.statistics import bootstrap_ci, paired_difference, rounded
+from explainers.statistics import mean_with_ci, paired_difference, rounded
 
 EV_UPDATES, EV_FLOOR = 5, 0.5  # explained variance: mean of the last 5 updates, >= 0.5 asked (as the comparison)
 
@@ -40,9 +40,7 @@ def script_returns(baselines: dict) -> dict:
             for name, policy in baselines["policies"].items()}
 
 
-def mean_ci(values) -> dict:
-    values = [float(v) for v in values if v is not None and np.isfinite(v)]
-    return {"mean": float(np.mean(values)) if values else None, "ci95": bootstrap_ci(values), "n": len(values)}
+mean_ci = mean_with_ci
 
 
 def judge_agent(card: dict, sampled: dict, greedy: dict | None, scripts: dict) -> dict:

@@ -42,6 +42,18 @@ def bootstrap_ci(values, *, level: float = LEVEL, n_resamples: int = N_RESAMPLES
     return [float(low), float(high)]
 
 
+def mean_with_ci(values, *, digits: int | None = None, **options) -> dict:
+    """{"mean", "ci95", "n"} of the finite values (None and NaN left out, as an episode or image with no score);
+    `digits` rounds the mean and the interval for a results file. An empty list has mean None."""
+    kept = [float(v) for v in values if v is not None and np.isfinite(v)]
+    mean = float(np.mean(kept)) if kept else None
+    interval = bootstrap_ci(kept, **options)
+    if digits is not None:
+        mean = None if mean is None else round(mean, digits)
+        interval = None if interval is None else [round(v, digits) for v in interval]
+    return {"mean": mean, "ci95": interval, "n": len(kept)}
+
+
 def paired_difference(a, b, *, level: float = LEVEL, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> dict:
     """Mean of a - b over the same images and its paired bootstrap interval (the images are resampled,
     both scores of an image travel together). `significant`: the interval excludes 0."""

@@ -329,6 +329,20 @@ def test_an_agent_trained_with_the_status_bar_sees_it_in_training_evaluation_and
     assert not hud_of(build_network("cnn", 3, **SMALL_NET)) and "hud" not in build_network("cnn", 3).arch
 
 
+@needs_vizdoom
+def test_an_episode_can_record_game_variables_beside_its_steps():
+    """The ammo study reads the ammunition through the evaluation's own loop: the scenario hands out 26 rounds, the
+    count never rises, and there is one reading after the reset and one after each step of an episode still going."""
+    from explainers.agents.evaluate import play_episode
+
+    net = build_network("cnn", 3, **SMALL_NET)
+    episode = play_episode(net, "defend_the_center", 7, max_steps=40, game_variables=("AMMO2",))
+    ammo = episode["game_variables"]["AMMO2"]
+    assert ammo[0] == 26 and all(b <= a for a, b in zip(ammo, ammo[1:]))
+    assert len(ammo) == episode["length"] + (1 if episode["capped"] else 0)
+    assert "game_variables" not in play_episode(net, "defend_the_center", 7, max_steps=2)
+
+
 def train_agent_tiny(out_dir, name, net_options):
     from explainers.agents.train import train_agent
 

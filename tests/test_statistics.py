@@ -505,3 +505,15 @@ def test_the_grid_student_ships_only_when_the_rule_is_met(tmp_path):
     assert str(tmp_path) not in json.dumps(card)
     assert card["distillation"]["shipped"]["steps"] == 900 and card["distillation"]["shipped"]["train_seconds"] == 600.0
     assert card["distillation"]["shipped"]["validation_at_export"]["gridpg"] == 0.54
+
+
+def test_mean_with_ci_leaves_out_missing_scores_and_rounds_for_a_file():
+    from explainers.statistics import mean_with_ci
+
+    scores = mean_with_ci([1.0, None, 3.0, float("nan"), 2.0])
+    assert scores["mean"] == 2.0 and scores["n"] == 3
+    assert scores["ci95"] == bootstrap_ci([1.0, 3.0, 2.0])  # the same interval as the kept values' own
+    rounded_scores = mean_with_ci([1 / 3, 2 / 3], digits=2)
+    assert rounded_scores["mean"] == 0.5 and all(v == round(v, 2) for v in rounded_scores["ci95"])
+    assert mean_with_ci([None]) == {"mean": None, "ci95": None, "n": 0}
+    assert mean_with_ci([4.0])["ci95"] is None  # one value has no spread to resample

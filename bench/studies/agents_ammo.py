@@ -12,46 +12,25 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from explainers.agents.checkpoint import load_agent
-from explainers.agents.envs import make_env
-from explainers.agents.networks import frame_hw_of, hud_of, value_cam
-from explainers.statistics import bootstrap_ci
+from explainers.agents.evaluate import play_episode
+from explainers.statistics import mean_with_ci
 
 
 def play(net, seed: int, max_steps: int = 600) -> dict:
-    import vizdoom
-
-    env = make_env("defend_the_center", frame_hw=frame_hw_of(net), hud=hud_of(net))
-    game = env.env.unwrapped.game
-    generator = torch.Generator().manual_seed(seed)
-    frame, _ = env.reset(seed=seed)
-    ammo, kills, last_shot, steps, done = game.get_game_variable(vizdoom.GameVariable.AMMO2), 0, None, 0, False
-    try:
-        while not done and steps < max_steps:
-            with torch.no_grad():
-                _, logits, _ = value_cam(net, torch.from_numpy(frame).unsqueeze(0))
-            action = int(torch.multinomial(logits.float().softmax(dim=1), 1, generator=generator))
-            frame, _, reward, done, _ = env.step(action)
-            steps += 1
-            kills += int(reward > 0)
-            if not done:
-                now = game.get_game_variable(vizdoom.GameVariable.AMMO2)
-                if now < ammo:
-                    last_shot = steps
-                ammo = now
-    finally:
-        env.close()
-    return {"seed": seed, "kills": kills, "ammo_left": int(ammo), "steps": steps, "last_shot_step": last_shot}
+    """One sampled episode (the evaluation's own loop and generator), read for kills and the ammunition."""
+    record = play_episode(net, "defend_the_center", seed, max_steps=max_steps, game_variables=("AMMO2",))
+    ammo = record["game_variables"]["AMMO2"]
+    shots = [step for step in range(1, len(ammo)) if ammo[step] < ammo[step - 1]]  # steps after which a round went
+    return {"seed": seed, "kills": sum(reward > 0 for reward in record["rewards"]), "ammo_left": int(ammo[-1]),
+            "steps": record["length"], "last_shot_step": shots[-1] if shots else None}
 
 
 def summary(episodes: list) -> dict:
     def mean_ci(values):
-        values = np.asarray(values, float)
-        low, high = bootstrap_ci(values)
-        return {"mean": round(float(values.mean()), 3), "ci95": [round(float(low), 3), round(float(high), 3)]}
+        return mean_with_ci(values, digits=3)
 
     empty = [e["ammo_left"] == 0 for e in episodes]
     return {"episodes": len(episodes), "kills": mean_ci([e["kills"] for e in episodes]),

@@ -40,9 +40,12 @@ CURVE_STEPS = 20
 
 
 def play_episode(net, scenario_name: str, seed: int, *, device="cpu", max_steps: int = MAX_EPISODE_STEPS,
-                 keep_frames: bool = False, keep_screens: bool = False, env=None, greedy: bool = False) -> dict:
+                 keep_frames: bool = False, keep_screens: bool = False, env=None, greedy: bool = False,
+                 game_variables: tuple = ()) -> dict:
     """One episode from reset seed `seed`: per-step value, action, reward, mask area and IoU; the frames, masks and
-    CAMs too when `keep_frames`. Stops at `max_steps` with `capped` set."""
+    CAMs too when `keep_frames`. Stops at `max_steps` with `capped` set. `game_variables` (ViZDoom's names, e.g.
+    "AMMO2"): each one's value after the reset and after every step the episode goes on, in
+    `record["game_variables"][name]` (a study of what the agent does, beyond its reward)."""
     own_env = env is None
     env = env or make_env(scenario_name, keep_screen=keep_screens, frame_hw=frame_hw_of(net), hud=hud_of(net))
     generator = torch.Generator().manual_seed(seed)
@@ -50,6 +53,9 @@ def play_episode(net, scenario_name: str, seed: int, *, device="cpu", max_steps:
     record = {"seed": seed, "values": [], "actions": [], "rewards": [], "ious": [], "mask_area": []}
     kept = {"frames": [], "masks": [], "cams": [], "screens": []}
     done, steps = False, 0
+    watched = _game_variable_reader(env, game_variables)
+    if watched:
+        record["game_variables"] = {name: [value] for name, value in watched().items()}
     try:
         while not done and steps < max_steps:
             frames = torch.from_numpy(frame).unsqueeze(0).to(device)
@@ -72,6 +78,9 @@ def play_episode(net, scenario_name: str, seed: int, *, device="cpu", max_steps:
             frame, mask, reward, done, info = env.step(action)
             record["rewards"].append(reward / env.scenario.reward_scale)
             steps += 1
+            if watched and not done:  # a finished episode's game has no state left to read
+                for name, value in watched().items():
+                    record["game_variables"][name].append(value)
     finally:
         if own_env:
             env.close()
@@ -81,6 +90,17 @@ def play_episode(net, scenario_name: str, seed: int, *, device="cpu", max_steps:
     if keep_frames:
         record.update({key: np.stack(value) for key, value in kept.items() if value})
     return record
+
+
+def _game_variable_reader(env, names: tuple):
+    """A function reading the named ViZDoom game variables now, or None when none are asked for."""
+    if not names:
+        return None
+    import vizdoom
+
+    game = env.env.unwrapped.game
+    variables = {name: getattr(vizdoom.GameVariable, name) for name in names}
+    return lambda: {name: float(game.get_game_variable(variable)) for name, variable in variables.items()}
 
 
 @torch.no_grad()
