@@ -33,9 +33,28 @@ def smear(seed):
 
 
 def test_fast_logits_are_the_models_logits(bundle):
+    import copy
+
+    from explainers.segmentation.model import _folds
+
     images = torch.rand(3, 3, *SIZE)
     with torch.no_grad():
         assert torch.allclose(fast_logits(bundle, images), bundle(images), atol=1e-5)
+    # a trained decode head's batch norm (statistics and affine weights far from a fresh one's) folded into the fuse
+    trained = copy.copy(bundle)
+    trained.network = copy.deepcopy(bundle.network)
+    norm = trained.network.segformer.decode_head.batch_norm
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor, low, high in ((norm.running_mean, -2, 2), (norm.running_var, 0.1, 3), (norm.weight, -2, 2),
+                                  (norm.bias, -1, 1)):
+            tensor.copy_(torch.rand(tensor.shape, generator=generator) * (high - low) + low)
+        assert _folds(trained.network.segformer.decode_head)
+        reference = trained(images)
+        assert torch.allclose(fast_logits(trained, images), reference, atol=1e-4)
+        assert torch.allclose(fast_logits(trained, images, (5, 40, 10, 90)), reference[:, :, 5:40, 10:90], atol=1e-4)
+    norm.train()  # batch statistics: nothing to fold
+    assert not _folds(trained.network.segformer.decode_head)
 
 
 def test_an_unlike_photo_is_flagged_and_a_smear_is_not(bundle):

@@ -113,6 +113,10 @@ def fast_logits(bundle, images: torch.Tensor, window: tuple | None = None) -> to
     head = segformer.decode_head
     width, count = head.config.decoder_hidden_size, len(stages)
     fuse = head.linear_fuse.weight[:, :, 0, 0]  # the stages are concatenated last stage first
+    norm, folded = head.batch_norm, _folds(head)
+    if folded:  # an evaluating batch norm is a per-channel affine map: folded into the fuse as well (~12% a pass)
+        scale = norm.weight / torch.sqrt(norm.running_var + norm.eps)
+        fuse = fuse * scale[:, None]
     size = stages[0].shape[2:]
     height_out, width_out = images.shape[-2:]
     if window is not None:  # the output window's rows and columns of the quarter-size map, and what they read
@@ -137,11 +141,23 @@ def fast_logits(bundle, images: torch.Tensor, window: tuple | None = None) -> to
             (r0, r1), (c0, c1) = _support(rows), _support(cols)
             part = F.conv2d(hidden[:, :, r0:r1, c0:c1], weight[:, :, None, None], bias)
             part = _resample(part, rows[:, r0:r1], cols[:, c0:c1])
-        fused = part if fused is None else fused + part
-    logits = head.classifier(head.activation(head.batch_norm(fused)))
+        fused = part if fused is None else fused.add_(part)
+    if folded:
+        fused = fused.add_((norm.bias - norm.running_mean * scale)[None, :, None, None]).relu_()
+    else:
+        fused = head.activation(norm(fused))
+    logits = head.classifier(fused)
     if window is None:
         return F.interpolate(logits, size=images.shape[-2:], mode="bilinear", align_corners=False)
     return _resample(logits, out_rows[:, row0:row1], out_cols[:, col0:col1])
+
+
+def _folds(head) -> bool:
+    """Whether the decode head's batch norm and activation can be folded (an evaluating BatchNorm2d with its
+    running statistics and affine weights, then a ReLU: the trained SegFormers here)."""
+    norm = head.batch_norm
+    return (isinstance(norm, torch.nn.BatchNorm2d) and not norm.training and norm.affine
+            and norm.running_var is not None and isinstance(head.activation, torch.nn.ReLU))
 
 
 def region_window(masks: torch.Tensor) -> tuple:
