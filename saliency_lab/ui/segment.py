@@ -117,19 +117,23 @@ def explain_region_stream(loader, model_name, shown, chosen, context, region, re
         return
     text = f"Explaining **{target.describe(view.bundle.class_names)}**."
     waiting = figures.empty_figure("The curves appear here once the maps are in.")
-    drawn, plot, records = 0, waiting, []
+    # the gallery and the plot are sent only when they change: each one sent is drawn again by the page, on a
+    # small machine the same cores that compute the next curves
+    drawn, plotted, plot, records = 0, None, waiting, []
     for records in view.explain_stream(shown, target, chosen, region=region):
         if not wanted():
             return
         curves_in = sum("deletion" in r for r in records)
-        plot = (figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
-                if curves_in else waiting)
+        if curves_in != plotted:
+            plot = (figures.curves_figure(records, title="Deletion and insertion of the region's class probability")
+                    if curves_in else waiting)
         pending = len(chosen) - curves_in
         status = text + (f" Computing the curves… ({pending} to go)" if pending else
                          " Deleting the pixels outside the region…")
         yield (status, pictures_of(records, context) if len(records) != drawn else gr.skip(),
-               service.scores_markdown(records), plot, unfamiliar_update(shown), *(gr.skip(),) * 3)
-        drawn = len(records)
+               service.scores_markdown(records), plot if curves_in != plotted else gr.skip(),
+               unfamiliar_update(shown), *(gr.skip(),) * 3)
+        drawn, plotted = len(records), curves_in
     if not wanted():
         return
     reference = view.context(shown, target, records)
