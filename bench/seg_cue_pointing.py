@@ -47,7 +47,9 @@ GRADSKIP_VARIANTS = {"ffn=conv": {"ffn_spread": "conv"},
                      "start=decoder": {"start": "decoder"}, "beta=layer": {"beta_reduction": "layer"},
                      "weighting=gradient": {"attention_weighting": "gradient"},
                      "weighting=attention": {"attention_weighting": "attention"},
-                     "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}, "start=signed": {"start": "decoder_signed"}}
+                     "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}, "start=signed": {"start": "decoder_signed"},
+                     "keys=conv": {"key_spread": "conv"}, "stages=conv": {"stage_spread": "conv"},
+                     "keys=conv,stages=conv": {"key_spread": "conv", "stage_spread": "conv"}}
 
 
 def answer_maps(bundle, random_model, image, target, region) -> dict:
