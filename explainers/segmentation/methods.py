@@ -162,26 +162,37 @@ class SegGradSkipState:
         self.image_hw = tuple(image_hw)
         self.options = dict(options)
         self.scores = captured.scores
+        self._per_block: dict = {}  # what a block's matrices read that no slider changes, made once
+
+    def _head_parts(self, record, weighting: str, head_threshold: float) -> tuple:
+        """(gradient-flow shares, sparsity shares, the heads' matrices M_q diag|v_q|) of a block: alpha only mixes
+        the first two, so the slider re-weights these without making them again."""
+        key = (id(record), weighting, head_threshold)
+        if key not in self._per_block:
+            attention = record.attention
+            product = record.attention_grad * attention
+            heads = attention.shape[1]
+            if heads == 1:
+                flow = sparsity = torch.ones(attention.shape[0], 1, device=attention.device)
+            else:
+                flow = product.abs().mean(dim=(-2, -1))
+                largest = flow.amax(dim=1, keepdim=True)
+                flow = _normalise_heads(torch.where(flow >= head_threshold * largest, flow, torch.zeros_like(flow)))
+                sparsity = _normalise_heads(gini(attention.mean(dim=2)))  # the mean query row: no class token
+            per_head = attention if weighting == "attention" else product.clamp_min_(0)
+            self._per_block[key] = (flow, sparsity, per_head * record.value_norms.unsqueeze(2))
+        return self._per_block[key]
 
     def head_weights(self, record, alpha: float, head_threshold: float) -> torch.Tensor:
         """B x heads: alpha * gradient flow + (1 - alpha) * Gini sparsity, each normalised over the heads."""
-        attention = record.attention
-        heads = attention.shape[1]
-        if heads == 1:
-            return torch.ones(attention.shape[0], 1, device=attention.device)
-        flow = (record.attention_grad * attention).abs().mean(dim=(-2, -1))
-        largest = flow.amax(dim=1, keepdim=True)
-        flow = torch.where(flow >= head_threshold * largest, flow, torch.zeros_like(flow))
-        sparsity = gini(attention.mean(dim=2))  # the mean query row: SegFormer has no class token
-        return alpha * _normalise_heads(flow) + (1 - alpha) * _normalise_heads(sparsity)
+        flow, sparsity, _ = self._head_parts(record, self.options["attention_weighting"], head_threshold)
+        return alpha * flow + (1 - alpha) * sparsity
 
     def mixing(self, record, alpha, head_threshold, weighting, normalise: bool = True) -> torch.Tensor:
         """B x N x M: W~ = rownorm(sum_q w_q M_q diag|v_q|), M_q = A_q or relu(dA_q * A_q) (not row-normalised
         with `normalise=False`: "gradient_residual" scales it once per image instead)."""
-        attention = record.attention
-        per_head = attention if weighting == "attention" else (record.attention_grad * attention).clamp_min(0)
-        per_head = per_head * record.value_norms.unsqueeze(2)
-        weights = self.head_weights(record, alpha, head_threshold)
+        flow, sparsity, per_head = self._head_parts(record, weighting, head_threshold)
+        weights = alpha * flow + (1 - alpha) * sparsity
         mixed = torch.einsum("bh,bhnm->bnm", weights, per_head)
         if not normalise:
             return mixed
