@@ -141,7 +141,9 @@ def test_a_window_of_the_logits_is_that_window_of_the_whole_and_a_region_reads_o
     images = torch.rand(2, 3, *bundle.input_size, generator=torch.Generator().manual_seed(1))
     height, width = bundle.input_size
     whole = fast_logits(bundle, images)
-    for window in [(0, height, 0, width), (5, 17, 9, 40), (0, 3, width - 2, width), (height - 1, height, 0, 1)]:
+    # a window under half the image takes the resampled decode head, at or over half a crop of the whole pass
+    for window in [(0, height, 0, width), (5, 17, 9, 40), (0, 3, width - 2, width), (height - 1, height, 0, 1),
+                   (0, height // 2, 0, width - 1), (0, height // 2 + 1, 0, width)]:
         top, bottom, left, right = window
         part = fast_logits(bundle, images, window)
         assert part.shape == (2, whole.shape[1], bottom - top, right - left)
