@@ -24,6 +24,11 @@ each, `train-agent` resuming from its checkpoint in WORK):
    used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test.
 5. results: bench/results/agents-comparison-hud.json (agents-comparison.json: the runs without the bar; rliable intervals and POI over seeds for return and IoU, the
    counterfactual gap per arm and CAMAL - vanilla, the baselines and IoU reference points beside them).
+2b. clip (`--clip-sweep`; bench/agents_recipe_gate.md, 2026-12-07): with the separate clips, lambda does not set
+   CAMAL's strength once its gradient is held at its clip; the clip c does. CAMAL at lambda 1 and c in CLIPS on
+   training seed 2, side by side; the largest c whose last 5 updates have explained variance >= 0.5, training
+   return >= 17.5 and a last training IoU >= 0.10 is chosen (WORK/clip.json); `--camal-clip C` then runs the
+   comparison's CAMAL arm at it.
 `--arms camal --seeds 101 102`: only those runs of stages 3-4 (a new lambda needs only the CAMAL arm, since a vanilla
 run does not depend on it; a session's share of the seeds), and no results file until every seed is in.
 `--stop-at HH:MM` (UTC) or SIGTERM: the runs stop with a checkpoint; run the same command to continue.
@@ -58,6 +63,9 @@ PREFERENCE = ("B", "A")  # if both pass the gate (bench/agents_recipe_gate.md)
 GATE_RETURN, GATE_EPISODES = 15.0, 100
 LAMBDAS, LAMBDA_SEED, EV_FLOOR, EV_UPDATES = (0.3, 1.0, 3.0), 2, 0.3, 5
 DEFAULT_LAMBDA = 1.0  # without --sweep or --lambda
+# CAMAL's strength with the status bar: the separate clip c (bench/agents_recipe_gate.md, the rule of 2026-12-07)
+CLIPS, CLIP_SEED, CLIP_LAMBDA = (0.15, 0.05), 2, 1.0
+CLIP_EV, CLIP_RETURN, CLIP_IOU, CLIP_UPDATES = 0.5, 17.5, 0.10, 5
 RESULTS = "agents-comparison-hud.json" if "--hud" in RECIPE else "agents-comparison.json"
 PRIOR = "agents-mask-prior-hud-100x156.npy" if "--hud" in RECIPE else "agents-mask-prior-100x156.npy"  # the IoU's
 # fixed prior map, made by bench/agents_baselines.py on frames drawn as the agents see them
@@ -195,10 +203,42 @@ def pick_lambda(work: Path, key: str, args, logs: Path) -> float | None:
     return chosen
 
 
+def judge_clip(card: dict) -> dict:
+    """The clip rule on one finished run's training log: explained variance, training return and the V(s)-CAM's
+    IoU over its last updates (bench/agents_recipe_gate.md)."""
+    tail = card["history"][-CLIP_UPDATES:]
+    ious = [row["iou"] for row in card["history"] if row.get("iou") is not None]
+    row = {"explained_variance": float(np.mean([r["explained_variance"] for r in tail])),
+           "training_return": float(np.mean([r["return_100"] for r in tail])),
+           "training_iou": ious[-1] if ious else None}
+    row["passed"] = bool(row["explained_variance"] >= CLIP_EV and row["training_return"] >= CLIP_RETURN
+                         and row["training_iou"] is not None and row["training_iou"] >= CLIP_IOU)
+    return row
+
+
+def pick_clip(work: Path, key: str, args, logs: Path) -> float | None:
+    """Every candidate clip on the clip seed (side by side, `--parallel` at a time), then the largest that passes
+    the rule; None if none does. Written to WORK/clip.json."""
+    runs = [(f"clip-{c:g}-s{CLIP_SEED}", ["--seed", str(CLIP_SEED), "--lambda", str(CLIP_LAMBDA),
+                                          "--camal-max-grad-norm", str(c), *NETWORKS[key]]) for c in CLIPS]
+    run_all(work, runs, args, logs)
+    table = {f"{c:g}": judge_clip(finished(work, name)) for c, (name, _) in zip(CLIPS, runs)}
+    passing = [c for c in CLIPS if table[f"{c:g}"]["passed"]]
+    chosen = max(passing) if passing else None
+    (work / "clip.json").write_text(json.dumps(rounded({
+        "rule": f"the largest CAMAL clip c whose run (lambda {CLIP_LAMBDA}, training seed {CLIP_SEED}) has, over its "
+                f"last {CLIP_UPDATES} updates, explained variance >= {CLIP_EV}, training return >= {CLIP_RETURN} and a "
+                f"last training IoU >= {CLIP_IOU} (bench/agents_recipe_gate.md)", "runs": table, "chosen": chosen}),
+        indent=1))
+    return chosen
+
+
 def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
     arms = [("vanilla", 0.0)] + ([("camal", lam)] if lam is not None else [])
     arms = [(arm, value) for arm, value in arms if arm in args.arms]
-    runs = [(f"{arm}-s{seed}", ["--seed", str(seed), "--lambda", str(value), *NETWORKS[key]])
+    clip = getattr(args, "camal_clip", None)
+    runs = [(f"{arm}-s{seed}", ["--seed", str(seed), "--lambda", str(value), *NETWORKS[key],
+                                *(["--camal-max-grad-norm", str(clip)] if arm == "camal" and clip is not None else [])])
             for seed in args.seeds for arm, value in arms]
     run_all(work, runs, args, logs)
     prior_path = Path(args.results, PRIOR)
@@ -236,6 +276,11 @@ def main(argv=None) -> int:
                         help="CAMAL's lambda, chosen before by the sweep's rule (its record: "
                              "bench/results/agents-lambda-sweep-196k.json); without it and without --sweep, "
                              f"{DEFAULT_LAMBDA}")
+    parser.add_argument("--clip-sweep", action="store_true",
+                        help="CAMAL's clip by its rule (bench/agents_recipe_gate.md): every candidate on the clip "
+                             "seed, then WORK/clip.json, then stop")
+    parser.add_argument("--camal-clip", type=float, default=None,
+                        help="the CAMAL arm at this clip of its gradient (lambda 1): the clip rule's choice")
     parser.add_argument("--arms", nargs="+", choices=("vanilla", "camal"), default=["vanilla", "camal"],
                         help="train and evaluate only these arms (a vanilla run does not depend on lambda, so a new "
                              "lambda needs only the CAMAL arm)")
@@ -260,11 +305,25 @@ def main(argv=None) -> int:
         if key is None:
             print("[comparison] no recipe passed the gate: see bench/results/agents-pilots.json", flush=True)
             return 0
+        if args.clip_sweep:
+            clip = pick_clip(work, key, args, logs)
+            print(f"[comparison] the clip rule chose {clip} (figures: {work / 'clip.json'})", flush=True)
+            return 0
+        if args.camal_clip is not None:
+            if args.lam is not None or args.sweep or args.sweep_only:
+                parser.error("--camal-clip sets CAMAL's strength with lambda 1: give no --lambda or --sweep")
+            args.lam = CLIP_LAMBDA
         if args.lam is not None and (args.sweep or args.sweep_only):
             parser.error("--lambda and --sweep both choose lambda: give one")
         lam = (pick_lambda(work, key, args, logs) if args.sweep or args.sweep_only
                else args.lam if args.lam is not None else DEFAULT_LAMBDA)
-        if args.lam is not None:  # the results read the lambda and where it came from in WORK/lambda.json
+        if args.camal_clip is not None:  # the results read CAMAL's setting and where it came from
+            (work / "lambda.json").write_text(json.dumps({
+                "chosen": CLIP_LAMBDA, "camal_clip": args.camal_clip, "from": "--camal-clip: chosen by the clip rule "
+                "(bench/agents_recipe_gate.md, WORK/clip.json); lambda 1, every CAMAL step held at the clip",
+                "rule_after_the_fact": f"explained variance >= {EV_FLOOR} in every CAMAL run of the comparison"},
+                indent=1))
+        elif args.lam is not None:  # the results read the lambda and where it came from in WORK/lambda.json
             (work / "lambda.json").write_text(json.dumps({
                 "chosen": args.lam, "from": "--lambda: chosen before by the sweep's rule (largest lambda with "
                 f"explained variance >= {EV_FLOOR}, mean of the last {EV_UPDATES} updates), "

@@ -254,6 +254,14 @@ def test_the_comparison_can_run_one_arm_on_some_seeds(tmp_path):
     assert chosen == [3.0] and json.loads((tmp_path / "lambda.json").read_text())["chosen"] == 3.0
     with __import__("pytest").raises(SystemExit):
         module.main(["--work", str(tmp_path), "--lambda", "3", "--sweep"])
+    # the clip rule's choice: lambda 1 and the clip, recorded; never beside a lambda of its own
+    chosen.clear()
+    assert module.main(["--work", str(tmp_path), "--logs", str(tmp_path), "--results", str(tmp_path),
+                        "--camal-clip", "0.15", "--arms", "camal", "--seeds", "101"]) == 0
+    record = json.loads((tmp_path / "lambda.json").read_text())
+    assert chosen == [1.0] and record["camal_clip"] == 0.15 and record["chosen"] == 1.0
+    with __import__("pytest").raises(SystemExit):
+        module.main(["--work", str(tmp_path), "--camal-clip", "0.15", "--lambda", "3"])
 
 
 def test_a_scenario_agent_plays_only_when_it_beats_the_blind_script_on_the_same_episodes(tmp_path):
@@ -335,3 +343,59 @@ def test_the_second_pilot_round_is_judged_on_every_seed_and_their_mean(tmp_path)
     assert result["runs"]["6"]["training_return_peak"] == 13.5 and result["runs"]["6"]["training_return_final"] == 12.0
     argv = ["--change", "x", "--seed-run", *run(6, [15, 16]), "--seed-run", *run(7, [14, 15])]
     assert record.main(argv + ["--out", str(out)]) == 0 and json.loads(out.read_text())["passed"] is True
+
+
+def test_the_clip_rule_takes_the_largest_clip_that_keeps_the_critic_the_return_and_a_moved_map(tmp_path):
+    """CAMAL's clip (bench/agents_recipe_gate.md): each candidate is judged on its last 5 updates (explained
+    variance, training return) and its last logged IoU; the largest passing clip is chosen, none if none passes;
+    the comparison's CAMAL arm then carries the clip, the vanilla arm does not."""
+    import argparse
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("agents_comparison",
+                                                  Path(__file__).parent.parent / "bench" / "agents_comparison.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def card(ev, ret, iou):
+        early = [{"explained_variance": 0.0, "return_100": 0.0, "iou": 0.5}] * 10  # only the end counts
+        return {"steps": module.STEPS, "history": early + [{"explained_variance": ev, "return_100": ret}] * 4
+                + [{"explained_variance": ev, "return_100": ret, "iou": iou}]}
+
+    assert module.judge_clip(card(0.8, 18.0, 0.2))["passed"]
+    for failing in (card(0.4, 18.0, 0.2), card(0.8, 17.0, 0.2), card(0.8, 18.0, 0.05)):
+        assert not module.judge_clip(failing)["passed"]
+
+    def sweep(cards):
+        trained = []
+
+        def fake_run_all(work, runs, args, logs):
+            for name, extra in runs:
+                clip = float(extra[extra.index("--camal-max-grad-norm") + 1])
+                assert extra[extra.index("--lambda") + 1] == "1.0" and extra[extra.index("--seed") + 1] == "2"
+                trained.append(clip)
+                (work / f"{name}.json").write_text(json.dumps(cards[clip]))
+
+        module.run_all = fake_run_all
+        work = tmp_path / str(len(list(tmp_path.iterdir())))
+        work.mkdir()
+        return module.pick_clip(work, "A", None, tmp_path), trained, json.loads((work / "clip.json").read_text())
+
+    chosen, trained, record = sweep({0.15: card(0.8, 16.0, 0.3), 0.05: card(0.9, 19.0, 0.2)})
+    assert chosen == 0.05 and sorted(trained) == [0.05, 0.15] and not record["runs"]["0.15"]["passed"]
+    chosen, _, _ = sweep({0.15: card(0.8, 18.0, 0.3), 0.05: card(0.9, 19.0, 0.2)})
+    assert chosen == 0.15
+    chosen, _, record = sweep({0.15: card(0.2, 18.0, 0.3), 0.05: card(0.9, 19.0, 0.01)})
+    assert chosen is None and record["chosen"] is None
+    ran = []
+    module.run_all = lambda work, runs, args, logs: ran.extend(runs)
+    module.evaluate = lambda *a, **k: None
+    __import__("numpy").save(tmp_path / module.PRIOR, __import__("numpy").zeros((100, 156), "float16"))
+    args = argparse.Namespace(arms=["vanilla", "camal"], seeds=[101], results=str(tmp_path), deadline=None,
+                              camal_clip=0.15)
+    module.compare(tmp_path, "A", 1.0, args, tmp_path)
+    extras = dict(ran)
+    assert extras["camal-s101"][extras["camal-s101"].index("--camal-max-grad-norm") + 1] == "0.15"
+    assert "--camal-max-grad-norm" not in extras["vanilla-s101"]
