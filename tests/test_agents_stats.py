@@ -365,7 +365,7 @@ def test_the_clip_rule_takes_the_largest_clip_that_keeps_the_critic_the_return_a
                 + [{"explained_variance": ev, "return_100": ret, "iou": iou}]}
 
     assert module.judge_clip(card(0.8, 18.0, 0.2))["passed"]
-    for failing in (card(0.4, 18.0, 0.2), card(0.8, 17.0, 0.2), card(0.8, 18.0, 0.05)):
+    for failing in (card(0.4, 18.0, 0.2), card(0.8, 15.5, 0.2), card(0.8, 18.0, 0.05)):
         assert not module.judge_clip(failing)["passed"]
 
     def sweep(cards):
@@ -383,7 +383,7 @@ def test_the_clip_rule_takes_the_largest_clip_that_keeps_the_critic_the_return_a
         work.mkdir()
         return module.pick_clip(work, "A", None, tmp_path), trained, json.loads((work / "clip.json").read_text())
 
-    chosen, trained, record = sweep({0.15: card(0.8, 16.0, 0.3), 0.05: card(0.9, 19.0, 0.2)})
+    chosen, trained, record = sweep({0.15: card(0.8, 15.0, 0.3), 0.05: card(0.9, 19.0, 0.2)})
     assert chosen == 0.05 and sorted(trained) == [0.05, 0.15] and not record["runs"]["0.15"]["passed"]
     chosen, _, _ = sweep({0.15: card(0.8, 18.0, 0.3), 0.05: card(0.9, 19.0, 0.2)})
     assert chosen == 0.15
