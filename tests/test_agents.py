@@ -343,6 +343,34 @@ def test_an_episode_can_record_game_variables_beside_its_steps():
     assert "game_variables" not in play_episode(net, "defend_the_center", 7, max_steps=2)
 
 
+def test_lambda_does_not_change_a_step_whose_camal_gradient_is_held_at_its_clip():
+    """Why the comparison chooses CAMAL's clip, not lambda (bench/agents_recipe_gate.md): once the lambda-scaled
+    CAMAL gradient is longer than its clip, lambda 1 and lambda 3 give the same optimiser step; under the clip they
+    do not, and a smaller clip gives a shorter CAMAL step."""
+    frames = torch.randint(0, 256, (8, 3, *FRAME_HW), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    masks = torch.zeros(8, *FRAME_HW, dtype=torch.bool)
+    masks[:, 5:25, 10:40] = True
+
+    def step(lam, clip):
+        torch.manual_seed(0)
+        net = build_network("cnn", 4, **SMALL_NET)
+        config = PPOConfig(camal_lambda=lam, max_grad_norm=0.5, camal_max_grad_norm=clip)
+        loss, camal, _ = ppo_loss(net, frames, masks, torch.arange(8) % 4, torch.zeros(8) - 1.386,
+                                  torch.linspace(-1, 1, 8), torch.linspace(1, -1, 8), config)
+        before = [p.detach().clone() for p in net.parameters()]
+        norms = clipped_step(net, torch.optim.SGD(net.parameters(), lr=1.0), loss, camal, config)
+        return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, net.parameters())]), norms
+
+    held = {lam: step(lam, 1e-4) for lam in (1.0, 3.0)}
+    assert all(norms["camal_factor"] < 1 for _, norms in held.values())
+    assert torch.allclose(held[1.0][0], held[3.0][0], atol=1e-7)
+    free = {lam: step(lam, 1e6) for lam in (1.0, 3.0)}
+    assert not torch.allclose(free[1.0][0], free[3.0][0], atol=1e-7)
+    ppo_only = step(1e-12, 1e6)[0]
+    shorter, longer = ((step(1.0, clip)[0] - ppo_only).norm() for clip in (1e-5, 1e-4))
+    assert float(shorter) == pytest.approx(1e-5, rel=1e-2) and float(longer) == pytest.approx(1e-4, rel=1e-2)
+
+
 def train_agent_tiny(out_dir, name, net_options):
     from explainers.agents.train import train_agent
 
