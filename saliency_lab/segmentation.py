@@ -421,9 +421,9 @@ def context_curves_figure(records: list, reference: dict) -> FigureSpec:
                      f"{reference['auc'][name]:.3f}", "line": {"color": "#777777", "width": 2, "dash": dash}})
     # one legend entry a line under the axis title, with room made for them: a legend laid across the plot's foot
     # covered the axis title at 1280 px (entries wrap differently at every width)
-    plot_px, axis_px, entry_px, top_px = 240, 52, 19, 60
+    plot_px, axis_px, entry_px, top_px = 240, 52, 19, 78  # three title lines: a phone cannot fit the second on one
     bottom_px = axis_px + entry_px * len(data) + 8
-    layout = {"title": {"text": "Deleting only the pixels outside the region<br>(the region's class probability; "
+    layout = {"title": {"text": "Deleting only the pixels outside the region<br>(the region's class probability;<br>"
                                 "lower = the map found context that matters)", "font": {"size": 13}},
               "height": top_px + plot_px + bottom_px, "margin": {"l": 50, "r": 12, "t": top_px, "b": bottom_px},
               "xaxis": {"title": {"text": "% of the pixels outside the region deleted", "standoff": 4},
