@@ -212,10 +212,14 @@ class SegGradSkipState:
             raise ValueError("the capture has no gradients for a block: was the region score differentiable?")
         matrices = [self.mixing(r, alpha, options["head_threshold"], weighting, normalise=not residual)
                     for r in self.captured.blocks]
+        scale = row_sums = None
         if residual:  # one scale per image: the largest row sum over every block
-            scale = torch.stack([m.sum(dim=-1).amax(dim=-1) for m in matrices]).amax(dim=0).clamp_min(EPS)
-            matrices = [m / scale.view(-1, 1, 1) for m in matrices]
-        by_block = {id(r): m for r, m in zip(self.captured.blocks, matrices)}
+            row_sums = [m.sum(dim=-1) for m in matrices]
+            scale = torch.stack([rows.amax(dim=-1) for rows in row_sums]).amax(dim=0).clamp_min(EPS).view(-1, 1)
+            # the matrices stay unscaled: the scale divides the B x M keys and the B x N row sums instead of every
+            # B x N x M matrix (the same numbers, fewer passes over the largest tensors)
+            row_sums = [rows / scale for rows in row_sums]
+        by_block = {id(r): i for i, r in enumerate(self.captured.blocks)}
 
         def ffn_step(record, relevance):
             # backwards through the block's second half first: the share of each token's relevance that its
@@ -232,11 +236,12 @@ class SegGradSkipState:
                 main, skip = main.sum(dim=1, keepdim=True), skip.sum(dim=1, keepdim=True)
             b_main = main / (main + skip).clamp_min(EPS)
             through = b_main * relevance
-            mixing = by_block[id(record)]
-            keys = torch.einsum("bnm,bn->bm", mixing, through)
+            index = by_block[id(record)]
+            keys = torch.einsum("bnm,bn->bm", matrices[index], through)
             kept = relevance - through
             if residual:  # the part of a row the weak gradients do not claim stays on its own token
-                kept = kept + through * (1 - mixing.sum(dim=-1)).clamp_min(0)
+                keys = keys / scale
+                kept = kept + through * (1 - row_sums[index]).clamp_min(0)
             return spread_keys(keys, record, options["key_spread"]) + kept
 
         return propagate(self.captured, self.starts(options["start"]), block_step, options["stage_spread"],
