@@ -1,7 +1,7 @@
 """The agents' comparison, in resumable stages: the recipe pilots and their gate, the CAMAL lambda, 5 seeds x 2 arms,
 the held-out evaluation and the results. The same command continues where it stopped.
 
-    PYTHONPATH=. python bench/agents_comparison.py --work bench/agents-runs --parallel 2 [--stop-at 22:20]
+    PYTHONPATH=. python bench/agents_comparison.py --parallel 2 [--stop-at 22:20]     (WORK: bench/agents-runs/comparison-hud)
 
 Stages (each starts when the one before is complete; a stage's runs go at most `--parallel` at a time, one thread
 each, `train-agent` resuming from its checkpoint in WORK):
@@ -42,7 +42,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -263,10 +262,11 @@ def _smoke() -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", default=str(ROOT / "bench" / "agents-runs"))
+    parser.add_argument("--work", default=str(ROOT / "bench" / "agents-runs" / "comparison-hud"))
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--stop-at", default=None, help="HH:MM (UTC): stop with checkpoints at this time")
-    parser.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "agents-comparison-logs"))
+    parser.add_argument("--logs", default=str(ROOT / "bench" / "agents-runs" / "logs"),
+                        help="the runs' logs (in the tree, so that a stop commits them with the checkpoints)")
     parser.add_argument("--results", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--sweep", action="store_true", help="choose lambda by the sweep of stage 2 (3 more runs)")
     parser.add_argument("--sweep-only", action="store_true",
