@@ -65,6 +65,10 @@ DEFAULT_LAMBDA = 1.0  # without --sweep or --lambda
 # CAMAL's strength with the status bar: the separate clip c (bench/agents_recipe_gate.md, the rule of 2026-12-07)
 CLIPS, CLIP_SEED, CLIP_LAMBDA = (0.15, 0.05), 2, 1.0
 CLIP_EV, CLIP_RETURN, CLIP_IOU, CLIP_UPDATES = 0.5, 16.0, 0.10, 5  # (ii) amended before the runs logged
+# every CAMAL run of the clip sweep and the comparison measures the two clip factors on every 8th minibatch (one
+# backward on the others): 1.26x a vanilla update instead of 2.1x, the issue's cost target (bench/agents_recipe_gate.md,
+# the amendment of 2026-12-07 19:05 UTC; judged equivalent in bench/results/agents-camal-norm-every-8.json)
+CAMAL_COST = ["--camal-norm-every", "8"]
 RESULTS = "agents-comparison-hud.json" if "--hud" in RECIPE else "agents-comparison.json"
 PRIOR = "agents-mask-prior-hud-100x156.npy" if "--hud" in RECIPE else "agents-mask-prior-100x156.npy"  # the IoU's
 # fixed prior map, made by bench/agents_baselines.py on frames drawn as the agents see them
@@ -219,7 +223,8 @@ def pick_clip(work: Path, key: str, args, logs: Path) -> float | None:
     """Every candidate clip on the clip seed (side by side, `--parallel` at a time), then the largest that passes
     the rule; None if none does. Written to WORK/clip.json."""
     runs = [(f"clip-{c:g}-s{CLIP_SEED}", ["--seed", str(CLIP_SEED), "--lambda", str(CLIP_LAMBDA),
-                                          "--camal-max-grad-norm", str(c), *NETWORKS[key]]) for c in CLIPS]
+                                          "--camal-max-grad-norm", str(c), *CAMAL_COST, *NETWORKS[key]])
+            for c in CLIPS]
     run_all(work, runs, args, logs)
     table = {f"{c:g}": judge_clip(finished(work, name)) for c, (name, _) in zip(CLIPS, runs)}
     passing = [c for c in CLIPS if table[f"{c:g}"]["passed"]]
@@ -237,7 +242,8 @@ def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
     arms = [(arm, value) for arm, value in arms if arm in args.arms]
     clip = getattr(args, "camal_clip", None)
     runs = [(f"{arm}-s{seed}", ["--seed", str(seed), "--lambda", str(value), *NETWORKS[key],
-                                *(["--camal-max-grad-norm", str(clip)] if arm == "camal" and clip is not None else [])])
+                                *(["--camal-max-grad-norm", str(clip), *CAMAL_COST]
+                                  if arm == "camal" and clip is not None else [])])
             for seed in args.seeds for arm, value in arms]
     run_all(work, runs, args, logs)
     prior_path = Path(args.results, PRIOR)

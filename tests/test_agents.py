@@ -570,6 +570,9 @@ def test_a_checkpoint_resumes_only_its_own_run_and_exports_a_snapshot(tmp_path):
     with pytest.raises(ValueError, match="another network"):
         train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name="s", seed=3, steps=128,
                     config=PPOConfig(**TINY), net_options={"width": 16, "hidden": 32})
+    with pytest.raises(ValueError, match=r"another PPO setting \(norm_every 1 there, 8 here\)"):
+        train_agent(scenario_name="defend_the_center", out_dir=tmp_path, name="s", seed=3, steps=128,
+                    config=PPOConfig(**{**TINY, "norm_every": 8}), net_options=SMALL_NET)
     card_path = agent_from_checkpoint(tmp_path / "s.ckpt", tmp_path, "s-snapshot")
     net, card = load_agent(card_path)
     final, _ = load_agent(tmp_path / "s.json")

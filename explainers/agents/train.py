@@ -156,17 +156,22 @@ def train_agent(*, scenario_name: str, out_dir, name: str, seed: int = 0, lam: f
 
 
 def _check_same_run(stem: Path, run: dict, name: str) -> None:
-    """A checkpoint resumes only the run it came from (same scenario, network, lambda and seed)."""
+    """A checkpoint resumes only the run it came from (same scenario, network, lambda, seed and PPO settings: a run
+    continued with another clip or learning rate would be neither run)."""
     meta = stem.with_name(stem.name + ".json")
     if not meta.exists():
         return
     saved = json.loads(meta.read_text()).get("run")
     if saved is None:
         return
-    for key, what in (("scenario", "scenario"), ("arch", "network"), ("lambda", "lambda"), ("seed", "seed")):
-        if saved.get(key) != run[key]:
-            raise ValueError(f"The checkpoint of '{name}' belongs to a run with another {what}: give the new run "
-                             "another name, or the same settings to continue it.")
+    differ = [what for key, what in (("scenario", "scenario"), ("arch", "network"), ("lambda", "lambda"),
+                                     ("seed", "seed")) if saved.get(key) != run[key]]
+    saved_ppo = saved.get("ppo") or {}  # a setting added after the checkpoint was written is not compared
+    differ += [f"PPO setting ({key} {saved_ppo[key]} there, {value} here)" for key, value in run["ppo"].items()
+               if key in saved_ppo and key != "camal_lambda" and saved_ppo[key] != value]
+    if differ:
+        raise ValueError(f"The checkpoint of '{name}' belongs to a run with another {differ[0]}: give the new run "
+                         "another name, or the same settings to continue it.")
 
 
 def _num_actions(scenario_name: str) -> int:
