@@ -242,8 +242,8 @@ def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
     arms = [(arm, value) for arm, value in arms if arm in args.arms]
     clip = getattr(args, "camal_clip", None)
     runs = [(f"{arm}-s{seed}", ["--seed", str(seed), "--lambda", str(value), *NETWORKS[key],
-                                *(["--camal-max-grad-norm", str(clip), *CAMAL_COST]
-                                  if arm == "camal" and clip is not None else [])])
+                                *(CAMAL_COST if arm == "camal" else []),
+                                *(["--camal-max-grad-norm", str(clip)] if arm == "camal" and clip is not None else [])])
             for seed in args.seeds for arm, value in arms]
     run_all(work, runs, args, logs)
     prior_path = Path(args.results, PRIOR)

@@ -375,6 +375,7 @@ def test_the_clip_rule_takes_the_largest_clip_that_keeps_the_critic_the_return_a
             for name, extra in runs:
                 clip = float(extra[extra.index("--camal-max-grad-norm") + 1])
                 assert extra[extra.index("--lambda") + 1] == "1.0" and extra[extra.index("--seed") + 1] == "2"
+                assert extra[extra.index("--camal-norm-every") + 1] == "8"  # the amendment's cheaper update
                 trained.append(clip)
                 (work / f"{name}.json").write_text(json.dumps(cards[clip]))
 
@@ -399,3 +400,10 @@ def test_the_clip_rule_takes_the_largest_clip_that_keeps_the_critic_the_return_a
     extras = dict(ran)
     assert extras["camal-s101"][extras["camal-s101"].index("--camal-max-grad-norm") + 1] == "0.15"
     assert "--camal-max-grad-norm" not in extras["vanilla-s101"]
+    assert extras["camal-s101"][extras["camal-s101"].index("--camal-norm-every") + 1] == "8"
+    assert "--camal-norm-every" not in extras["vanilla-s101"]
+    ran.clear()  # the fallback (no clip passed: lambda 3 at the default clip) takes the same cheaper update
+    module.compare(tmp_path, "A", 3.0, argparse.Namespace(**{**vars(args), "camal_clip": None}), tmp_path)
+    extras = dict(ran)
+    assert extras["camal-s101"][extras["camal-s101"].index("--lambda") + 1] == "3.0"
+    assert "--camal-norm-every" in extras["camal-s101"] and "--camal-max-grad-norm" not in extras["camal-s101"]
