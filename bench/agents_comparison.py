@@ -21,7 +21,8 @@ each, `train-agent` resuming from its checkpoint in WORK):
    bar drawn (`--hud`, accepted by the fourth pilot round; a WORK folder of runs without it cannot be resumed
    with it: start a new one).
 4. evaluate: every agent of stage 3 on 100 held-out episodes (reset seeds EVAL_SEED_BASE + 1000 + k, never
-   used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test.
+   used before), sampled and greedy, with the IoU references, V(s) deletion and the counterfactual test; each
+   evaluation in a process of its own as soon as its run is trained, ahead of the next training run.
 5. results: bench/results/agents-comparison-hud.json (agents-comparison.json: the runs without the bar; rliable intervals and POI over seeds for return and IoU, the
    counterfactual gap per arm and CAMAL - vanilla, the baselines and IoU reference points beside them).
 2b. clip (`--clip-sweep`; bench/agents_recipe_gate.md, 2026-12-07): with the separate clips, lambda does not set
@@ -88,31 +89,59 @@ def finished(work: Path, name: str) -> dict | None:
     return card if card.get("steps", 0) >= STEPS else None
 
 
-def run_all(work: Path, runs: list, args, logs: Path) -> None:
-    """Train the runs not yet finished, at most `args.parallel` at a time; Stop at the deadline or on a signal."""
+def evaluation_file(work: Path, name: str, greedy: bool = False) -> Path:
+    return work / "eval" / f"{name}{'-greedy' if greedy else ''}.json"
+
+
+def run_all(work: Path, runs: list, args, logs: Path, evaluations: tuple = ()) -> None:
+    """Train the runs not yet finished and evaluate the finished ones (`evaluations`: (name, greedy) pairs, each
+    once its run is trained), at most `args.parallel` processes at a time, one thread each; a slot goes to an
+    evaluation before a new training run (a quarter of a run's time, and it completes a run's record), so no core
+    waits for the last training runs before the evaluations start. Stop at the deadline or on a signal: training
+    runs checkpoint, an evaluation under way is dropped (its file is written only at its end)."""
     waiting = [run for run in runs if not finished(work, run[0])]
-    active: dict = {}
-    while waiting or active:
-        while waiting and len(active) < args.parallel and not stop_now(args):
-            name, extra = waiting.pop(0)
-            command = [sys.executable, "-m", "explainers", "train-agent", *RECIPE, *extra, "--steps", str(STEPS),
-                       "--out", str(work), "--name", name]
-            log = open(logs / f"{name}.log", "a")
-            active[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                            env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
-            print(f"[comparison] started {name}", flush=True)
+    to_evaluate = [job for job in evaluations if not evaluation_file(work, *job).exists()]
+    active: dict = {}  # process -> (what, name, log)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    while waiting or to_evaluate or active:
+        while len(active) < args.parallel and not stop_now(args):
+            ready = [job for job in to_evaluate if finished(work, job[0])]
+            if ready:
+                name, greedy = ready[0]
+                to_evaluate.remove(ready[0])
+                command = [sys.executable, str(Path(__file__).resolve()), "--work", str(work), "--results",
+                           str(args.results), "--evaluate-one", name, *(["--greedy"] if greedy else []),
+                           *(["--smoke"] if getattr(args, "smoke", False) else [])]
+                label, what = f"{name}-eval{'-greedy' if greedy else ''}", ("eval", name, greedy)
+            elif waiting:
+                name, extra = waiting.pop(0)
+                command = [sys.executable, "-m", "explainers", "train-agent", *RECIPE, *extra, "--steps", str(STEPS),
+                           "--out", str(work), "--name", name]
+                label, what = name, ("train", name, None)
+            else:
+                break
+            log = logs / f"{label}.log"
+            with open(log, "a") as handle:
+                process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            active[process] = (*what, log)
+            print(f"[comparison] started {label}", flush=True)
         if stop_now(args):
-            for proc in active.values():
-                proc.send_signal(signal.SIGTERM)  # train-agent checkpoints and exits after its current step
-            for proc in active.values():
-                proc.wait()
+            for process in active:
+                process.send_signal(signal.SIGTERM)  # train-agent checkpoints and exits after its current step
+            for process in active:
+                process.wait()
             raise Stop()
+        if not active:  # evaluations left whose runs are neither trained nor among these runs
+            raise SystemExit(f"cannot evaluate {[name for name, _ in to_evaluate]}: not trained")
         time.sleep(5)
-        for name, proc in list(active.items()):
-            if proc.poll() is not None:
-                del active[name]
-                if not finished(work, name):
-                    raise SystemExit(f"{name} stopped without finishing (see {logs / (name + '.log')})")
+        for process, (what, name, greedy, log) in list(active.items()):
+            if process.poll() is None:
+                continue
+            del active[process]
+            if what == "train" and not finished(work, name):
+                raise SystemExit(f"{name} stopped without finishing (see {log})")
+            if what == "eval" and not evaluation_file(work, name, greedy).exists():
+                raise SystemExit(f"the evaluation of {name} failed (see {log})")
 
 
 def stop_now(args) -> bool:
@@ -135,15 +164,15 @@ STOP_SIGNAL: list = []
 
 
 def evaluate(work: Path, name: str, seed_base: int, episodes: int, greedy: bool = False, prior=None) -> dict:
-    out = work / "eval" / f"{name}{'-greedy' if greedy else ''}.json"
+    out = evaluation_file(work, name, greedy)
     if out.exists():
         return json.loads(out.read_text())
     from explainers.agents.evaluate import evaluate_agents
+    from explainers.atomic import atomic_write_text
 
     result = evaluate_agents([work / f"{name}.json"], episodes=episodes, seed_base=seed_base, greedy=greedy,
                              prior=prior, curve_every=10)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rounded(result)))
+    atomic_write_text(out, json.dumps(rounded(result)))  # whole or absent: a stopped evaluation leaves nothing
     return result
 
 
@@ -237,6 +266,15 @@ def pick_clip(work: Path, key: str, args, logs: Path) -> float | None:
     return chosen
 
 
+def load_prior(args):
+    """The IoU's fixed prior map (float32), needed before any agent of the comparison is evaluated."""
+    prior_path = Path(args.results, PRIOR)
+    if not prior_path.exists() and not getattr(args, "smoke", False):
+        raise SystemExit(f"The IoU's prior map {prior_path} is missing: make it first with "
+                         f"bench/agents_baselines.py{' --hud' if '--hud' in RECIPE else ''} --prior-out {prior_path} ...")
+    return np.load(prior_path).astype(np.float32) if prior_path.exists() else None
+
+
 def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
     arms = [("vanilla", 0.0)] + ([("camal", lam)] if lam is not None else [])
     arms = [(arm, value) for arm, value in arms if arm in args.arms]
@@ -245,13 +283,9 @@ def compare(work: Path, key: str, lam: float | None, args, logs: Path) -> list:
                                 *(CAMAL_COST if arm == "camal" else []),
                                 *(["--camal-max-grad-norm", str(clip)] if arm == "camal" and clip is not None else [])])
             for seed in args.seeds for arm, value in arms]
-    run_all(work, runs, args, logs)
-    prior_path = Path(args.results, PRIOR)
-    if not prior_path.exists() and not getattr(args, "smoke", False):
-        raise SystemExit(f"The IoU's prior map {prior_path} is missing: make it first with "
-                         f"bench/agents_baselines.py{' --hud' if '--hud' in RECIPE else ''} --prior-out {prior_path} ...")
-    prior = np.load(prior_path).astype(np.float32) if prior_path.exists() else None
-    for name, _ in runs:
+    prior = load_prior(args)
+    run_all(work, runs, args, logs, evaluations=tuple((name, greedy) for name, _ in runs for greedy in (False, True)))
+    for name, _ in runs:  # each evaluated above in its own process: read back here (made here if one is missing)
         for greedy in (False, True):
             if stop_now(args):
                 raise Stop()
@@ -292,6 +326,8 @@ def main(argv=None) -> int:
                              "lambda needs only the CAMAL arm)")
     parser.add_argument("--seeds", nargs="+", type=int, default=None,
                         help=f"only these training seeds of the comparison's {SEEDS} (a session's share of it)")
+    parser.add_argument("--evaluate-one", metavar="NAME", help=argparse.SUPPRESS)  # run_all's evaluation process
+    parser.add_argument("--greedy", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="a quick check of the machinery (tiny runs, a few "
                                                              "episodes): its numbers are not results")
     args = parser.parse_args(argv)
@@ -302,6 +338,9 @@ def main(argv=None) -> int:
     if not set(args.seeds) <= set(SEEDS):
         parser.error(f"--seeds must be among the comparison's training seeds {SEEDS}")
     work, logs = Path(args.work), Path(args.logs)
+    if args.evaluate_one:  # one agent on the held-out episodes, in a process of its own (SIGTERM ends it)
+        evaluate(work, args.evaluate_one, EVAL_SEED_BASE + EVAL_OFFSET, EVAL_EPISODES, args.greedy, load_prior(args))
+        return 0
     work.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     for number in (signal.SIGTERM, signal.SIGINT):

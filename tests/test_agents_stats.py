@@ -225,8 +225,9 @@ def test_the_comparison_can_run_one_arm_on_some_seeds(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     trained, evaluated = [], []
-    module.run_all = lambda work, runs, args, logs: trained.extend(
-        (name, extra[extra.index("--lambda") + 1], extra[extra.index("--seed") + 1]) for name, extra in runs)
+    scheduled = []
+    module.run_all = lambda work, runs, args, logs, evaluations=(): (scheduled.extend(evaluations), trained.extend(
+        (name, extra[extra.index("--lambda") + 1], extra[extra.index("--seed") + 1]) for name, extra in runs))
     module.evaluate = lambda work, name, seed_base, episodes, greedy=False, prior=None: evaluated.append((name, greedy))
     args = argparse.Namespace(arms=["camal"], seeds=[101, 102], results=str(tmp_path), deadline=None)
     with __import__("pytest").raises(SystemExit, match="prior map"):  # the IoU's prior is needed before evaluating
@@ -238,6 +239,7 @@ def test_the_comparison_can_run_one_arm_on_some_seeds(tmp_path):
     assert names == ["camal-s101", "camal-s102"]
     assert trained == [("camal-s101", "3.0", "101"), ("camal-s102", "3.0", "102")]
     assert evaluated == [("camal-s101", False), ("camal-s101", True), ("camal-s102", False), ("camal-s102", True)]
+    assert scheduled == evaluated  # each evaluation goes to the scheduler beside the training runs
     module.pilots = lambda work, args, logs: "A"
     module.pick_lambda = lambda work, key, args, logs: 3.0
     module.compare = lambda work, key, lam, args, logs: ["camal-s101"]
@@ -262,6 +264,88 @@ def test_the_comparison_can_run_one_arm_on_some_seeds(tmp_path):
     assert chosen == [1.0] and record["camal_clip"] == 0.15 and record["chosen"] == 1.0
     with __import__("pytest").raises(SystemExit):
         module.main(["--work", str(tmp_path), "--camal-clip", "0.15", "--lambda", "3"])
+
+
+def test_the_comparison_evaluates_each_trained_run_before_training_the_next(tmp_path, monkeypatch):
+    """run_all's scheduler: at most `parallel` processes; a free slot goes to an evaluation of a trained run before
+    a new training run; an evaluation that writes no file or a run that does not finish stops the comparison; at
+    the deadline every process under way is sent SIGTERM and the call raises Stop."""
+    import argparse
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("agents_comparison",
+                                                  Path(__file__).parent.parent / "bench" / "agents_comparison.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    started, signalled = [], []
+
+    class FakeProcess:  # does its work when first polled: a training run writes its card, an evaluation its file
+        def __init__(self, command, **_):
+            self.command, self.done = command, False
+            if "train-agent" in command:
+                self.label = command[command.index("--name") + 1]
+            else:
+                self.label = command[command.index("--evaluate-one") + 1] + ("-greedy" if "--greedy" in command
+                                                                             else "-eval")
+            started.append(self.label)
+
+        def poll(self):
+            if not self.done:
+                self.done = True
+                if "train-agent" in self.command:
+                    (tmp_path / f"{self.label}.json").write_text(json.dumps({"steps": module.STEPS}))
+                elif "broken" not in self.label:
+                    module.evaluation_file(tmp_path, self.label.rsplit("-", 1)[0], "greedy" in self.label).parent.mkdir(
+                        exist_ok=True)
+                    module.evaluation_file(tmp_path, self.label.rsplit("-", 1)[0],
+                                           "greedy" in self.label).write_text("{}")
+                return None  # still running at this poll
+            return 0
+
+        def send_signal(self, number):
+            signalled.append((self.label, number))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(module.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(module.time, "sleep", lambda seconds: None)
+    runs = [("a", []), ("b", [])]
+    jobs = tuple((name, greedy) for name, _ in runs for greedy in (False, True))
+    args = argparse.Namespace(parallel=1, deadline=None, results=str(tmp_path))
+    module.run_all(tmp_path, runs, args, tmp_path, evaluations=jobs)
+    assert started == ["a", "a-eval", "a-greedy", "b", "b-eval", "b-greedy"]
+    started.clear()
+    module.run_all(tmp_path, runs, args, tmp_path, evaluations=jobs)  # all done: nothing starts again
+    assert started == []
+    (tmp_path / "eval" / "b-greedy.json").unlink()
+    args.parallel = 2
+    module.run_all(tmp_path, runs + [("c", [])], args, tmp_path, evaluations=jobs + (("c", False),))
+    assert started == ["b-greedy", "c", "c-eval"]
+    started.clear()
+    with __import__("pytest").raises(SystemExit, match="evaluation of broken"):
+        module.run_all(tmp_path, [("broken", [])], args, tmp_path, evaluations=(("broken", False),))
+    with __import__("pytest").raises(SystemExit, match="not trained"):
+        module.run_all(tmp_path, [], args, tmp_path, evaluations=(("never", False),))
+    started.clear()
+    monkeypatch.setattr(module, "STOP_SIGNAL", [])
+    real_init = FakeProcess.__init__
+
+    def stop_after_starting(self, command, **kw):  # SIGTERM reaches the driver once "d" is under way
+        real_init(self, command, **kw)
+        module.STOP_SIGNAL.append(True)
+
+    monkeypatch.setattr(FakeProcess, "__init__", stop_after_starting)
+    with __import__("pytest").raises(module.Stop):
+        module.run_all(tmp_path, [("d", []), ("e", [])], args, tmp_path, evaluations=(("d", False),))
+    assert started == ["d"] and signalled == [("d", module.signal.SIGTERM)]
+    started.clear()
+    args.deadline = 0  # long past: nothing starts
+    with __import__("pytest").raises(module.Stop):
+        module.run_all(tmp_path, [("f", [])], args, tmp_path)
+    assert started == []
 
 
 def test_a_scenario_agent_plays_only_when_it_beats_the_blind_script_on_the_same_episodes(tmp_path):
@@ -391,7 +475,7 @@ def test_the_clip_rule_takes_the_largest_clip_that_keeps_the_critic_the_return_a
     chosen, _, record = sweep({0.15: card(0.2, 18.0, 0.3), 0.05: card(0.9, 19.0, 0.01)})
     assert chosen is None and record["chosen"] is None
     ran = []
-    module.run_all = lambda work, runs, args, logs: ran.extend(runs)
+    module.run_all = lambda work, runs, args, logs, evaluations=(): ran.extend(runs)
     module.evaluate = lambda *a, **k: None
     __import__("numpy").save(tmp_path / module.PRIOR, __import__("numpy").zeros((100, 156), "float16"))
     args = argparse.Namespace(arms=["vanilla", "camal"], seeds=[101], results=str(tmp_path), deadline=None,
