@@ -339,7 +339,12 @@ def main(argv=None) -> int:
         parser.error(f"--seeds must be among the comparison's training seeds {SEEDS}")
     work, logs = Path(args.work), Path(args.logs)
     if args.evaluate_one:  # one agent on the held-out episodes, in a process of its own (SIGTERM ends it)
-        evaluate(work, args.evaluate_one, EVAL_SEED_BASE + EVAL_OFFSET, EVAL_EPISODES, args.greedy, load_prior(args))
+        started = time.time()
+        result = evaluate(work, args.evaluate_one, EVAL_SEED_BASE + EVAL_OFFSET, EVAL_EPISODES, args.greedy,
+                          load_prior(args))
+        returns = [episode["return"] for episode in result["episodes"]]
+        print(f"[evaluate] {args.evaluate_one} {'greedy' if args.greedy else 'sampled'}: {len(returns)} episodes, "
+              f"mean return {np.mean(returns):.2f}, {time.time() - started:.0f} s", flush=True)
         return 0
     work.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
