@@ -225,7 +225,11 @@ def agent_label(name: str) -> str:
     except (OSError, ValueError, AgentsError):
         return name
     lam = float(card.get("lambda") or 0.0)
-    arm = f"CAMAL λ {lam:g}" if lam else "vanilla PPO"
+    ppo = card.get("ppo") or {}
+    clip = ppo.get("camal_max_grad_norm")
+    # with separate clips, the CAMAL step's clip sets its strength more than lambda does (docs/agents.md)
+    own_clip = f", clip {clip:g}" if lam and clip is not None and clip != ppo.get("max_grad_norm") else ""
+    arm = f"CAMAL λ {lam:g}{own_clip}" if lam else "vanilla PPO"
     short = name.removeprefix(f"{card.get('scenario', '')}-")
     return f"{arm} · {short}"
 

@@ -44,6 +44,20 @@ def test_the_tab_is_listed_and_builds_without_vizdoom(monkeypatch, tmp_path):
     demo.close()
 
 
+def test_agent_labels_name_the_arm_and_a_camal_clip_of_its_own(monkeypatch, tmp_path):
+    """The menu label starts with the arm; a CAMAL agent whose gradient has its own clip (its strength, more than
+    lambda) names it; the same clip as PPO's is not repeated; a vanilla agent has no lambda or clip."""
+    cards = {"v": {"scenario": "s", "lambda": 0.0, "ppo": {"max_grad_norm": 0.5, "camal_max_grad_norm": 0.05}},
+             "c": {"scenario": "s", "lambda": 1.0, "ppo": {"max_grad_norm": 0.5, "camal_max_grad_norm": 0.05}},
+             "old": {"scenario": "s", "lambda": 3.0, "ppo": {"max_grad_norm": 0.5, "camal_max_grad_norm": 0.5}}}
+    for name, card in cards.items():
+        (tmp_path / f"s-{name}.json").write_text(json.dumps(card))
+    monkeypatch.setattr(service, "card_file", lambda name: tmp_path / f"{name}.json")
+    assert service.agent_label("s-v") == "vanilla PPO · v"
+    assert service.agent_label("s-c") == "CAMAL λ 1, clip 0.05 · c"
+    assert service.agent_label("s-old") == "CAMAL λ 3 · old"
+
+
 @pytest.fixture(scope="module")
 def agent_folder(tmp_path_factory):
     return train_tiny_agents(tmp_path_factory.mktemp("tab-agents"), (("t-vanilla", 0.0), ("t-camal", 1.0)),
