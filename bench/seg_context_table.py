@@ -4,6 +4,9 @@ paired over the same images.
 
     PYTHONPATH=. python bench/seg_context_table.py bench/results/seg-context-test.jsonl \
         --out bench/results/seg-context-test.md
+
+`--versus OTHER`: a second file of the same regions with GradSkip under other options (`--gradskip-options`):
+the table ends with this file's GradSkip minus OTHER's, paired over smears.
 """
 from __future__ import annotations
 
@@ -39,10 +42,10 @@ def cell(values: dict) -> str:
     return f"{np.mean(numbers):.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
 
 
-def paired(records: list, row: str, key: str) -> str:
-    first, other = per_image(records, FIRST, key), per_image(records, row, key)
+def paired(records: list, row: str, key: str, other_records: list | None = None) -> str:
+    first, other = per_image(records, FIRST, key), per_image(other_records or records, row, key)
     shared = sorted(set(first) & set(other))
-    if row == FIRST or len(shared) < 2:
+    if (row == FIRST and other_records is None) or len(shared) < 2:
         return "–"
     result = paired_difference([first[i] for i in shared], [other[i] for i in shared])
     low, high = result["ci95"]
@@ -67,6 +70,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--versus", default=None, metavar="OTHER",
+                        help="the same regions with GradSkip under other options: this GradSkip minus that one")
     args = parser.parse_args()
     records = [json.loads(line) for line in open(args.records) if line.strip()]
     images = sorted({r["image"] for r in records})
@@ -92,6 +97,16 @@ def main() -> int:
     lines += randomisation_rows(records)
     seconds = {m: np.median([r["seconds"][m] for r in records]) for m in records[0]["seconds"]}
     lines += ["", "Median seconds per map (this CPU, shared): " + ", ".join(f"{m} {s:.2f}" for m, s in seconds.items())]
+    if args.versus:
+        others = [json.loads(line) for line in open(args.versus) if line.strip()]
+        keys = ("out_mean", "out_blur", "in_mean")
+        lines += ["", f"GradSkip ({json.dumps(records[0]['gradskip_options'])}) minus GradSkip "
+                  f"({json.dumps(others[0]['gradskip_options'])}) of {args.versus}, paired over smears:", "",
+                  "| " + " | ".join(title for key, title in COLUMNS if key in keys) + " | Spearman, decode head random "
+                  "(this file) |", "|---|---|---|---|",
+                  "| " + " | ".join(paired(records, FIRST, key, others) for key in keys) + " | "
+                  + cell({image: float(np.mean([r["randomisation"][FIRST]["spearman"] for r in records
+                                                if r["image"] == image])) for image in images}) + " |"]
     text = "\n".join(lines) + "\n"
     if args.out:
         atomic_write_text(args.out, text)

@@ -48,7 +48,7 @@ GRADSKIP_VARIANTS = {"ffn=conv": {"ffn_spread": "conv"},
                      "weighting=gradient": {"attention_weighting": "gradient"},
                      "weighting=attention": {"attention_weighting": "attention"},
                      "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}, "start=signed": {"start": "decoder_signed"},
-                     "keys=conv": {"key_spread": "conv"}, "stages=conv": {"stage_spread": "conv"},
+                     "keys=conv": {"key_spread": "conv"}, "pixels=input_gradient": {"pixel_step": "input_gradient"}, "stages=conv": {"stage_spread": "conv"},
                      "keys=conv,stages=conv": {"key_spread": "conv", "stage_spread": "conv"}}
 
 
@@ -106,7 +106,9 @@ def run(args) -> int:
     done = {(r["image"], r["platelet"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() \
         else set()
     started = time.perf_counter()
-    for name, number, image, piece, cue in cued_platelets(args.data, args.split):
+    for position, (name, number, image, piece, cue) in enumerate(cued_platelets(args.data, args.split)):
+        if position < args.skip:  # the platelets a probe has seen: a rule reads the others
+            continue
         if (name, number) in done or (stored is not None and (name, number) not in stored):
             continue
         if args.limit is not None and len(done) >= args.limit:
@@ -213,6 +215,7 @@ def main() -> int:
                         help="GradSkip's other options as extra rows: with no LABEL all of them on the cue model; "
                              f"with LABELs ({', '.join(GRADSKIP_VARIANTS)}) those, on both models")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many platelets")
+    parser.add_argument("--skip", type=int, default=0, help="leave out the split's first SKIP platelets")
     parser.add_argument("--methods", nargs="*", default=None,
                         help="these methods' rows only (default: METHODS; none: only --gradskip-variants)")
     parser.add_argument("--add-to", default=None, metavar="STORED",

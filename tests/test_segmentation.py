@@ -306,6 +306,32 @@ def test_a_map_option_the_capture_lacks_is_refused(seg, images):
         state.map(stage_spread="conv")
 
 
+def test_the_pixel_step_reads_the_images_own_gradient_times_its_difference_from_the_reference(seg, images):
+    target = RegionTarget(box_region(8, 16, 16, 32).unsqueeze(0), [1])
+    image = images[:1]
+    state = SegGradSkip(pixel_step="input_gradient").prepare(seg, image, target)
+    # the pixel term against autograd on a plain pass of the same score
+    inputs = image.clone().requires_grad_(True)
+    gradient, = torch.autograd.grad(target(seg(inputs)).sum(), inputs)
+    reference = torch.tensor(seg.reference_color).view(1, 3, 1, 1)
+    expected = ((image - reference) * gradient).sum(dim=1)
+    assert torch.allclose(state.captured.pixel_flow, expected, atol=1e-6)
+    assert bool((expected > 0).any()) and bool((expected < 0).any())  # both signs, so the relu below is tested
+    # the map: the upsampled token relevance to the power 1/2 times the positive part of the pixel term
+    tokens = torch.nn.functional.interpolate(state.relevance()[:, None].float(), size=image.shape[-2:],
+                                             mode="bilinear", align_corners=False)[:, 0].clamp_min(0)
+    product = tokens.sqrt() * expected.clamp_min(0)
+    assert torch.allclose(state.map(), product / product.amax(), atol=1e-5)
+    assert float(state.map()[expected <= 0].abs().max()) == 0.0  # a pixel the score does not lean on stays dark
+    # the default capture stops at the first block (no pixel term) and says what to do in plain words
+    plain = SegGradSkip().prepare(seg, image, target)
+    assert plain.captured.pixel_flow is None
+    with pytest.raises(ValueError, match="pixel_step='input_gradient'"):
+        plain.map(pixel_step="input_gradient")
+    with pytest.raises(ValueError, match="pixel_step must be one of"):
+        SegGradSkip(pixel_step="nearest")
+
+
 def test_binarise_rules_and_pa_iou_known_answers():
     from explainers.segmentation.checks import mean_threshold
     from explainers.segmentation.scoring import binarise, box_energy, box_mask, pa_iou

@@ -54,6 +54,9 @@ class Capture:
     decoder_signed: list = field(default_factory=list)  # [B x N_s] per stage: sum dP * P, signed
     logits: torch.Tensor | None = None  # B x C x H x W
     scores: torch.Tensor | None = None  # B region scores
+    # B x H x W: the score's gradient times the image's difference from the reference colour, summed over the colour
+    # channels (`keep_pixel_flow` only): to first order, what painting a pixel that colour costs the score
+    pixel_flow: torch.Tensor | None = None
 
 
 def _stage_modules(network):
@@ -90,10 +93,11 @@ def reduced_grid(grid: tuple, reduction: int) -> tuple:
 
 
 def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = True,
-            keep_window_shares: bool = False) -> Capture:
+            keep_window_shares: bool = False, keep_pixel_flow: bool = False) -> Capture:
     """The forward pass (and, with a region `target`, the backward pass of the sum of its B scores, down to the
-    first block's input: the first patch embedding's gradient is not needed). `keep_shares`: the reduced keys'
-    token shares; `keep_window_shares`: the patch embeddings' window shares (`stage_spread="conv"`)."""
+    first block's input: the first patch embedding's gradient is not needed unless `keep_pixel_flow`, which carries
+    it down to the image for `pixel_flow`). `keep_shares`: the reduced keys' token shares; `keep_window_shares`: the
+    patch embeddings' window shares (`stage_spread="conv"`)."""
     network = bundle.network
     stages = _stage_modules(network)
     if stages is None:
@@ -190,10 +194,12 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
                 if gradients and not images.requires_grad:
                     inputs = images.detach().requires_grad_(True)  # a frozen model still needs a graph
                 logits = bundle(inputs)
-                scores = None
+                scores = pixel_gradient = None
                 if gradients:
                     scores = target(logits)
-                    torch.autograd.grad(scores.sum(), first_input[:1])
+                    ends = [first_input[0], inputs] if keep_pixel_flow else first_input[:1]
+                    gradients_at_ends = torch.autograd.grad(scores.sum(), ends)
+                    pixel_gradient = gradients_at_ends[1] if keep_pixel_flow else None
         finally:
             for handle in handles:
                 handle.remove()
@@ -217,6 +223,10 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
                                  if "dP" in h["grads"] else torch.zeros(h["P"].shape[:2], device=images.device)
                                  for h in decoder_outputs]
         result.decoder_flow = [flow.clamp_min(0) for flow in result.decoder_signed]
+        if keep_pixel_flow:
+            reference = torch.tensor(bundle.reference_color, dtype=images.dtype,
+                                     device=images.device).view(1, 3, 1, 1)
+            result.pixel_flow = ((images.detach() - reference) * pixel_gradient).sum(dim=1).float()
     return result
 
 
@@ -260,15 +270,15 @@ class CaptureCache:
         self._captures: dict = {}
 
     def get(self, bundle, images: torch.Tensor, target, *, keep_shares: bool = True,
-            keep_window_shares: bool = False) -> Capture:
+            keep_window_shares: bool = False, keep_pixel_flow: bool = False) -> Capture:
         if self._images is None:
             self._images, self._target = images, target
         elif images is not self._images or target is not self._target:
             raise ValueError("a CaptureCache serves one image and one region; make a new one for another")
-        key = (id(bundle.network), bool(keep_shares), bool(keep_window_shares))
+        key = (id(bundle.network), bool(keep_shares), bool(keep_window_shares), bool(keep_pixel_flow))
         if key not in self._captures:
             self._captures[key] = capture(bundle, images, target, keep_shares=keep_shares,
-                                          keep_window_shares=keep_window_shares)
+                                          keep_window_shares=keep_window_shares, keep_pixel_flow=keep_pixel_flow)
         return self._captures[key]
 
     def clear(self) -> None:

@@ -47,6 +47,10 @@ KEY_SPREADS = ("conv", "even")
 FFN_SPREADS = ("none", "conv")
 ATTENTION_WEIGHTINGS = ("attention", "gradient", "gradient_residual")
 STARTS = ("decoder", "decoder_abs", "decoder_signed")
+PIXEL_STEPS = ("upsample", "input_gradient")
+# the token map's exponent in the "input_gradient" pixel step, chosen on 40 cued val platelets among 2, 1, 1/2 and 1/4
+# (docs/segmentation.md section 8): at 1 or above the smooth token map overrules the pixel term and the cue is missed
+TOKEN_EXPONENT = 0.5
 DEFAULT_START = "decoder_signed"  # GradSkip's, chosen on val smears (docs/segmentation.md section 7); the rollouts'
 EPS = 1e-12
 
@@ -248,11 +252,25 @@ class SegGradSkipState:
                          self.network)
 
     def map(self, alpha=None, normalize: bool = True, **overrides) -> torch.Tensor:
-        return _to_image(self.relevance(alpha, **overrides), self.image_hw, normalize)
+        relevance = self.relevance(alpha, **overrides)
+        if {**self.options, **overrides}.get("pixel_step", "upsample") == "upsample":
+            return _to_image(relevance, self.image_hw, normalize)
+        if self.captured.pixel_flow is None:
+            raise ValueError("pixel_step='input_gradient' needs the image's gradient: prepare GradSkip with "
+                             "pixel_step='input_gradient'")
+        # the tokens say which parts of the smear carry the score through the attention; within and between them
+        # the pixel term says which pixels the score responds to (its gradient times the pixel's difference from
+        # the reference colour: what painting the pixel that colour costs, to first order). The product keeps a
+        # pixel only where both agree; the square root stops the smooth token map from overruling the pixel term.
+        tokens = _to_image(relevance, self.image_hw, normalize=False)
+        maps = tokens.pow(TOKEN_EXPONENT) * self.captured.pixel_flow.clamp_min(0)
+        return normalize_max(maps) if normalize else maps
 
 
 def _validate(*, alpha=None, head_threshold=None, key_spread=None, attention_weighting=None, start=None,
-              beta_reduction=None, stage_spread=None, ffn_spread=None, **_ignored) -> None:
+              beta_reduction=None, stage_spread=None, ffn_spread=None, pixel_step=None, **_ignored) -> None:
+    if pixel_step is not None and pixel_step not in PIXEL_STEPS:
+        raise ValueError(f"pixel_step must be one of {', '.join(PIXEL_STEPS)}, got {pixel_step!r}")
     if ffn_spread is not None and ffn_spread not in FFN_SPREADS:
         raise ValueError(f"ffn_spread must be one of {', '.join(FFN_SPREADS)}, got {ffn_spread!r}")
     if stage_spread is not None and stage_spread not in KEY_SPREADS:
@@ -300,6 +318,11 @@ class SegGradSkip(SegmentationMethod):
                            Mix-FFN: ("conv") the FFN's share of a token's relevance, |sum df*f| / (|sum df*f| +
                            |sum dh*h|), split over the 3 x 3 window of its depthwise convolution by each
                            neighbour's ||W_(dy,dx) * u_t|| (`depthwise_shares`), or token-wise ("none").
+      pixel_step="upsample" (choice) from the first stage's tokens (a quarter of the image's resolution) to pixels:
+                           bilinear upsampling ("upsample"), or ("input_gradient") the upsampled relevance to the
+                           power TOKEN_EXPONENT times relu of the score's gradient at each pixel times the pixel's
+                           difference from the reference colour, summed over colour channels (from the same
+                           backward pass, carried down to the image).
     The class token the paper drops does not exist in SegFormer: every token is a patch token.
     """
 
@@ -320,19 +343,21 @@ class SegGradSkip(SegmentationMethod):
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
                  attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = DEFAULT_START,
                  beta_reduction: str = "token",
-                 stage_spread: str = "even", ffn_spread: str = "conv"):
+                 stage_spread: str = "even", ffn_spread: str = "conv", pixel_step: str = "upsample"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
                   key_spread=key_spread, start=start, beta_reduction=beta_reduction, stage_spread=stage_spread,
-                  ffn_spread=ffn_spread)
+                  ffn_spread=ffn_spread, pixel_step=pixel_step)
         super().__init__(alpha=float(alpha), head_threshold=float(head_threshold),
                          attention_weighting=attention_weighting, key_spread=key_spread, start=start,
-                         beta_reduction=beta_reduction, stage_spread=stage_spread, ffn_spread=ffn_spread)
+                         beta_reduction=beta_reduction, stage_spread=stage_spread, ffn_spread=ffn_spread,
+                         pixel_step=pixel_step)
 
     def prepare(self, bundle, images, targets) -> SegGradSkipState:
         self.check(bundle)
         target = self._target(images, targets)
         captured = self._capture(bundle, images, target, keep_shares=self.options["key_spread"] == "conv",
-                                 keep_window_shares=self.options["stage_spread"] == "conv")
+                                 keep_window_shares=self.options["stage_spread"] == "conv",
+                                 keep_pixel_flow=self.options["pixel_step"] == "input_gradient")
         return SegGradSkipState(captured, tuple(images.shape[-2:]), self.options,
                                 network=bundle.network)
 
