@@ -110,6 +110,9 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--time-budget-s", type=float, default=None)
     parser.add_argument("--methods", nargs="+", default=None, help="these methods' rows only (default: METHODS)")
+    parser.add_argument("--with-answers", action="store_true",
+                        help="with --add-to: make the answer rows again too (after GradSkip's default changed: "
+                             "its random-model row)")
     parser.add_argument("--add-to", default=None, metavar="STORED",
                         help="a stored results file: its regions' records with --methods' rows added, to --out")
     args = parser.parse_args()
@@ -143,7 +146,7 @@ def main() -> int:
             truth = (masks[index] == class_index) & valid
             record = score_region(bundle, random_head, random_model, image, truth, valid, prediction, class_index,
                                   args, **({"methods": tuple(args.methods)} if args.methods else {}),
-                                  answers=stored is None)
+                                  answers=stored is None or args.with_answers)
             if stored is not None:  # the stored record with the new methods' rows added (the same region's maps)
                 old = stored[(names[index], class_name)]
                 record = {**old, **{key: {**old[key], **record[key]} for key in ("rows", "randomisation", "seconds")}}

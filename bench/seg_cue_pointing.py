@@ -48,7 +48,8 @@ GRADSKIP_VARIANTS = {"ffn=conv": {"ffn_spread": "conv"},
                      "weighting=gradient": {"attention_weighting": "gradient"},
                      "weighting=attention": {"attention_weighting": "attention"},
                      "alpha=0": {"alpha": 0.0}, "alpha=1": {"alpha": 1.0}, "start=signed": {"start": "decoder_signed"},
-                     "keys=conv": {"key_spread": "conv"}, "pixels=input_gradient": {"pixel_step": "input_gradient"}, "stages=conv": {"stage_spread": "conv"},
+                     "keys=conv": {"key_spread": "conv"}, "pixels=input_gradient": {"pixel_step": "input_gradient"},
+                     "pixels=sum": {"pixel_step": "upsample_and_input_gradient"}, "stages=conv": {"stage_spread": "conv"},
                      "keys=conv,stages=conv": {"key_spread": "conv", "stage_spread": "conv"}}
 
 
@@ -117,7 +118,7 @@ def run(args) -> int:
             print("time budget spent", flush=True)
             return 0
         record = score_platelet(models, random_model, image, piece, cue, methods, variants,
-                                answers=stored is None, variants_on_control=bool(args.gradskip_variants))
+                                answers=stored is None or args.with_answers, variants_on_control=bool(args.gradskip_variants))
         if stored is not None:  # the stored record with the new methods' rows added (the same platelet's maps)
             old = stored[(name, number)]
             record = {**old, "rows": {**old["rows"], **record["rows"]},
@@ -216,6 +217,9 @@ def main() -> int:
                              f"with LABELs ({', '.join(GRADSKIP_VARIANTS)}) those, on both models")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many platelets")
     parser.add_argument("--skip", type=int, default=0, help="leave out the split's first SKIP platelets")
+    parser.add_argument("--with-answers", action="store_true",
+                        help="with --add-to: make the answer rows again too (after GradSkip's default changed: "
+                             "its random-model row)")
     parser.add_argument("--methods", nargs="*", default=None,
                         help="these methods' rows only (default: METHODS; none: only --gradskip-variants)")
     parser.add_argument("--add-to", default=None, metavar="STORED",

@@ -22,7 +22,7 @@ from .segmentation import EXAMPLES_DIR, overlay_map
 
 CUE_MODEL, CONTROL = "bccd-segformer-cue", "bccd-segformer"
 EXAMPLE = "BloodImage_00132"  # the shipped example smear whose platelet has room for the cue
-# GradSkip, the project's method, beside integrated gradients, the one method that passes this test on held-out
+# GradSkip, the project's method, beside integrated gradients: the two methods whose maps pass this test on held-out
 # smears (docs/segmentation.md section 8); Grad-CAM, which almost never points outside the platelet, is left out
 METHODS = ("gradskip", "intgrad")
 BUILD_COMMAND = ("python -m explainers.segmentation.cue train --data DIR --base weights/bccd-segformer.json "

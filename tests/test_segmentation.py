@@ -323,8 +323,12 @@ def test_the_pixel_step_reads_the_images_own_gradient_times_its_difference_from_
     product = tokens.sqrt() * expected.clamp_min(0)
     assert torch.allclose(state.map(), product / product.amax(), atol=1e-5)
     assert float(state.map()[expected <= 0].abs().max()) == 0.0  # a pixel the score does not lean on stays dark
-    # the default capture stops at the first block (no pixel term) and says what to do in plain words
-    plain = SegGradSkip().prepare(seg, image, target)
+    # the sum: the token map and the product, each scaled to a maximum of 1 (read from the same capture)
+    both = tokens / tokens.amax() + product / product.amax()
+    assert torch.allclose(state.map(pixel_step="upsample_and_input_gradient"), both / both.amax(), atol=1e-5)
+    assert SegGradSkip().options["pixel_step"] == "upsample_and_input_gradient"  # the default (chosen on val)
+    # the plain upsampling's capture stops at the first block (no pixel term) and says what to do in plain words
+    plain = SegGradSkip(pixel_step="upsample").prepare(seg, image, target)
     assert plain.captured.pixel_flow is None
     with pytest.raises(ValueError, match="pixel_step='input_gradient'"):
         plain.map(pixel_step="input_gradient")

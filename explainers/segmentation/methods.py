@@ -15,7 +15,8 @@ B0). Every attention-based method here propagates a relevance vector backwards t
   token's offset, or "even" over its R x R cell);
 - across stages, from a stage's input tokens to the previous stage's output tokens (the stride-2 patch
   embedding): each token's relevance split evenly over the finer tokens nearest to it;
-- after the first stage (a quarter of the image's resolution), upsampled bilinearly to the image.
+- after the first stage (a quarter of the image's resolution), upsampled bilinearly to the image (GradSkip adds
+  a pixel term read from the same backward pass: `pixel_step`).
 The Mix-FFN's 3 x 3 depthwise convolution mixes neighbouring tokens: GradSkip sends the share of a token's relevance
 that goes through the FFN back over that window (`ffn_spread="conv"`, its default), or treats the FFN as token-wise,
 as a ViT's MLP (`"none"`); the rollouts treat it as token-wise. Classifier methods (Chefer's LRP, a classifier's
@@ -47,7 +48,7 @@ KEY_SPREADS = ("conv", "even")
 FFN_SPREADS = ("none", "conv")
 ATTENTION_WEIGHTINGS = ("attention", "gradient", "gradient_residual")
 STARTS = ("decoder", "decoder_abs", "decoder_signed")
-PIXEL_STEPS = ("upsample", "input_gradient")
+PIXEL_STEPS = ("upsample", "input_gradient", "upsample_and_input_gradient")
 # the token map's exponent in the "input_gradient" pixel step, chosen on 40 cued val platelets among 2, 1, 1/2 and 1/4
 # (docs/segmentation.md section 8): at 1 or above the smooth token map overrules the pixel term and the cue is missed
 TOKEN_EXPONENT = 0.5
@@ -253,17 +254,23 @@ class SegGradSkipState:
 
     def map(self, alpha=None, normalize: bool = True, **overrides) -> torch.Tensor:
         relevance = self.relevance(alpha, **overrides)
-        if {**self.options, **overrides}.get("pixel_step", "upsample") == "upsample":
+        options = {**self.options, **overrides}
+        if options.get("pixel_step", "upsample") == "upsample":
             return _to_image(relevance, self.image_hw, normalize)
         if self.captured.pixel_flow is None:
-            raise ValueError("pixel_step='input_gradient' needs the image's gradient: prepare GradSkip with "
-                             "pixel_step='input_gradient'")
+            raise ValueError(f"pixel_step={options['pixel_step']!r} needs the image's gradient: prepare GradSkip "
+                             "with that pixel_step")
         # the tokens say which parts of the smear carry the score through the attention; within and between them
         # the pixel term says which pixels the score responds to (its gradient times the pixel's difference from
         # the reference colour: what painting the pixel that colour costs, to first order). The product keeps a
         # pixel only where both agree; the square root stops the smooth token map from overruling the pixel term.
         tokens = _to_image(relevance, self.image_hw, normalize=False)
         maps = tokens.pow(TOKEN_EXPONENT) * self.captured.pixel_flow.clamp_min(0)
+        if options["pixel_step"] == "upsample_and_input_gradient":
+            # the sum, each part scaled to a maximum of 1: inside the region the token map's contiguous order
+            # leads (deleting a cell's core lowers its score faster than deleting scattered pixels), outside it the
+            # pixels the score responds to rise above the token map's smooth halo
+            maps = normalize_max(tokens) + normalize_max(maps)
         return normalize_max(maps) if normalize else maps
 
 
@@ -318,11 +325,13 @@ class SegGradSkip(SegmentationMethod):
                            Mix-FFN: ("conv") the FFN's share of a token's relevance, |sum df*f| / (|sum df*f| +
                            |sum dh*h|), split over the 3 x 3 window of its depthwise convolution by each
                            neighbour's ||W_(dy,dx) * u_t|| (`depthwise_shares`), or token-wise ("none").
-      pixel_step="upsample" (choice) from the first stage's tokens (a quarter of the image's resolution) to pixels:
+      pixel_step="upsample_and_input_gradient" (chosen on val smears, docs/segmentation.md section 8) from the
+                           first stage's tokens (a quarter of the image's resolution) to pixels:
                            bilinear upsampling ("upsample"), or ("input_gradient") the upsampled relevance to the
                            power TOKEN_EXPONENT times relu of the score's gradient at each pixel times the pixel's
                            difference from the reference colour, summed over colour channels (from the same
-                           backward pass, carried down to the image).
+                           backward pass, carried down to the image); or ("upsample_and_input_gradient") the
+                           sum of the upsampled relevance and that product, each scaled to a maximum of 1.
     The class token the paper drops does not exist in SegFormer: every token is a patch token.
     """
 
@@ -343,7 +352,8 @@ class SegGradSkip(SegmentationMethod):
                  head_threshold: float = MAP_DEFAULTS["head_threshold"],
                  attention_weighting: str = "gradient_residual", key_spread: str = "even", start: str = DEFAULT_START,
                  beta_reduction: str = "token",
-                 stage_spread: str = "even", ffn_spread: str = "conv", pixel_step: str = "upsample"):
+                 stage_spread: str = "even", ffn_spread: str = "conv",
+                 pixel_step: str = "upsample_and_input_gradient"):
         _validate(alpha=alpha, head_threshold=head_threshold, attention_weighting=attention_weighting,
                   key_spread=key_spread, start=start, beta_reduction=beta_reduction, stage_spread=stage_spread,
                   ffn_spread=ffn_spread, pixel_step=pixel_step)
@@ -357,7 +367,7 @@ class SegGradSkip(SegmentationMethod):
         target = self._target(images, targets)
         captured = self._capture(bundle, images, target, keep_shares=self.options["key_spread"] == "conv",
                                  keep_window_shares=self.options["stage_spread"] == "conv",
-                                 keep_pixel_flow=self.options["pixel_step"] == "input_gradient")
+                                 keep_pixel_flow=self.options["pixel_step"] != "upsample")
         return SegGradSkipState(captured, tuple(images.shape[-2:]), self.options,
                                 network=bundle.network)
 
