@@ -340,6 +340,8 @@ class SegGradSkip(SegmentationMethod):
                    "full resolution, keys at the reduced one), weighting heads by gradient flow and sparsity and "
                    "splitting relevance between attention and skip paths. One forward and one backward pass.")
     form_of = GradSkip
+    # its default pixel step adds pixel-level detail: the above-mean set's edges would speckle the smear white
+    outline_binarised = False
     # the classifier's alpha slider (label, range, step, help), under its own element id and without the classifier
     # app's endpoints and CLI flag
     user_options = (replace(GradSkip.user_options_by_name()["alpha"], flag=""),)
