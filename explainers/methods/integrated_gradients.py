@@ -24,12 +24,24 @@ from ..targets import as_target
 from .base import ANY_TARGET_FAMILIES, Method, Option
 
 
+def reference_image(bundle, images: torch.Tensor) -> torch.Tensor:
+    """1 x 3 x 1 x 1: the bundle's reference colour (the data set's mean), in the images' dtype and device."""
+    return torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
+
+
+def gradient_times_difference(bundle, images: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """B x H x W: the gradient times each pixel's difference from the reference colour, summed over the colour
+    channels (to first order, what painting the pixel that colour costs the score). Integrated gradients passes
+    the gradient averaged along its path; SegFormer's GradSkip its pixel step's one gradient at the image."""
+    return ((images - reference_image(bundle, images)) * gradient).sum(dim=1)
+
+
 def integrated_gradients(bundle, images: torch.Tensor, targets, steps: int, batch_size: int = 16) -> torch.Tensor:
     """B x H x W signed attributions (summed over channels) of the targets' probabilities, mean-colour reference.
     Each model pass takes about `batch_size` path points, of every image at once (a path point per image)."""
     count = images.shape[0]
     target = as_target(targets, count, images.device)
-    reference = torch.tensor(bundle.reference_color, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
+    reference = reference_image(bundle, images)
     fractions = (torch.arange(steps, dtype=images.dtype, device=images.device) + 0.5) / steps
     per_pass = max(1, batch_size // count)  # path fractions per pass
     gradient_sum = torch.zeros_like(images)
@@ -41,7 +53,7 @@ def integrated_gradients(bundle, images: torch.Tensor, targets, steps: int, batc
             score = target.take(rows).probability(bundle(path)).sum()
             gradient, = torch.autograd.grad(score, path)
         gradient_sum += gradient.view(along.shape[0], *images.shape).sum(dim=0)
-    return ((images - reference) * gradient_sum / steps).sum(dim=1).detach()
+    return gradient_times_difference(bundle, images, gradient_sum / steps).detach()
 
 
 @register

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import model_lock
+from ..methods.integrated_gradients import gradient_times_difference
 
 
 @dataclass
@@ -224,9 +225,7 @@ def capture(bundle, images: torch.Tensor, target=None, *, keep_shares: bool = Tr
                                  for h in decoder_outputs]
         result.decoder_flow = [flow.clamp_min(0) for flow in result.decoder_signed]
         if keep_pixel_flow:
-            reference = torch.tensor(bundle.reference_color, dtype=images.dtype,
-                                     device=images.device).view(1, 3, 1, 1)
-            result.pixel_flow = ((images.detach() - reference) * pixel_gradient).sum(dim=1).float()
+            result.pixel_flow = gradient_times_difference(bundle, images.detach(), pixel_gradient).float()
     return result
 
 
